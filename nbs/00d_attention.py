@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # attention
+#
+# > Every attention mechanism of the book, behind one interface that keeps its last weights.
+
+# %%
+#| default_exp attention
+
+# %%
+#| export
+from __future__ import annotations
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+# %% [markdown]
+# All attention modules take the annotation vectors $a$ of shape (B, L, D) — L image locations (14×14 = 196 in the
+# papers), D channels — and a query from the decoder, and return a context vector and the attention weights
+# $\alpha$ (B, L). Each module also keeps its most recent weights in `.last` (detached), so attention figures and the
+# attention-correctness score read them from one place whatever the model.
+#
+# Projections of $a$ that do not depend on the decoder state are computed once per image by `precompute` and reused at
+# every step (and by every beam), which is what makes batched beam search cheap.
+
+# %%
+#| export
+class Attention(nn.Module):
+    "Base class: `precompute(a)` once per image, then `forward(a, pre, h) -> (context, alpha)` at every step; `.last` keeps alpha."
+    last: torch.Tensor | None = None
+    def precompute(self, a: torch.Tensor) -> torch.Tensor: return a
+    def keep(self, alpha: torch.Tensor) -> torch.Tensor:
+        self.last = alpha.detach(); return alpha
+
+# %% [markdown]
+# ## Soft (additive) attention — Show, Attend and Tell §3.1.2 and §4.2
+#
+# > "The weight $\alpha_i$ of each annotation vector $a_i$ is computed by an attention model $f_{att}$ for which we use
+# > a multilayer perceptron conditioned on the previous hidden state $h_{t-1}$."
+#
+# $$e_{ti} = f_{att}(a_i, h_{t-1}) = w^\top \tanh(W_a a_i + W_h h_{t-1} + b), \qquad
+#   \alpha_{ti} = \frac{\exp(e_{ti})}{\sum_{k=1}^{L} \exp(e_{tk})}, \qquad
+#   \mathbb{E}_{p(s_t|a)}[\hat z_t] = \sum_{i=1}^{L} \alpha_{ti} a_i \quad (8)$$
+#
+# *capbook's commentary:* the paper names $f_{att}$ an MLP without giving its form; we use the one-hidden-layer
+# additive form of Bahdanau et al. (2014), which the paper says it extends and which the authors' released code uses.
+
+# %%
+#| export
+class SoftAttention(Attention):
+    "Additive soft attention $e_{ti} = w^T \\tanh(W_a a_i + W_h h_{t-1})$, $\\alpha = \\mathrm{softmax}(e)$, context $\\sum_i \\alpha_{ti} a_i$."
+    def __init__(self, feat_dim: int, query_dim: int, att_dim: int):
+        super().__init__()
+        self.W_a = nn.Linear(feat_dim, att_dim)               # W_a a_i (+ b)
+        self.W_h = nn.Linear(query_dim, att_dim, bias=False)  # W_h h_{t-1}
+        self.w = nn.Linear(att_dim, 1)                        # w^T tanh(.)
+    def precompute(self, a):                                  # a: (B, L, D)
+        return self.W_a(a)                                    # (B, L, att)
+    def scores(self, pre, h):                                 # h: (B, n)
+        return self.w(torch.tanh(pre + self.W_h(h)[:, None])).squeeze(-1)   # e_t: (B, L)
+    def forward(self, a, pre, h):
+        alpha = self.keep(F.softmax(self.scores(pre, h), dim=-1))           # alpha_t: (B, L), sums to 1 over L
+        z = torch.bmm(alpha[:, None], a).squeeze(1)                          # z_t = sum_i alpha_ti a_i: (B, D)
+        return z, alpha
+
+# %%
+_a, _h = torch.randn(2, 5, 3), torch.randn(2, 4)
+_att = SoftAttention(3, 4, 6)
+_z, _al = _att(_a, _att.precompute(_a), _h)
+assert _al.shape == (2, 5) and torch.allclose(_al.sum(-1), torch.ones(2)) and _z.shape == (2, 3)
+assert torch.equal(_att.last, _al.detach())

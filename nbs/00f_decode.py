@@ -1,0 +1,141 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # decode
+#
+# > Greedy and beam search for every model, batched over images and beams, returning per-step attention.
+
+# %%
+#| default_exp decode
+
+# %%
+#| export
+from __future__ import annotations
+from dataclasses import dataclass
+import torch
+import torch.nn.functional as F
+from capbook.models import CaptionModel
+
+# %% [markdown]
+# Both searches talk to a model only through `init_state` / `step` (see `capbook.models`). A result per image is a
+# `Caption`: the word ids without `<start>`/`<end>`, the summed log-probability, and, for models with attention, the
+# weights of every emitted step (T, L) — the step that emitted word t is row t, and the `<end>` step is dropped.
+
+# %%
+#| export
+@dataclass
+class Caption:
+    "One decoded caption: word ids (no <start>/<end>), total log-probability, and per-word attention (T, L) or None."
+    tokens: list[int]
+    logprob: float
+    alpha: torch.Tensor | None = None
+
+def _repeat(d: dict, k: int) -> dict:
+    return {n: v.repeat_interleave(k, 0) for n, v in d.items()}
+
+def _select(d: dict, idx: torch.Tensor) -> dict:
+    return {n: v.index_select(0, idx) for n, v in d.items()}
+
+def _mask(lp: torch.Tensor, done: torch.Tensor, model: CaptionModel, last: bool) -> torch.Tensor:
+    "Live rows may not emit <start> or <pad> (and only <end> at the last step); finished rows only <pad>, at no cost."
+    lp[:, model.start] = float("-inf"); lp[:, model.pad] = float("-inf")
+    if last: lp[:, :model.end] = float("-inf"); lp[:, model.end + 1:] = float("-inf")
+    lp[done] = float("-inf"); lp[done, model.pad] = 0
+    return lp
+
+def _finish(tokens: torch.Tensor, logprob: float, alpha: torch.Tensor | None, end: int) -> Caption:
+    toks = tokens.tolist()
+    n = toks.index(end) if end in toks else len(toks)
+    return Caption(toks[:n], logprob, None if alpha is None else alpha[:n].float().cpu())
+
+# %% [markdown]
+# ## Greedy search
+# The most probable word at every step, until `<end>`; after `max_len` words only `<end>` is allowed.
+
+# %%
+#| export
+@torch.no_grad()
+def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[Caption]:
+    "Greedy decoding of a batch of images `feats` (B, L, D)."
+    B = feats.shape[0]
+    memory, state = model.init_state(feats)
+    tok = torch.full((B,), model.start, dtype=torch.long, device=feats.device)
+    done = torch.zeros(B, dtype=torch.bool, device=feats.device)
+    logp = torch.zeros(B, device=feats.device)
+    words, alphas = [], []
+    for t in range(max_len + 1):
+        logits, state, aux = model.step(tok, memory, state)
+        best, tok = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len).max(-1)
+        logp += best
+        words.append(tok); alphas.append(aux.get("alpha"))
+        done |= tok == model.end
+        if done.all(): break
+    W = torch.stack(words, 1)
+    A = torch.stack(alphas, 1) if alphas[0] is not None else None
+    return [_finish(W[b], logp[b].item(), None if A is None else A[b], model.end) for b in range(B)]
+
+# %% [markdown]
+# ## Beam search, batched over images and beams
+#
+# All B images and their K beams run as one batch of B·K rows. At every step each row's next-word log-probabilities
+# are added to its beam's score, the K·V candidates of each image are ranked together and the best K kept; the
+# model's `state` (and the word and attention histories) are then gathered along the batch dimension. A finished beam
+# (one that emitted `<end>`) keeps its score and can only be extended by `<pad>` at no cost, so it competes with the
+# live beams on equal terms. Scores are plain summed log-probabilities, as in the papers (no length normalisation).
+# At the first step only beam 0 is live, so the K beams start as K different words.
+
+# %%
+#| export
+@torch.no_grad()
+def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, max_len: int = 20) -> list[Caption]:
+    "Beam search for a batch of images `feats` (B, L, D): the best of `beam_size` beams for each image."
+    B, K, dev = feats.shape[0], beam_size, feats.device
+    memory, state = model.init_state(feats)
+    memory, state = _repeat(memory, K), _repeat(state, K)                     # (B*K, ...)
+    tok = torch.full((B * K,), model.start, dtype=torch.long, device=dev)
+    score = torch.full((B, K), float("-inf"), device=dev); score[:, 0] = 0    # (B, K)
+    done = torch.zeros(B * K, dtype=torch.bool, device=dev)
+    words = torch.zeros(B * K, 0, dtype=torch.long, device=dev)
+    alphas = None
+    base = (torch.arange(B, device=dev) * K)[:, None]                          # row offset of each image
+    for t in range(max_len + 1):
+        logits, state, aux = model.step(tok, memory, state)
+        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (B*K, V)
+        V = lp.shape[-1]
+        cand = (score.view(-1, 1) + lp).view(B, K * V)                         # (B, K*V)
+        score, idx = cand.topk(K, dim=-1)                                      # (B, K)
+        rows = (base + idx // V).view(-1)                                      # source row of each new beam
+        tok = (idx % V).view(-1)
+        state = _select(state, rows)
+        words = torch.cat([words.index_select(0, rows), tok[:, None]], 1)
+        if aux.get("alpha") is not None:
+            a = aux["alpha"].index_select(0, rows)[:, None]
+            alphas = a if alphas is None else torch.cat([alphas.index_select(0, rows), a], 1)
+        done = done.index_select(0, rows) | (tok == model.end)
+        if done.all(): break
+    best = base[:, 0].tolist()                                                 # topk is sorted: beam 0 is the best
+    return [_finish(words[r], score[b, 0].item(), None if alphas is None else alphas[r], model.end)
+            for b, r in enumerate(best)]
+
+# %% [markdown]
+# ## Decoding a whole split
+# `decode_split` runs either search over a split's images in batches and returns the captions in image order.
+
+# %%
+#| export
+def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 20, batch_size: int = 100,
+                 device: torch.device | str = "cpu") -> list[Caption]:
+    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search, in image order."
+    model.eval(); out = []
+    for b in data.image_batches(batch_size):
+        f = b["feats"].to(device)
+        out += greedy(model, f, max_len) if beam_size == 1 else beam_search(model, f, beam_size, max_len)
+    return out

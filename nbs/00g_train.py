@@ -1,0 +1,235 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # train
+#
+# > One trainer for every model: teacher-forced cross-entropy, Adam with step decay, clipping, early stopping,
+# > exact resume after a kill, autocast on GPU and DistributedDataParallel under `torchrun`.
+
+# %%
+#| default_exp train
+
+# %%
+#| export
+from __future__ import annotations
+import math, os, random, time
+from dataclasses import dataclass, asdict, field
+from pathlib import Path
+from typing import Callable
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm.auto import tqdm
+from capbook.core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything
+from capbook.models import CaptionModel
+from capbook.decode import decode_split
+
+# %% [markdown]
+# ## Configuration
+#
+# The defaults follow the papers where they say something: Adam (Show-Attend-Tell used it for Flickr30k and COCO),
+# early stopping on validation BLEU ("the only other regularization strategy we used was early stopping on BLEU
+# score"), mini-batches of 64 captions. Learning-rate step decay and gradient-norm clipping are the usual practice of the
+# later papers (SPCA, GLIED) and are set here once for all models.
+
+# %%
+#| export
+@dataclass
+class TrainConfig:
+    "Everything the trainer needs besides the model and the data; saved in every checkpoint."
+    epochs: int = 10            # maximum number of epochs
+    batch_size: int = 64        # captions per step (per process under DDP)
+    lr: float = 4e-4            # Adam learning rate
+    lr_step: int = 3            # decay the learning rate every lr_step epochs ...
+    lr_gamma: float = 0.8       # ... by this factor
+    clip: float = 5.0           # gradient-norm clipping (0: off)
+    patience: int = 3           # early stopping: epochs without a better validation score
+    metric: str = "BLEU-4"      # validation metric for early stopping and model selection
+    val_beam: int = 1           # beam size of the validation decode (1: greedy)
+    max_len: int = 20           # longest caption decoded
+    seed: int = 0
+    ckpt_every: int = 0         # also checkpoint every this many steps (0: at the end of each epoch only)
+    device: str = "auto"
+    progress: bool = True       # tqdm progress bars
+
+# %% [markdown]
+# ## Validation score
+#
+# Validation decodes the validation split (greedy by default) and scores it with pycocoevalcap's BLEU and CIDEr-D
+# scorers on the dataset's own tokens (the Java tokenizer and METEOR are kept for the final evaluation in
+# `capbook.metrics`, where they cost seconds rather than per-epoch minutes).
+
+# %%
+#| export
+def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dict:
+    "Decode the validation split and return BLEU-1..4 and CIDEr on its references."
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    caps = decode_split(model, data, cfg.val_beam, cfg.max_len, device=device)
+    res = {i: [" ".join(vocab.decode(c.tokens)) or "<empty>"] for i, c in enumerate(caps)}
+    gts = {i: [" ".join(r) for r in data.refs[i]] for i in range(len(caps))}
+    b, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    c, _ = Cider().compute_score(gts, res)
+    return {**{f"BLEU-{k+1}": float(v) for k, v in enumerate(b)}, "CIDEr": float(c)}
+
+# %% [markdown]
+# ## Checkpoints and exact resume
+#
+# `last.pt` holds everything a run needs to continue as if it had never stopped: model, optimizer and scheduler
+# states, the position in the data (epoch and batches done; the order of an epoch is a pure function of seed and epoch,
+# see `CaptionData.batches`), the random generators (dropout draws from torch's), the early-stopping bookkeeping and
+# the history. It is rewritten atomically at the end of every epoch (and every `ckpt_every` steps), so a run killed
+# with SIGKILL at any moment restarts from the last one and ends with the same numbers. `best.pt` holds the weights of
+# the best validation epoch. Both carry the vocabulary; resuming with a different one is an error. Everything in them
+# is a tensor, number, string or container of those, so they load with `torch.load(weights_only=True)`.
+
+# %%
+#| export
+def _rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_gauss": random.getstate()[2]}
+    if torch.cuda.is_available(): st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    random.setstate((3, tuple(st["python"]), st["python_gauss"]))
+    if "cuda" in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st["cuda"])
+
+def check_vocab(ckpt: dict, vocab, path: Path) -> None:
+    "Stop if checkpoint `path` was made with another vocabulary than `vocab`."
+    if ckpt.get("vocab") != vocab.itos:
+        raise CapbookError(f"{path}: checkpoint was trained with a different vocabulary ({len(ckpt.get('vocab') or [])} "
+                           f"words, this run has {len(vocab)}); use another run folder or delete the checkpoint")
+
+# %% [markdown]
+# ## Distributed training
+#
+# Under `torchrun` (environment variable `WORLD_SIZE` > 1) every process trains on its own, disjoint share of each
+# epoch's captions (`CaptionData.batches(rank=, world=)`), gradients are averaged by DistributedDataParallel (NCCL on
+# GPUs, gloo on CPUs), and rank 0 alone validates and writes checkpoints; its early-stopping decision is broadcast.
+
+# %%
+#| export
+def dist_info() -> tuple[int, int, int]:
+    "(rank, world size, local rank); initialises the process group under torchrun."
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if world > 1: return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", 0))
+    return 0, 1, 0
+
+# %% [markdown]
+# ## One step
+# The step every model trains with (and `capbook bench` times): forward under autocast, the model's own loss, backward,
+# gradient-norm clipping, Adam.
+
+# %%
+#| export
+def train_step(net, model: CaptionModel, opt, batch: dict, device, clip: float = 0.0, scaler=None) -> float:
+    "One optimisation step on `batch`; `net` is the model or its DDP wrapper. Returns the loss."
+    feats, caps = batch["feats"].to(device, non_blocking=True), batch["caps"].to(device, non_blocking=True)
+    with autocast(device):
+        out = net(feats, caps)
+    loss, _ = model.loss(out, caps)
+    opt.zero_grad(set_to_none=True)
+    if scaler is not None and scaler.is_enabled():
+        scaler.scale(loss).backward(); scaler.unscale_(opt)
+    else: loss.backward()
+    if clip: torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if scaler is not None and scaler.is_enabled(): scaler.step(opt); scaler.update()
+    else: opt.step()
+    return loss.item()
+
+# %% [markdown]
+# ## The loop
+
+# %%
+#| export
+@dataclass
+class FitResult:
+    "What `fit` returns: per-epoch history, best epoch and score, timings."
+    history: list = field(default_factory=list)
+    best_epoch: int = -1
+    best_score: float = float("-inf")
+    train_seconds: float = 0.0
+    captions_per_s: float = 0.0
+    resumed_from: tuple | None = None
+    world_size: int = 1
+
+def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
+        log: Callable[[str], None] = print) -> FitResult:
+    "Train `model` on `data` (a `Prepared`: train/val splits and vocab); resume from `ckpt_dir/last.pt` if present; load the best weights at the end."
+    rank, world, local = dist_info()
+    device = get_device(cfg.device)
+    if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
+    ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+    seed_everything(cfg.seed)
+    model.to(device)
+    net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
+    res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, 0.0, 0
+    if last.exists():
+        ck = load_torch(last); check_vocab(ck, data.vocab, last)
+        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); sched.load_state_dict(ck["scheduler"])
+        epoch, skip, bad, step = ck["epoch"], ck["batches_done"], ck["bad_epochs"], ck["step"]
+        tot, n = ck["epoch_loss_sum"], ck["epoch_batches"]
+        res.history, res.best_epoch, res.best_score = ck["history"], ck["best_epoch"], ck["best_score"]
+        res.train_seconds = ck["train_seconds"]; res.resumed_from = (epoch, skip)
+        _set_rng_state(ck["rng"])
+        if ck.get("finished"): epoch = cfg.epochs
+        log(f"resumed from {last} at epoch {epoch}, batch {skip}")
+
+    def save_last(finished=False):
+        if rank: return
+        save_torch(last, {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                          "epoch": epoch, "batches_done": skip, "step": step, "epoch_loss_sum": tot, "epoch_batches": n, "bad_epochs": bad, "history": res.history,
+                          "best_epoch": res.best_epoch, "best_score": res.best_score, "train_seconds": res.train_seconds,
+                          "rng": _rng_state(), "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {},
+                          "finished": finished})
+
+    n_batches = data.train.num_batches(cfg.batch_size, world)
+    scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
+    while epoch < cfg.epochs:
+        net.train(); t0 = time.time()
+        it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip)
+        bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
+                   mininterval=10, leave=False)
+        for b in bar:
+            loss = train_step(net, model, opt, b, device, cfg.clip, scaler)
+            skip += 1; step += 1; tot += loss; n += 1
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
+                res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
+        res.train_seconds += time.time() - t0
+        sched.step()
+        stop = torch.zeros(1)
+        if rank == 0:
+            scores = val_score(model, data.val, data.vocab, cfg, device)
+            score = scores[cfg.metric]
+            res.history.append({"epoch": epoch, "loss": tot / max(n, 1), **scores})
+            log(f"epoch {epoch}: loss {tot / max(n, 1):.4f}  val " + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+            if score > res.best_score:
+                res.best_score, res.best_epoch, bad = score, epoch, 0
+                save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": epoch,
+                                  "scores": scores, "meta": meta or {}})
+            else: bad += 1
+            stop[0] = float(bad >= cfg.patience)
+        if world > 1: dist.broadcast(stop, 0)
+        epoch += 1; skip = 0; tot, n = 0.0, 0
+        if stop.item():
+            log(f"early stop after epoch {epoch - 1}: no better {cfg.metric} for {cfg.patience} epochs"); break
+        save_last()
+    save_last(finished=True)
+    if world > 1: dist.barrier()
+    ck = load_torch(best); check_vocab(ck, data.vocab, best)
+    model.load_state_dict(ck["model"])
+    res.captions_per_s = len(res.history) * len(data.train) / res.train_seconds if res.train_seconds else 0.0
+    return res

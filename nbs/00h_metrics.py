@@ -1,0 +1,167 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # metrics
+#
+# > One evaluator for every model: the COCO caption metrics through pycocoevalcap, exact semantic scores on shapes,
+# > and attention correctness.
+
+# %%
+#| default_exp metrics
+
+# %%
+#| export
+from __future__ import annotations
+import contextlib, io, shutil, time
+from pathlib import Path
+import numpy as np
+import torch
+import torch.nn.functional as F
+from capbook.decode import decode_split, Caption
+
+# %% [markdown]
+# ## Caption metrics (pycocoevalcap)
+#
+# BLEU-1..4, METEOR, ROUGE-L and CIDEr(-D) are computed with the COCO caption evaluation code the papers used
+# (`pycocoevalcap`), after its PTB tokenizer. Both the tokenizer and METEOR run on Java: without Java the tokenizer
+# falls back to lower-casing and splitting on spaces, and METEOR is reported unavailable with the reason. SPICE needs
+# Stanford CoreNLP 3.6.0's jars, which pycocoevalcap downloads on first use; they cannot be downloaded on machines with
+# no internet, so SPICE is reported unavailable unless the jars are already in `pycocoevalcap/spice/lib`.
+# Scores are fractions in [0, 1]; tables show them ×100 as the papers do.
+
+# %%
+#| export
+def spice_jars() -> tuple[bool, str]:
+    "Whether SPICE's Stanford CoreNLP 3.6.0 jars are installed, and where they are expected."
+    import pycocoevalcap
+    lib = Path(pycocoevalcap.__file__).parent / "spice" / "lib"
+    need = [lib / "stanford-corenlp-3.6.0.jar", lib / "stanford-corenlp-3.6.0-models.jar"]
+    return all(p.exists() for p in need), str(lib)
+
+def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -> tuple[dict, dict]:
+    "Score candidate captions `res` {id: str} against references `gts` {id: [str]}: (scores, notes on what was unavailable)."
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.rouge.rouge import Rouge
+    from pycocoevalcap.cider.cider import Cider
+    notes, java = {}, shutil.which("java") is not None
+    if java:
+        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+        tok = PTBTokenizer()
+        gts = tok.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()})
+        res = tok.tokenize({k: [{"caption": c}] for k, c in res.items()})
+    else:
+        notes["tokenizer"] = "Java not found: PTB tokenizer replaced by lower-case whitespace splitting"
+        gts = {k: [" ".join(c.lower().split()) for c in v] for k, v in gts.items()}
+        res = {k: [" ".join(c.lower().split())] for k, c in res.items()}
+    out = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        b, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    out.update({f"BLEU-{i+1}": float(v) for i, v in enumerate(b)})
+    if meteor and not java: notes["METEOR"] = "unavailable: Java not found (METEOR 1.5 runs on Java)"
+    elif meteor:
+        from pycocoevalcap.meteor.meteor import Meteor
+        try:
+            m = Meteor(); out["METEOR"] = float(m.compute_score(gts, res)[0])
+            with contextlib.suppress(Exception): m.close()
+        except Exception as e: notes["METEOR"] = f"unavailable: {e.__class__.__name__}: {e}"
+    out["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
+    out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    if spice:
+        ok, lib = spice_jars()
+        if not ok: notes["SPICE"] = f"unavailable: Stanford CoreNLP 3.6.0 jars not in {lib} (they cannot be downloaded here)"
+        elif not java: notes["SPICE"] = "unavailable: Java not found"
+        else:
+            from pycocoevalcap.spice.spice import Spice
+            out["SPICE"] = float(Spice().compute_score(gts, res)[0])
+    return out, notes
+
+# %% [markdown]
+# ## Attention correctness (shapes)
+#
+# On shapes every object's box is known, so capbook can ask what Show-Attend-Tell could only show: when the model emits
+# a word that names an object, does it look at that object? For each generated noun phrase that names a shape (found
+# by the shapes parser, `capbook.shapes.object_mentions`) and matches objects of the image, we take the attention
+# weights $\alpha_t$ of the step that emitted its head noun and report
+#
+# - **mass**: $\sum_i \alpha_{ti}\, \mathrm{frac}_i$, the attention inside the matching objects' boxes, where
+#   $\mathrm{frac}_i$ is the fraction of grid cell $i$ covered by a box (uniform attention scores the boxes' area
+#   fraction, reported as `mass_uniform` for scale);
+# - **hit**: whether the cell with the largest weight has its centre inside a matching box.
+
+# %%
+#| export
+def box_fractions(boxes: list, grid: tuple[int, int], image_size: int) -> torch.Tensor:
+    "Fraction of each grid cell (h*w,) covered by the union of pixel `boxes` [x0, y0, x1, y1]."
+    m = torch.zeros(1, 1, image_size, image_size)
+    for x0, y0, x1, y1 in boxes: m[..., int(y0):int(np.ceil(y1)), int(x0):int(np.ceil(x1))] = 1
+    return F.adaptive_avg_pool2d(m, grid).flatten()
+
+def attention_correctness(captions: list[Caption], keys: list[str], gt: dict, vocab, grid: tuple[int, int],
+                          image_size: int) -> dict:
+    "Mean attention mass inside, and peak-hit rate on, the objects named by each generated object word."
+    from capbook.shapes import object_mentions
+    mass, hit, unif = [], [], []
+    for cap, key in zip(captions, keys):
+        if cap.alpha is None: continue
+        words, objs = vocab.decode(cap.tokens), gt["images"][key]["objects"]
+        for t, idx in object_mentions(words, gt["images"][key]):
+            if not idx or t >= len(cap.alpha): continue
+            boxes = [objs[i]["box"] for i in idx]
+            frac, a = box_fractions(boxes, grid, image_size), cap.alpha[t].float()
+            mass.append(float((a * frac).sum())); unif.append(float(frac.mean()))
+            hit.append(_peak_in(a.argmax().item(), grid, image_size, boxes))
+    n = len(mass)
+    return {"mass": float(np.mean(mass)) if n else float("nan"), "hit": float(np.mean(hit)) if n else float("nan"),
+            "mass_uniform": float(np.mean(unif)) if n else float("nan"), "n": n}
+
+def _peak_in(cell: int, grid, image_size, boxes) -> float:
+    h, w = grid
+    cy, cx = (cell // w + 0.5) * image_size / h, (cell % w + 0.5) * image_size / w
+    return float(any(x0 <= cx <= x1 and y0 <= cy <= y1 for x0, y0, x1, y1 in boxes))
+
+# %% [markdown]
+# ## Evaluating a model
+#
+# `evaluate` decodes a split (batched beam search, the papers' evaluation), scores it, and on shapes adds the exact
+# semantic scores (precision, recall and F1 of objects, attributes, counts and relations against the ground truth and
+# the references, `capbook.shapes.semantic_scores`) and attention correctness. It returns the metrics, the captions
+# (with their attention) and the decoding time.
+
+# %%
+#| export
+def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int | None = None,
+             device: torch.device | str = "cpu", batch_size: int = 100) -> dict:
+    "Decode `split` of a `Prepared` dataset with beam search and compute every metric that applies."
+    data = getattr(prep, split)
+    max_len = max_len or prep.max_len
+    t0 = time.time()
+    caps = decode_split(model, data, beam_size, max_len, batch_size, device)
+    decode_s = time.time() - t0
+    words = [prep.vocab.decode(c.tokens) for c in caps]
+    res = {k: " ".join(w) for k, w in zip(data.keys, words)}
+    gts = {k: [" ".join(r) for r in refs] for k, refs in zip(data.keys, data.refs)}
+    t1 = time.time()
+    scores, notes = coco_scores(gts, res)
+    out = {"metrics": scores, "notes": notes, "captions": caps, "words": words, "keys": list(data.keys),
+           "timings": {"decode_s": decode_s, "images_per_s": len(caps) / decode_s}}
+    if prep.gt is not None:
+        from capbook.shapes import semantic_scores
+        out["semantic"] = semantic_scores(dict(zip(data.keys, words)), dict(zip(data.keys, data.refs)), prep.gt["images"])
+        out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, prep.grid, prep.image_size)
+    out["timings"]["score_s"] = time.time() - t1
+    return out
+
+# %%
+_s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},
+                     {1: "a red circle", 2: "two green stars"}, meteor=False, spice=False)
+assert _s["BLEU-1"] > 0.99 and 0 <= _s["CIDEr"]
+_f = box_fractions([[0, 0, 8, 8]], (2, 2), 16)
+assert torch.allclose(_f, torch.tensor([1., 0, 0, 0]))

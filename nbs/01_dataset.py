@@ -1,0 +1,135 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The data: shapes, its card, and the room it leaves
+#
+# > The embedded dataset every chapter runs on by default, what is in it, and the floor and ceiling of its scores.
+#
+# No real captioning dataset or pretrained weights can be downloaded on the machines this book is built on, and a fresh
+# clone must run end to end on a CPU. So capbook generates **shapes**: images of coloured shapes on a cluttered,
+# textured background, each with five reference captions from a grammar (objects, attributes, counts and
+# left/right/above/below relations), written in the same Karpathy-split JSON format as `dataset_coco.json`. Everything
+# downstream — the frozen encoder, the feature store, the vocabulary, the caption datasets, the models, the
+# evaluator — is the code path a COCO run takes (`dataset="coco", data_path=...`). Because every object's box and
+# attributes are known, shapes also allows two measurements no captioning paper could make on COCO: exact semantic
+# precision/recall of a caption, and whether the attention falls on the object being named.
+#
+# This chapter builds (or loads from `data/`) the dataset, the encoder and the features, then shows the dataset card
+# and the **room** the models have: the *floor*, a captioner that never sees the image, and the *ceiling*, each human
+# (here: grammar) reference scored against the other four. A dataset on which every model scores near the ceiling could
+# not tell the papers' models apart.
+
+# %%
+#| hide
+from collections import Counter
+import numpy as np, pandas as pd
+import matplotlib.pyplot as plt
+from PIL import Image
+from capbook.core import check_choice, check_int
+from capbook.book import start_run, out_dir
+from capbook.data import prepare
+from capbook.metrics import coco_scores
+from capbook.viz import save_table, save_figure
+
+# %% tags=["parameters"]
+profile = "default"     # smoke | default | paper
+dataset = "shapes"      # shapes | coco | flickr8k | flickr30k
+data_path = None        # folder with dataset_<name>.json and the images (real datasets)
+encoder = None          # None: the dataset's default encoder
+seed = 0
+run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
+
+# %%
+check_choice("dataset", dataset, ["shapes", "coco", "flickr8k", "flickr30k"])
+check_int("seed", seed, lo=0)
+run = start_run("01_dataset", dict(profile=profile, dataset=dataset, data_path=data_path, encoder=encoder, seed=seed,
+                                   run_dir=run_dir))
+prep = prepare(dataset, profile, seed=seed, data_path=data_path, encoder=encoder)
+
+# %% [markdown]
+# ## Dataset card
+
+# %%
+def lengths(split): return [len(r) for refs in split.refs for r in refs]
+card = {"images (train/val/test)": f"{prep.train.n_images}/{prep.val.n_images}/{prep.test.n_images}",
+        "captions per image": Counter(len(r) for r in prep.train.refs).most_common(1)[0][0],
+        "vocabulary (words kept, incl. 4 specials)": len(prep.vocab),
+        "caption length (mean / min / max words)": "{:.1f} / {} / {}".format(np.mean(lengths(prep.train)),
+                                                                          min(lengths(prep.train)), max(lengths(prep.train))),
+        "max length kept for training": prep.max_len,
+        "features (L × D) / grid": f"{prep.feat_shape[0]} × {prep.feat_shape[1]} / {prep.grid[0]}×{prep.grid[1]}",
+        "encoder": prep.encoder}
+if prep.gt is not None:
+    objs = [len(g["objects"]) for g in prep.gt["images"].values()]
+    rels = [len(g["relations"]) for g in prep.gt["images"].values()]
+    card["objects per image (mean / min / max)"] = f"{np.mean(objs):.2f} / {min(objs)} / {max(objs)}"
+    card["relations per image (mean)"] = f"{np.mean(rels):.1f}"
+card_df = pd.DataFrame({"": list(card), "value": [str(v) for v in card.values()]})
+save_table(card_df, run.path("table_dataset_card"))
+card_df
+
+# %% [markdown]
+# Some test images with their five references:
+
+# %%
+keys, paths = prep.test.keys[:4], prep.image_paths("test")[:4]
+fig, axes = plt.subplots(1, 4, figsize=(14, 4.2))
+for ax, k, p, refs in zip(axes, keys, paths, prep.test.refs[:4]):
+    ax.imshow(Image.open(p).convert("RGB")); ax.axis("off")
+    ax.set_title("\n".join(" ".join(r) for r in refs), fontsize=7, loc="left")
+fig.tight_layout(); save_figure(fig, run.path("fig_dataset_examples.png"))
+
+# %% [markdown]
+# ## The room between floor and ceiling
+#
+# **Floor** — a captioner that never sees the image: one fixed caption for every image, the one among the 100 most
+# frequent training captions with the best CIDEr on the validation references (chosen on val, scored on test).
+#
+# **Ceiling** — each reference scored against the other four, averaged over the five folds (note: four references
+# instead of five makes BLEU slightly stricter for the ceiling than for the models).
+
+# %%
+from pycocoevalcap.cider.cider import Cider
+freq = Counter(" ".join(r) for refs in prep.train.refs for r in refs).most_common(100)
+nval = min(100, prep.val.n_images)
+vgts = {i: [" ".join(r) for r in prep.val.refs[i]] for i in range(nval)}
+blind = max((c for c, _ in freq), key=lambda c: Cider().compute_score(vgts, {i: [c] for i in vgts})[0])
+gts = {k: [" ".join(r) for r in refs] for k, refs in zip(prep.test.keys, prep.test.refs)}
+floor, _ = coco_scores(gts, {k: blind for k in gts})
+folds = []
+for j in range(5):
+    res = {k: v[j] for k, v in gts.items() if len(v) > j}
+    folds.append(coco_scores({k: [r for i, r in enumerate(gts[k]) if i != j] for k in res}, res)[0])
+ceiling = {m: float(np.mean([f[m] for f in folds])) for m in folds[0]}
+sem = {}
+if prep.gt is not None:
+    from capbook.shapes import semantic_scores
+    refs = dict(zip(prep.test.keys, prep.test.refs))
+    sem["floor"] = semantic_scores({k: blind.split() for k in refs}, refs, prep.gt["images"])
+    sem["ceiling"] = semantic_scores({k: v[0] for k, v in refs.items()},
+                                     {k: v[1:] for k, v in refs.items()}, prep.gt["images"])
+print("floor caption:", blind)
+
+# %%
+rows = []
+for name, sc in [("floor (blind caption)", floor), ("ceiling (reference vs other four)", ceiling)]:
+    row = {"": name, **{m: 100 * v for m, v in sc.items()}}
+    key = "floor" if name.startswith("floor") else "ceiling"
+    if key in sem: row["semantic F1 (all)"] = 100 * sem[key]["all"]["f1"]
+    rows.append(row)
+room = pd.DataFrame(rows)
+save_table(room, run.path("table_room"))
+run.record({"floor": floor, "ceiling": ceiling, "semantic": sem, "blind_caption": blind, "card": card})
+room
+
+# %% [markdown]
+# *Reading the table:* every model of the book should land between the two rows. The gap is the room the papers'
+# models compete in; the models' chapters print their scores against the same test split.
