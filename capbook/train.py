@@ -168,7 +168,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
             log(f"early stop after epoch {epoch - 1}: no better {cfg.metric} for {cfg.patience} epochs"); break
         save_last()
     save_last(finished=True)
-    if world > 1: dist.barrier()
+    if world > 1:                                   # every rank must hold the same weights after DDP training
+        cs = torch.tensor([sum(float(p.double().sum()) for p in model.parameters())], dtype=torch.float64)
+        every = [torch.zeros_like(cs) for _ in range(world)]
+        dist.all_gather(every, cs)
+        if any(not torch.equal(c, every[0]) for c in every): raise RuntimeError(f"DDP ranks diverged: {every}")
+        dist.barrier()
     ck = load_torch(best); check_vocab(ck, data.vocab, best)
     model.load_state_dict(ck["model"])
     res.captions_per_s = len(res.history) * len(data.train) / res.train_seconds if res.train_seconds else 0.0

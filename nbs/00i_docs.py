@@ -1,0 +1,318 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # docs
+#
+# > The offline docs site: executed notebooks with nbdev's directives honoured, an API reference, MathJax served locally.
+
+# %%
+#| default_exp docs
+
+# %%
+#| export
+from __future__ import annotations
+import copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile
+from pathlib import Path
+import nbformat
+from capbook.core import CapbookError, atomic_write
+
+# %% [markdown]
+# ## How the site is built
+#
+# The site shows what a run computed, so it is built from the *executed* copies of the notebooks that papermill writes
+# to the run folder, never from the clean sources in `nbs/`. Jupyter Book 1.x renders them with execution switched off;
+# it needs no network (version 2 downloads its theme, so capbook never uses it). Three things stand between an nbdev
+# notebook and a clean page, and `prepare_notebook` handles them on a copy:
+#
+# - **nbdev directives.** myst-nb does not know nbdev's `#|` lines. `#| hide` and `#| default_exp` cells are dropped,
+#   `#| echo: false` keeps only the outputs, `#| output: false` only the input, and the directive lines themselves are
+#   stripped from every code cell that is shown (`#| export` cells stay visible: the book is about the code).
+# - **Markdown outputs.** `show_doc` writes markdown that opens with a `---` rule; docutils asserts that a transition
+#   never opens (or closes) a container and the whole build crashes. Rules at either end of a markdown output are
+#   removed. Markdown outputs are parsed as MyST, so their pipe tables and `$...$` maths render.
+# - **Widgets.** A notebook carrying widget state makes myst-nb load RequireJS from a CDN; widget state and widget
+#   views are dropped, so every page stays offline.
+#
+# Images (`image/png`) and HTML outputs (pandas tables) pass through untouched. Equations in markdown cells (`$...$`,
+# `$$...$$`, `\begin{align}`) are rendered by the MathJax copy that `sphinx-mathjax-offline` ships into `_static/`.
+
+# %%
+#| export
+_DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
+_HIDE_LINE = re.compile(r"#\s*\|\s*hide_line\s*$")
+_RULE = re.compile(r"^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$")
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_DROP = {"hide", "default_exp"}
+
+def nbdev_directives(source: str) -> tuple[dict[str, str], str]:
+    "Split the `#|` lines at the top of a code cell into `{name: value}` and the source after them (`#|hide_line` lines removed)."
+    lines, dirs, i = source.splitlines(), {}, 0
+    while i < len(lines) and ((m := _DIRECTIVE.match(lines[i])) or not lines[i].strip()):
+        if m: dirs[m[1].lower()] = m[2]
+        i += 1
+    return dirs, "\n".join(l for l in lines[i:] if not _HIDE_LINE.search(l))
+
+def _off(value: str) -> bool: return value.lower() in ("false", "no", "0")
+
+def sanitize_markdown(md: str) -> str:
+    "Remove the thematic breaks (`---`) opening or closing a markdown output, which crash docutils inside a container."
+    lines = md.splitlines()
+    while lines and (not lines[0].strip() or _RULE.match(lines[0])): lines.pop(0)
+    while lines and (not lines[-1].strip() or _RULE.match(lines[-1]) and (len(lines) < 2 or not lines[-2].strip())):
+        lines.pop()
+    return "\n".join(lines)
+
+def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
+    "An output as the site shows it; None for a widget view (its state is not kept)."
+    data = out.get("data", {})
+    if _WIDGET_VIEW in data: return None
+    if "text/markdown" in data:
+        data["text/markdown"] = sanitize_markdown(data["text/markdown"])
+    return out
+
+def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils."
+    nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            dirs, cell.source = nbdev_directives(cell.source)
+            if dirs.keys() & _DROP or _off(dirs.get("include", "")): continue
+            tags = cell.metadata.setdefault("tags", [])
+            if _off(dirs.get("echo", "")): tags.append("remove-input")
+            if _off(dirs.get("output", "")): tags.append("remove-output")
+            if not _off(dirs.get("code-fold", "false")): tags.append("hide-input")
+            cell.outputs = [o for o in map(_clean_output, cell.outputs) if o is not None]
+            if not cell.source.strip() and not cell.outputs: continue
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+# %% [markdown]
+# A check on a small notebook: the hidden and `default_exp` cells go, directive lines vanish from what is shown, `echo`
+# and `output` become Jupyter Book's `remove-input` / `remove-output` tags, and `show_doc`'s opening rule is removed
+# while a setext heading's underline at the end survives.
+
+# %%
+_nb = nbformat.v4.new_notebook(cells=[
+    nbformat.v4.new_code_cell("#| default_exp x"), nbformat.v4.new_code_cell("#| hide\nsecret = 1"),
+    nbformat.v4.new_code_cell("#|export\n#| eval: false\ndef f(): pass\nx = 1 #| hide_line"),
+    nbformat.v4.new_code_cell("#| echo: false\nplot()"), nbformat.v4.new_code_cell("#| output: false\nnoisy()")])
+_nb.cells[3].outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": "---\n\n### f\n\n*Doc.*\n\n---\n"})]
+_p = prepare_notebook(_nb)
+assert [c.source for c in _p.cells] == ["def f(): pass", "plot()", "noisy()"]
+assert [c.metadata.tags for c in _p.cells] == [[], ["remove-input"], ["remove-output"]]
+assert _p.cells[1].outputs[0].data["text/markdown"] == "### f\n\n*Doc.*"
+assert sanitize_markdown("Title\n---") == "Title\n---" and _nb.cells[1].source.startswith("#| hide")
+
+# %% [markdown]
+# ## The Jupyter Book project
+#
+# `build_site` writes a throw-away Jupyter Book project next to the output folder: the prepared notebooks (the first
+# is saved as `index`, the landing page, unless an introduction is given), an optional `api.rst` with one `automodule`
+# section per importable module, `_config.yml` and `_toc.yml`. Autodoc imports the package, so the build runs with the
+# same Python as the caller. Nbdev docstrings write code in single backticks, so the reST default role is `literal`.
+
+# %%
+#| export
+_log = logging.getLogger(__name__)
+
+def _config_yml(title: str, api: bool) -> str:
+    "Jupyter Book settings: no execution, no network, MyST maths everywhere, autodoc when there is an API page."
+    exts = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"] * api + ["sphinx-mathjax-offline"]
+    return f"""title: {json.dumps(title)}
+author: ""
+copyright: ""
+only_build_toc_files: true
+execute:
+  execute_notebooks: "off"
+parse:
+  myst_enable_extensions: [amsmath, dollarmath, colon_fence, deflist]
+html:
+  use_repository_button: false
+  use_issues_button: false
+  use_edit_page_button: false
+launch_buttons:
+  thebe: false
+sphinx:
+  extra_extensions: [{", ".join(exts)}]
+  config:
+    myst_dmath_double_inline: true
+    nb_render_markdown_format: myst
+    nb_ipywidgets_js: {{}}
+    html_show_copyright: false
+    default_role: literal
+""" + "    autodoc_member_order: bysource\n" * api
+
+def _toc_yml(chapters: list[str]) -> str:
+    "A one-part book whose root is `index`."
+    return "format: jb-book\nroot: index\n" + ("chapters:\n" + "".join(f"- file: {c}\n" for c in chapters) if chapters else "")
+
+def _importable(modules: list[str]) -> tuple[list[str], list[str]]:
+    "The modules that import, and a warning for each one that does not (it is left out of the API page)."
+    ok, warnings = [], []
+    for m in modules:
+        try: importlib.import_module(m); ok.append(m)
+        except Exception as e: warnings.append(f"capbook: API reference skips {m} ({type(e).__name__}: {e})")
+    for w in warnings: _log.warning(w)
+    return ok, warnings
+
+def _api_rst(modules: list[str]) -> str:
+    "An API reference page: one autodoc section per module, documenting the members in its `__all__`."
+    out = "API reference\n=============\n\nEvery public function and class of the package, with its docstring.\n"
+    for m in modules: out += f"\n{m}\n{'-' * len(m)}\n\n.. automodule:: {m}\n   :members:\n   :show-inheritance:\n"
+    return out
+
+def _read_notebook(path: Path) -> nbformat.NotebookNode:
+    "Read a notebook, a missing or malformed one becoming one `CapbookError` line."
+    if not path.is_file(): raise CapbookError(f"{path}: notebook not found")
+    try: return nbformat.read(path, as_version=4)
+    except Exception as e: raise CapbookError(f"{path}: unreadable notebook ({type(e).__name__}: {e})") from None
+
+def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
+               intro_md: str | None = None) -> list[str]:
+    "Write a Jupyter Book project for `notebooks` into `src`; returns the warnings about API modules left out."
+    notebooks = [Path(p) for p in notebooks]
+    if not notebooks: raise CapbookError("build_site: no notebooks given")
+    names = ["index" if i == 0 and intro_md is None else p.stem for i, p in enumerate(notebooks)]
+    pages = names + ["api"] + ["index"] * (intro_md is not None)
+    if dups := sorted({n for n in pages if pages.count(n) > 1}):
+        raise CapbookError(f"build_site: two pages would be named {', '.join(dups)}; rename the notebook")
+    if intro_md is not None: (src / "index.md").write_text(intro_md)
+    for p, name in zip(notebooks, names): nbformat.write(prepare_notebook(_read_notebook(p)), src / f"{name}.ipynb")
+    modules, warnings = _importable(api_modules or [])
+    if modules: (src / "api.rst").write_text(_api_rst(modules))
+    (src / "_config.yml").write_text(_config_yml(title, bool(modules)))
+    (src / "_toc.yml").write_text(_toc_yml([n for n in names if n != "index"] + ["api"] * bool(modules)))
+    return warnings
+
+# %% [markdown]
+# ## Building, atomically
+#
+# Jupyter Book runs as a subprocess of this Python (`jupyter_book` has no `__main__`, so its click entry point is
+# called with `-c`). Its log, with Sphinx's full traceback appended when there is one, is kept beside the site as
+# `<out_dir>.build.log`. Sphinx warnings are fine; a failed build raises a `CapbookError` quoting the log lines that
+# state the cause. The HTML is built in a temporary folder beside `out_dir` and renamed into place only when the build
+# succeeded, so a failed build leaves the old site intact. A non-empty `out_dir` that is not a site is never replaced.
+
+# %%
+#| export
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+def _failure_summary(log: str) -> str:
+    "Where a failed build's log states the cause: the lines before Jupyter Book's own traceback, and the last line."
+    keep = lambda text: [l.strip() for l in text.splitlines() if l.strip() and not set(l.strip()) <= set("=")
+                         and not l.startswith(("Please also report", "A bug report"))]
+    head, lines = keep(log.split("Traceback (most recent call last):")[0]), keep(log)
+    last = [l for l in lines[-1:] if "error in building your book" not in l]
+    return " | ".join(dict.fromkeys(head[-3:] + last))
+
+def _jupyter_book() -> list[str]:
+    "The command that runs this Python's Jupyter Book."
+    return [sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
+
+def _is_site(d: Path) -> bool:
+    "Whether `d` may be replaced by a site: absent, an empty folder, or a previous site."
+    return not d.exists() or d.is_dir() and (not any(d.iterdir()) or (d / "index.html").exists())
+
+def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api_modules: list[str] | None = None,
+               intro_md: str | None = None) -> Path:
+    "Build the HTML site of executed `notebooks` (in reading order) into `out_dir`, atomically; returns its `index.html`."
+    out_dir = Path(out_dir).resolve()
+    if not _is_site(out_dir): raise CapbookError(f"{out_dir}: not empty and not a docs site; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir.with_name(f"{out_dir.name}.build.log")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".build", dir=out_dir.parent))
+    try:
+        src = tmp / "src"; src.mkdir()
+        warnings = write_book(notebooks, src, title, api_modules, intro_md)
+        cmd = [*_jupyter_book(), "build", str(src), "--path-output", str(tmp), "--builder", "html"]
+        res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
+        log = "".join(w + "\n" for w in warnings) + _ANSI.sub("", res.stdout + res.stderr)
+        failed = res.returncode != 0 or not (tmp / "_build" / "html" / "index.html").exists()
+        summary = _failure_summary(log) if failed else ""
+        if (m := re.search(r"full traceback has been saved in (\S+?),", log)) and Path(m[1]).is_file():
+            log += f"\n--- {m[1]}\n" + Path(m[1]).read_text()
+        atomic_write(log_path, lambda t: t.write_text(log))
+        if failed: raise CapbookError(f"docs build failed (see {log_path}): {summary}")
+        if out_dir.exists(): os.replace(out_dir, tmp / "old")
+        os.replace(tmp / "_build" / "html", out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir / "index.html"
+
+# %% [markdown]
+# ## Looking at a page the way a reader does
+#
+# The site's tests open its pages in Debian's headless Chromium (`apt-get install chromium`, or `make browser`), so
+# they see the DOM after MathJax and the theme's scripts ran, not just the HTML files. Each call uses a fresh profile
+# folder and no background networking; a page that hangs is killed with its whole process group. A short virtual time
+# budget lets MathJax finish typesetting before the DOM is dumped.
+
+# %%
+#| export
+_CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                   "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                   "--virtual-time-budget=5000"]
+
+_CHROMIUM = ("chromium", "/usr/bin/chromium")
+
+def _chromium() -> str:
+    "Path of the headless browser, or a one-line how-to."
+    for name in _CHROMIUM:
+        if exe := shutil.which(name): return exe
+    raise CapbookError("chromium not found: install it with `apt-get install chromium` (or `make browser`)")
+
+def _as_url(url_or_path: str | Path) -> str:
+    "A URL unchanged; a local path as a `file://` URL (which must exist)."
+    s = str(url_or_path)
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", s): return s
+    p = Path(s).resolve()
+    if not p.exists(): raise CapbookError(f"{p}: page not found")
+    return p.as_uri()
+
+def _run_chromium(args: list[str], timeout: float) -> str:
+    "Run headless Chromium with a fresh profile; returns its stdout, killing the whole process group on a timeout."
+    with tempfile.TemporaryDirectory(prefix="capbook-chromium-") as profile:
+        cmd = [_chromium(), *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try: out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL); proc.communicate()
+            raise CapbookError(f"chromium gave no answer within {timeout} s for {args[-1]}") from None
+    if proc.returncode != 0:
+        last = [l for l in err.splitlines() if l.strip()][-1:] or ["no message"]
+        raise CapbookError(f"chromium failed (exit {proc.returncode}) on {args[-1]}: {last[0]}")
+    return out
+
+def chromium_dom(url_or_path: str | Path, timeout: float = 60) -> str:
+    "The DOM of a page (a URL or a local file) after its scripts ran, from headless Chromium."
+    return _run_chromium(["--dump-dom", _as_url(url_or_path)], timeout)
+
+def chromium_screenshot(url: str | Path, png_path: str | Path, size: tuple[int, int] = (1280, 2000), timeout: float = 60) -> Path:
+    "Save a `size` (width, height) PNG screenshot of a page (a URL or a local file) to `png_path`."
+    png_path = Path(png_path).resolve(); png_path.parent.mkdir(parents=True, exist_ok=True)
+    png_path.unlink(missing_ok=True)
+    _run_chromium([f"--screenshot={png_path}", f"--window-size={size[0]},{size[1]}", _as_url(url)], timeout)
+    if not png_path.exists(): raise CapbookError(f"chromium wrote no screenshot to {png_path}")
+    return png_path
+
+# %% [markdown]
+# Typical use, after papermill has executed the book into a run folder (a full build takes a few seconds, so it is
+# left to the tests and to `capbook book`):
+#
+# ```python
+# nbs = sorted(Path("runs/default").glob("*.ipynb"))
+# index = build_site(nbs, Path("runs/default/site"), api_modules=["capbook.core", "capbook.data"])
+# assert "BLEU-4" in chromium_dom(index)
+# ```

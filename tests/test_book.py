@@ -1,0 +1,63 @@
+"The book end to end at the smoke profile: papermill plan, records, tables, figures, skip-unchanged, docs site."
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+from capbook.book import Step, run_step
+from capbook.core import CapbookError
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def book(home):
+    p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke"], capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return home, p.stdout
+
+
+@pytest.mark.slow
+def test_smoke_book_publishes_tables_figures_records(book):
+    home, log = book
+    figs = home / "runs" / "smoke" / "figures"
+    table = (figs / "table_sat_table1.md").read_text()
+    assert "Soft-Attention" in table and "paper (quoted)" in table and "capbook (measured)" in table
+    assert (figs / "fig_sat_soft_attention.png").stat().st_size > 10_000
+    assert (figs / "table_room.md").exists() and (figs / "table_dataset_card.md").exists()
+    assert not (home / "figures").exists(), "a smoke run must not publish to figures/"
+    rec = json.loads((home / "runs" / "smoke" / "02_show_attend_tell" / "record.json").read_text())
+    for k in ["params", "seed", "code_version", "metrics", "timings", "n_params"]: assert k in rec
+    assert 0 < rec["metrics"]["BLEU-1"] <= 1 and rec["n_params"] > 0 and rec["params"]["profile"] == "smoke"
+    assert "attention" in rec["metrics"] and rec["metrics"]["attention"]["n"] > 0
+
+
+@pytest.mark.slow
+def test_unchanged_book_is_skipped(book):
+    p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "ran in" not in p.stdout and p.stdout.count("unchanged, skipped") >= 3
+
+
+@pytest.mark.slow
+def test_docs_site_shows_table_and_attention_figure(book):
+    from capbook.docs import chromium_dom
+    home, _ = book
+    page = home / "runs" / "smoke" / "site" / "02_show_attend_tell.html"
+    assert page.exists(), sorted(p.name for p in page.parent.glob("*.html"))
+    dom = chromium_dom(page)
+    assert "<table" in dom and "Soft-Attention" in dom and "paper (quoted)" in dom
+    assert "<img" in dom and ("image/png" in dom or ".png" in dom)
+
+
+def test_failing_notebook_names_notebook_and_cell(home):
+    with pytest.raises(CapbookError) as e:
+        run_step(Step("02_show_attend_tell", {"profile": "smoke", "beam_size": 0}, tag="bad"), "smoke", log=lambda s: None)
+    msg = str(e.value)
+    assert "02_show_attend_tell.ipynb failed in cell" in msg and "beam_size" in msg and "\n" not in msg
+
+
+def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
+    p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "02_show_attend_tell.ipynb"),
+                        str(tmp_path / "out.ipynb"), "-p", "profile", "huge"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "parameter profile='huge' is invalid: allowed values are 'smoke', 'default', 'paper'" in p.stderr + p.stdout

@@ -1,0 +1,158 @@
+"""The offline docs site: nbdev directives honoured, tables/figures/maths on the page, API reference, atomic builds."""
+import base64, html, io, re, struct, sys
+from pathlib import Path
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import nbformat
+import pandas as pd
+import pytest
+
+import capbook.docs as docs
+from capbook.core import CapbookError
+from capbook.docs import build_site, chromium_dom, chromium_screenshot, nbdev_directives, prepare_notebook
+
+v4 = nbformat.v4
+SHOW_DOC_MD = ("---\n\n### attend\n\n>      attend (e:torch.Tensor, dim:int=-1)\n\n*Soft attention weights.*\n\n"
+               "|    | **Type** | **Default** | **Details** |\n| -- | -------- | ----------- | ----------- |\n"
+               "| e | Tensor |  | scores |\n| dim | int | -1 | the axis |\n")
+
+
+def _code(src: str, *outputs, tags=()) -> nbformat.NotebookNode:
+    cell = v4.new_code_cell(src, outputs=list(outputs))
+    if tags: cell.metadata.tags = list(tags)
+    return cell
+
+
+def _png() -> str:
+    fig, ax = plt.subplots(figsize=(2, 1.5)); ax.plot([0, 1], [1, 0])
+    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=40); plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _executed_notebook() -> nbformat.NotebookNode:
+    "A small notebook as papermill leaves it, with every kind of cell the book has."
+    table = pd.DataFrame({"model": ["soft attention"], "BLEU-4": [24.31]}).to_html()
+    nb = v4.new_notebook(cells=[
+        v4.new_markdown_cell("# Synthetic paper\n\n> A one-page check of the site.\n\nThe attention weights\n\n"
+                             "$$\\alpha_{ti} = \\frac{\\exp(e_{ti})}{\\sum_k \\exp(e_{tk})}$$\n\nwith $\\tau = 3$ and "
+                             "$$z_t = \\sum_i \\alpha_{ti} a_i$$ inline.\n\n\\begin{align}\nh_t &= o_t \\odot \\tanh(c_t)\n"
+                             "\\end{align}"),
+        _code("#| default_exp fake"),
+        _code("profile = 'default'", tags=["parameters"]),
+        _code("# Parameters\nprofile = 'smoke'\n", tags=["injected-parameters"]),
+        _code("#| export\ndef attend(e, dim=-1):\n    return e.softmax(dim)"),
+        _code("#| hide\nHIDDEN_SOURCE_MARK = 1", v4.new_output("stream", name="stdout", text="HIDDEN_OUTPUT_MARK\n")),
+        _code("#|export\nshow_doc(attend)", v4.new_output("display_data", data={"text/markdown": SHOW_DOC_MD,
+                                                                                  "text/plain": "<show_doc>"})),
+        _code("results_table", v4.new_output("execute_result", execution_count=1,
+                                             data={"text/html": table, "text/plain": "table"})),
+        _code("#| echo: false\nECHO_OFF_SOURCE_MARK", v4.new_output("display_data", data={"image/png": _png(),
+                                                                                          "text/plain": "<Figure>"})),
+        _code("#| output: false\nprint('noise')", v4.new_output("stream", name="stdout", text="NOISY_OUTPUT_MARK\n")),
+    ])
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata.language_info = {"name": "python", "version": "3.11"}
+    return nb
+
+
+def _text(dom: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", dom))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("docs")
+    nb_path = root / "run" / "03_synthetic.ipynb"; nb_path.parent.mkdir()
+    nbformat.write(_executed_notebook(), nb_path)
+    out = root / "site"; out.mkdir()
+    (out / "index.html").write_text("stale"); (out / "stale.html").write_text("stale")
+    index = build_site([nb_path], out, title="capbook test", api_modules=["capbook.core", "capbook.no_such_module"],
+                       intro_md="# The capbook test book\n\nRead the synthetic paper first.\n")
+    return index, chromium_dom(index.parent / "03_synthetic.html")
+
+
+def test_directives_parsed():
+    assert nbdev_directives("#| export\n#|echo: false\n\nx = 1") == ({"export": "", "echo": "false"}, "x = 1")
+    assert nbdev_directives("x = 1\n#| hide") == ({}, "x = 1\n#| hide")
+    nb = prepare_notebook(_executed_notebook())
+    srcs = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert not any("#|" in s or "HIDDEN" in s for s in srcs) and "def attend(e, dim=-1):" in srcs[2]
+    tags = {c.source: c.metadata.get("tags", []) for c in nb.cells}
+    assert tags["ECHO_OFF_SOURCE_MARK"] == ["remove-input"] and tags["print('noise')"] == ["remove-output"]
+    show_doc = next(c for c in nb.cells if c.source == "show_doc(attend)")
+    assert show_doc.outputs[0].data["text/markdown"].startswith("### attend")
+
+
+@pytest.mark.slow
+def test_page_shows_what_the_run_computed(site):
+    index, dom = site
+    assert not (index.parent / "stale.html").exists()
+    assert "Read the synthetic paper first." in _text(chromium_dom(index))
+    tables = re.findall(r"<table.*?</table>", dom, re.S)
+    assert any("BLEU-4" in t and "24.31" in t for t in tables)
+    assert any("Details" in t and "the axis" in t for t in tables), "show_doc's pipe table is rendered"
+    img = re.search(r'<img[^>]+src="([^"]+\.png)"', dom)
+    assert img and (index.parent / img[1]).is_file()
+    text = _text(dom)
+    assert "profile = 'smoke'" in text and "def attend(e, dim=-1):" in text
+    for absent in ("HIDDEN_SOURCE_MARK", "HIDDEN_OUTPUT_MARK", "NOISY_OUTPUT_MARK", "ECHO_OFF_SOURCE_MARK",
+                   "default_exp", "#|"):
+        assert absent not in text, absent
+
+
+@pytest.mark.slow
+def test_maths_rendered_offline(site):
+    index, dom = site
+    assert dom.count("<mjx-container") == 4 and "<mjx-merror" not in dom, "MathJax typeset $, $$ (both) and align"
+    for page in index.parent.glob("*.html"):
+        srcs = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', page.read_text())
+        assert not [s for s in srcs if re.match(r"(https?:)?//", s)], page.name
+    assert (index.parent / "_static" / "mathjax" / "tex-chtml.js").is_file()
+
+
+@pytest.mark.slow
+def test_api_reference(site):
+    index, _ = site
+    text = _text(chromium_dom(index.parent / "api.html"))
+    assert "fill a temporary file beside" in text and "capbook.core.atomic_write" in text
+    assert "no_such_module" not in text
+    assert "skips capbook.no_such_module" in index.parent.with_name("site.build.log").read_text()
+
+
+@pytest.mark.slow
+def test_screenshot(site, tmp_path):
+    png = chromium_screenshot(site[0], tmp_path / "shot.png", size=(800, 600)).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (800, 600)
+
+
+def test_book_project(tmp_path):
+    a, b = tmp_path / "01_a.ipynb", tmp_path / "02_b.ipynb"
+    for p in (a, b): nbformat.write(_executed_notebook(), p)
+    src = tmp_path / "src"; src.mkdir()
+    assert docs.write_book([a, b], src, api_modules=["capbook.core"]) == []
+    assert sorted(p.name for p in src.iterdir()) == ["02_b.ipynb", "_config.yml", "_toc.yml", "api.rst", "index.ipynb"]
+    assert (src / "_toc.yml").read_text().endswith("chapters:\n- file: 02_b\n- file: api\n")
+    assert "#|" not in (src / "index.ipynb").read_text() and ".. automodule:: capbook.core" in (src / "api.rst").read_text()
+
+
+def test_failed_build_keeps_old_site(tmp_path, monkeypatch):
+    nb_path = tmp_path / "a.ipynb"; nbformat.write(_executed_notebook(), nb_path)
+    out = tmp_path / "site"; out.mkdir(); (out / "index.html").write_text("old site")
+    monkeypatch.setattr(docs, "_jupyter_book", lambda: [sys.executable, "-c", "print('sphinx exploded'); exit(1)"])
+    with pytest.raises(CapbookError, match="sphinx exploded"): build_site([nb_path], out)
+    assert (out / "index.html").read_text() == "old site"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ipynb", "site", "site.build.log"]
+
+
+def test_bad_inputs(tmp_path, monkeypatch):
+    keep = tmp_path / "project"; keep.mkdir(); (keep / "precious.txt").write_text("x")
+    nb_path = tmp_path / "a.ipynb"; nbformat.write(_executed_notebook(), nb_path)
+    with pytest.raises(CapbookError, match="refusing"): build_site([nb_path], keep)
+    assert (keep / "precious.txt").exists()
+    (tmp_path / "bad.ipynb").write_text("{oops")
+    with pytest.raises(CapbookError, match="bad.ipynb: unreadable notebook"): build_site([tmp_path / "bad.ipynb"], tmp_path / "s")
+    with pytest.raises(CapbookError, match="two pages would be named a"): build_site([nb_path, nb_path, nb_path], tmp_path / "s")
+    monkeypatch.setattr(docs, "_CHROMIUM", ("no-such-chromium",))
+    with pytest.raises(CapbookError, match="apt-get install chromium"): chromium_dom(nb_path)

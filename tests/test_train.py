@@ -1,0 +1,65 @@
+"The one trainer: exact resume after SIGKILL, vocabulary check on resume, DistributedDataParallel on gloo."
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+import torch
+from capbook.core import CapbookError, load_torch, save_torch
+from capbook.models import build
+from capbook.train import TrainConfig, fit
+
+BIN = Path(sys.executable).parent
+
+
+def train_cmd(run_dir, epochs=3, extra=()):
+    return [str(BIN / "capbook"), "train", "--profile", "smoke", "--run-dir", str(run_dir), "--epochs", str(epochs),
+            "--ckpt-every", "7", *extra]
+
+
+def run_json(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_gives_the_same_numbers(smoke, tmp_path):
+    full = run_json(train_cmd(tmp_path / "full"))
+    # start the same run, kill it hard as soon as its first (mid-epoch) checkpoint exists, then restart it
+    proc = subprocess.Popen(train_cmd(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = tmp_path / "killed" / "ckpt" / "last.pt"
+    t0 = time.time()
+    while not last.exists() and proc.poll() is None and time.time() - t0 < 300: time.sleep(0.05)
+    assert proc.poll() is None, "run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL); proc.wait()
+    assert load_torch(last)["finished"] is False
+    resumed = run_json(train_cmd(tmp_path / "killed"))
+    assert resumed["resumed_from"] is not None
+    assert resumed["history"] == full["history"]
+    assert resumed["param_checksum"] == full["param_checksum"]
+    assert resumed["best_score"] == full["best_score"]
+
+
+def test_resume_with_another_vocabulary_is_an_error(smoke, tmp_path):
+    torch.manual_seed(0)
+    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
+    cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len)
+    fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    ck = load_torch(tmp_path / "ckpt" / "last.pt")
+    assert ck["finished"] and ck["vocab"] == smoke.vocab.itos
+    ck["vocab"] = ck["vocab"][:-1] + ["zebra"]
+    save_torch(tmp_path / "ckpt" / "last.pt", ck)
+    with pytest.raises(CapbookError, match="different vocabulary"):
+        fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(smoke, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(BIN / "capbook"), "train",
+           "--profile", "smoke", "--run-dir", str(tmp_path / "ddp"), "--epochs", "1", "--batch-size", "32"]
+    out = run_json(cmd, env)
+    assert out["world_size"] == 2 and len(out["history"]) == 1
+    ck = load_torch(tmp_path / "ddp" / "ckpt" / "best.pt")
+    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
+    m.load_state_dict(ck["model"])
+    assert abs(sum(float(p.double().sum()) for p in m.parameters()) - out["param_checksum"]) < 1e-6
