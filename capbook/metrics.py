@@ -17,8 +17,8 @@ __all__ = ['spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness'
 # %% ../nbs/00h_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
     "Whether SPICE's Stanford CoreNLP 3.6.0 jars are installed, and where they are expected."
-    import pycocoevalcap
-    lib = Path(pycocoevalcap.__file__).parent / "spice" / "lib"
+    from pycocoevalcap.spice import spice
+    lib = Path(spice.__file__).parent / "lib"
     need = [lib / "stanford-corenlp-3.6.0.jar", lib / "stanford-corenlp-3.6.0-models.jar"]
     return all(p.exists() for p in need), str(lib)
 

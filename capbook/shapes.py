@@ -212,7 +212,7 @@ _KINDS = ("total", "list", "count", "rel", "rel2")
 _GROUP_KEYS = (("colour", "shape"), ("shape",), ("colour",), ("size",), ("size", "shape"), ("size", "colour", "shape"))
 
 def _describe(o: dict, rng: np.random.Generator) -> dict:
-    keep = _pick(rng, (("size", "colour"), ("size", "colour"), ("colour",), ("colour",), ("size",), ()))
+    keep = _pick(rng, (("size", "colour"), ("size", "colour"), ("size", "colour"), ("colour",), ("colour",), ("size",)))
     return dict(size=o["size"] if "size" in keep else None, colour=o["colour"] if "colour" in keep else None, shape=o["shape"])
 
 def _np_words(d: dict, rng: np.random.Generator, n: int | None = None) -> list[str]:
@@ -240,8 +240,10 @@ def _caption(kind: str, objs: list[dict], rels: list[list], rng: np.random.Gener
     form = int(rng.integers(4))
     if kind == "total":
         np_ = [_NUMBERS[len(objs) - 1], _pick(rng, ("shapes", "objects"))]
-        return [["an", "image", "of", *np_], ["there", "are", *np_, "in", "the", "image"],
-                ["there", "are", *np_, "and", *_rel_clause(objs, rels, rng, 0)], ["an", "image", "with", *np_]][form]
+        a, b = (_np_words(_describe(objs[i], rng), rng) for i in rng.permutation(len(objs))[:2])
+        return [["an", "image", "of", *np_, "with", *a, "and", *b], ["there", "are", *np_, "including", *a, "and", *b],
+                ["there", "are", *np_, "and", *_rel_clause(objs, rels, rng, 0)],
+                ["an", "image", "with", *np_, "and", *_rel_clause(objs, rels, rng, 0)]][form]
     if kind == "list":
         idx = rng.permutation(len(objs))[:min(len(objs), int(rng.integers(2, 4)))]
         nps = [_np_words(_describe(objs[i], rng), rng) for i in idx]

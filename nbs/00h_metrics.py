@@ -41,8 +41,8 @@ from capbook.decode import decode_split, Caption
 #| export
 def spice_jars() -> tuple[bool, str]:
     "Whether SPICE's Stanford CoreNLP 3.6.0 jars are installed, and where they are expected."
-    import pycocoevalcap
-    lib = Path(pycocoevalcap.__file__).parent / "spice" / "lib"
+    from pycocoevalcap.spice import spice
+    lib = Path(spice.__file__).parent / "lib"
     need = [lib / "stanford-corenlp-3.6.0.jar", lib / "stanford-corenlp-3.6.0-models.jar"]
     return all(p.exists() for p in need), str(lib)
 

@@ -1,0 +1,529 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # data
+#
+# > Karpathy-split reader, robust image loading, vocabulary, memory-mapped feature stores, caption datasets and `prepare`, the one entry point every paper notebook calls.
+
+# %%
+#| default_exp data
+
+# %%
+#| export
+from __future__ import annotations
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+import numpy as np
+import torch
+from PIL import Image
+from capbook.core import CapbookError, data_dir, load_json, save_json, check_choice, check_int
+
+# %% [markdown]
+# ## The Karpathy split files
+#
+# Every captioning paper in this book trains and evaluates on the splits of Karpathy & Fei-Fei (2015), distributed as
+# `dataset_coco.json`, `dataset_flickr8k.json` and `dataset_flickr30k.json`: one object with an `images` list, each
+# image carrying its `filename`, an optional `filepath` (COCO's `train2014`/`val2014`; absent for Flickr), its `split`
+# and its `sentences`, each with `tokens` (already tokenised) and `raw`. capbook's synthetic *shapes* set is generated
+# in the same form (`dataset_shapes.json`), so the default run goes through exactly the code a COCO user runs.
+#
+# Splits are `train`, `val`, `test` and `restval`. *capbook commentary:* following Karpathy's own code and every paper
+# reproduced here, `restval` (the 30,504 COCO val2014 images outside the 5k val and 5k test sets) **counts as
+# training data**, giving the usual 113,287 COCO training images.
+#
+# An image's unique key is its `filename`; its path is `image_root / filepath / filename`. Tokens are lower-cased.
+# A malformed file stops with one line naming the file, the image index and the missing field.
+
+# %%
+#| export
+SPLITS = ("train", "val", "test")
+KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}  # restval counts as train
+
+@dataclass
+class ImageRecord:
+    "One image of a Karpathy split file: its unique `key` (the filename), `path`, `split` and its reference captions."
+    key: str
+    path: Path
+    split: str
+    captions: list[list[str]]  # lower-cased token lists, one per reference sentence
+    raw: list[str]             # the raw sentences, as given
+
+@dataclass
+class KarpathyData:
+    "A parsed Karpathy split file: `.name` (e.g. 'coco') and `.split(s)`, the image records of one split in file order."
+    name: str
+    json_path: Path
+    image_root: Path
+    records: list[ImageRecord]
+
+    def split(self, s: str) -> list[ImageRecord]:
+        "The records of split `s` ('train' includes 'restval'), in file order."
+        check_choice("split", s, SPLITS)
+        return [r for r in self.records if r.split == s]
+
+# %%
+#| export
+def _image_record(im: Any, i: int, src: Path, root: Path) -> ImageRecord:
+    where = f"{src}: images[{i}]"
+    if not isinstance(im, dict): raise CapbookError(f"{where} is not an object")
+    fn = im.get("filename")
+    if not isinstance(fn, str) or not fn: raise CapbookError(f"{where} has no 'filename'")
+    where = f"{where} ({fn})"
+    split = im.get("split")
+    if split not in KARPATHY_SPLITS:
+        raise CapbookError(f"{where} has split {split!r}: allowed values are 'train', 'val', 'test', 'restval'")
+    sents = im.get("sentences")
+    if not isinstance(sents, list) or not sents: raise CapbookError(f"{where} has no 'sentences' list (or it is empty)")
+    caps, raws = [], []
+    for j, s in enumerate(sents):
+        toks = s.get("tokens") if isinstance(s, dict) else None
+        if not isinstance(toks, list) or not all(isinstance(t, str) for t in toks):
+            raise CapbookError(f"{where} sentences[{j}] has no 'tokens' list of strings")
+        caps.append([t.strip().lower() for t in toks if t.strip()])
+        raws.append(s.get("raw") if isinstance(s.get("raw"), str) else " ".join(toks))
+    fp = im.get("filepath") or ""
+    if not isinstance(fp, str): raise CapbookError(f"{where} has a non-string 'filepath'")
+    return ImageRecord(fn, root / fp / fn, KARPATHY_SPLITS[split], caps, raws)
+
+def read_karpathy(json_path: str | Path, image_root: str | Path | None = None) -> KarpathyData:
+    "Parse and validate a Karpathy split file; images live under `image_root` (default: the file's folder)."
+    json_path = Path(json_path)
+    doc = load_json(json_path, "Karpathy split file")
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        raise CapbookError(f"{json_path}: expected a JSON object with an 'images' list")
+    root = Path(image_root) if image_root is not None else json_path.parent
+    records, seen = [], set()
+    for i, im in enumerate(doc["images"]):
+        r = _image_record(im, i, json_path, root)
+        if r.key in seen: raise CapbookError(f"{json_path}: images[{i}] repeats filename {r.key!r}")
+        seen.add(r.key); records.append(r)
+    if not records: raise CapbookError(f"{json_path}: the 'images' list is empty")
+    name = json_path.stem.removeprefix("dataset_")
+    return KarpathyData(name, json_path, root, records)
+
+# %%
+import json, tempfile as _tf
+_d = Path(_tf.mkdtemp())
+_doc = {"images": [
+    {"filename": "a.jpg", "filepath": "val2014", "split": "restval", "sentences": [{"tokens": ["A", "dog"], "raw": "A dog."}]},
+    {"filename": "b.jpg", "split": "test", "sentences": [{"tokens": ["a", "cat"]}]}]}
+(_d/"dataset_toy.json").write_text(json.dumps(_doc))
+_k = read_karpathy(_d/"dataset_toy.json", _d)
+assert _k.name == "toy" and [r.key for r in _k.split("train")] == ["a.jpg"]
+assert _k.split("train")[0].path == _d/"val2014"/"a.jpg" and _k.split("train")[0].captions == [["a", "dog"]]
+_doc["images"][1]["split"] = "dev"; (_d/"dataset_bad.json").write_text(json.dumps(_doc))
+try: read_karpathy(_d/"dataset_bad.json"); raise AssertionError
+except CapbookError as e: assert "dataset_bad.json: images[1] (b.jpg) has split 'dev'" in str(e), e
+
+# %% [markdown]
+# ## Loading an image, whatever its mode
+#
+# Real collections hold more than 8-bit RGB JPEGs: COCO has grayscale and CMYK JPEGs, scraped sets have palette and
+# RGBA PNGs, scientific images are 16-bit. `load_image` turns each into 8-bit RGB: transparent images are composited on
+# white, palette and bi-level images are expanded, CMYK is converted, and 16-bit (`I;16`) images are scaled by
+# 65535 (32-bit `I` and float `F` images by their actual range when it exceeds 16 bits). `load_rgb` then resizes to
+# `size`×`size` (bilinear with antialiasing: the image is squashed, not cropped) and returns 8-bit RGB; `load_image`
+# also normalises with the ImageNet mean and standard deviation that the torchvision backbones were trained with
+# (`normalize` does the same for a uint8 batch).
+#
+# A missing, truncated or corrupt file stops with one line: `<path>: cannot read image (reason)`.
+
+# %%
+#| export
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+def _to_rgb8(im: Image.Image) -> Image.Image:
+    "Any PIL mode to 8-bit RGB (alpha composited on white, high bit depths scaled to 0..255)."
+    if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+        a = np.asarray(im, dtype=np.float64)
+        lo = min(float(a.min()), 0.0)
+        hi = 65535.0 if im.mode.startswith("I;16") or a.max() <= 65535 else float(a.max())
+        im = Image.fromarray(np.clip((a - lo) / (hi - lo) * 255 + 0.5, 0, 255).astype(np.uint8), "L")
+    if im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(bg, rgba).convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+def load_rgb(path: str | Path, size: int) -> np.ndarray:
+    "Read any image as 8-bit RGB resized to size×size: a uint8 array (size, size, 3)."
+    try:
+        with Image.open(path) as im:
+            im.draft(None, (size, size))  # JPEG: decode at a reduced DCT scale when the image is ≥2× larger
+            im.load()
+            rgb = _to_rgb8(im).resize((size, size), Image.Resampling.BILINEAR)
+    except FileNotFoundError: raise CapbookError(f"{path}: cannot read image (file not found)") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise CapbookError(f"{path}: cannot read image ({e.__class__.__name__}: {e})") from None
+    return np.asarray(rgb, dtype=np.uint8)
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    "uint8 images (..., 3, H, W) in 0..255 → float, ImageNet-normalised."
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=x.device).view(3, 1, 1) * 255
+    return (x.float() - mean) / std
+
+def load_image(path: str | Path, size: int) -> torch.Tensor:
+    "Read any image as an ImageNet-normalised float tensor (3, size, size)."
+    return normalize(torch.from_numpy(load_rgb(path, size).copy()).permute(2, 0, 1))
+
+# %%
+Image.fromarray(np.full((8, 8, 4), (0, 0, 0, 0), np.uint8), "RGBA").save(_d/"clear.png")
+Image.fromarray(np.full((8, 8), 65535, np.uint16)).save(_d/"white16.png")
+assert (load_rgb(_d/"clear.png", 4) == 255).all() and (load_rgb(_d/"white16.png", 4) == 255).all()
+assert load_image(_d/"clear.png", 4).shape == (3, 4, 4)
+(_d/"broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+try: load_image(_d/"broken.jpg", 4); raise AssertionError
+except CapbookError as e: assert str(e).startswith(f"{_d/'broken.jpg'}: cannot read image (") and "\n" not in str(e)
+
+# %% [markdown]
+# ## Vocabulary
+#
+# As in Show-Attend-Tell and its successors, words seen fewer than `min_count` times in the training captions are
+# replaced by `<unk>`. Four special tokens come first: `<pad>`=0, `<start>`=1, `<end>`=2, `<unk>`=3; the rest are
+# sorted by frequency (ties alphabetically), so the vocabulary is a deterministic function of the training captions.
+# A caption is encoded as `<start>`, at most `max_len` word ids, `<end>`. Checkpoints store the plain list of strings
+# (`to_list()`), and `Vocab(itos)` rebuilds it.
+
+# %%
+#| export
+class Vocab:
+    "Word ↔ id mapping with `<pad>`=0, `<start>`=1, `<end>`=2, `<unk>`=3."
+    SPECIALS = ("<pad>", "<start>", "<end>", "<unk>")
+    pad, start, end, unk = 0, 1, 2, 3
+
+    def __init__(self, itos: Sequence[str]):
+        itos = list(itos)
+        if tuple(itos[:4]) != self.SPECIALS or len(set(itos)) != len(itos):
+            raise CapbookError(f"vocabulary: expected {', '.join(self.SPECIALS)} first and no repeated words")
+        self.itos = itos
+        self.stoi = {w: i for i, w in enumerate(itos)}
+
+    @classmethod
+    def build(cls, token_lists: Iterable[Sequence[str]], min_count: int = 5) -> Vocab:
+        "Keep the words seen at least `min_count` times, most frequent first (ties alphabetically)."
+        check_int("min_count", min_count, lo=1)
+        counts = Counter(t for toks in token_lists for t in toks)
+        words = sorted((w for w, c in counts.items() if c >= min_count and w not in cls.SPECIALS),
+                       key=lambda w: (-counts[w], w))
+        return cls([*cls.SPECIALS, *words])
+
+    def encode(self, tokens: Sequence[str], max_len: int | None = None) -> list[int]:
+        "`<start>`, the ids of the first `max_len` tokens (unknown words → `<unk>`), `<end>`."
+        ids = [self.stoi.get(t, self.unk) for t in tokens]
+        return [self.start, *(ids if max_len is None else ids[:max_len]), self.end]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        "Words up to the first `<end>`, dropping `<start>` and `<pad>`."
+        out = []
+        for i in map(int, ids):
+            if i == self.end: break
+            if i not in (self.start, self.pad): out.append(self.itos[i])
+        return out
+
+    def to_list(self) -> list[str]:
+        "The plain list of words (id order) that checkpoints store."
+        return list(self.itos)
+
+    def __len__(self) -> int: return len(self.itos)
+    def __eq__(self, other) -> bool: return isinstance(other, Vocab) and self.itos == other.itos
+    def __repr__(self) -> str: return f"Vocab({len(self)} words: {' '.join(self.itos[4:12])} ...)"
+
+# %%
+_v = Vocab.build([["a", "red", "circle"], ["a", "blue", "circle"], ["a", "red", "star"]], min_count=2)
+assert _v.itos == ["<pad>", "<start>", "<end>", "<unk>", "a", "circle", "red"]
+assert _v.encode(["a", "blue", "circle"]) == [1, 4, 3, 5, 2] and _v.encode(["a", "red", "circle"], max_len=2) == [1, 4, 6, 2]
+assert _v.decode([1, 4, 3, 5, 2, 0, 0]) == ["a", "<unk>", "circle"] and Vocab(_v.to_list()) == _v
+
+# %% [markdown]
+# ## The feature store
+#
+# The papers freeze their CNN and compute its annotation vectors once; so does capbook. Each (dataset, encoder,
+# split) gets one float16 array of shape (N images, L regions, D channels) in NumPy's `.npy` format, read back
+# memory-mapped so that training never holds the whole set in RAM and never decodes an image:
+# `data_dir()/features/<dataset>/<encoder key>/<split>.npy`, where the encoder key names the encoder, the image size
+# and the weights (e.g. `vgg16-224px-imagenet1k_v1`).
+#
+# Writing is crash-safe. The array is filled in a temporary file in the same folder (`np.lib.format.open_memmap`),
+# flushed and renamed; only then is its meta file `<split>.json` (image keys in order, encoder key, shape,
+# `complete: true`) written, atomically. A store is valid only when its meta exists, says complete and matches the
+# array's shape, so an extraction killed at any moment leaves nothing that a later run reads as valid: the next run
+# simply extracts again. Temporary files left by a killed process are removed by the next writer.
+
+# %%
+#| export
+def feature_path(dataset: str, encoder_key: str, split: str) -> Path:
+    "Where the features of one (dataset, encoder, split) live: `data_dir()/features/<dataset>/<encoder_key>/<split>.npy`."
+    return data_dir() / "features" / dataset / encoder_key / f"{split}.npy"
+
+def _meta_path(path: Path) -> Path: return Path(path).with_suffix(".json")
+
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+def _remove_stale_tmp(path: Path) -> None:
+    "Delete temporary arrays beside `path` whose writing process is gone."
+    for t in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = t.name[len(path.name) + 2:-4]
+        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+
+def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
+    "Fill a float16 (n, *shape) store from `batches` (arrays or tensors, in order), then write its meta; crash-safe."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(path)
+    _meta_path(path).unlink(missing_ok=True)  # the old store (if any) stops being valid before anything changes
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    full = (int(n), *map(int, shape))
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=full)
+        i = 0
+        for b in batches:
+            b = b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
+            if b.shape[1:] != full[1:] or i + len(b) > n:
+                raise CapbookError(f"{path}: feature batch of shape {b.shape} does not fit a store of shape {full} at row {i}")
+            arr[i:i + len(b)] = b; i += len(b)
+        if i != n: raise CapbookError(f"{path}: got {i} feature rows, expected {n}")
+        arr.flush(); del arr
+        with open(tmp, "rb+") as f: os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True); raise
+    save_json(_meta_path(path), {**meta, "shape": list(full), "dtype": "float16", "complete": True})
+    return path
+
+def open_features(path: str | Path) -> tuple[np.memmap, dict]:
+    "Open a complete store read-only, memory-mapped, with its meta; an incomplete or mismatched one is an error."
+    path = Path(path)
+    if not _meta_path(path).exists() or not path.exists():
+        raise CapbookError(f"{path}: no complete feature store (extraction missing or interrupted)")
+    meta = load_json(_meta_path(path), "feature store meta")
+    try: arr = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e: raise CapbookError(f"{path}: unreadable feature store ({e})") from None
+    if not meta.get("complete") or list(arr.shape) != meta.get("shape") or len(meta.get("keys", ())) != arr.shape[0]:
+        raise CapbookError(f"{path}: feature store does not match its meta (shape {list(arr.shape)} vs {meta.get('shape')})")
+    return arr, meta
+
+def features_ready(path: str | Path, keys: Sequence[str] | None = None) -> bool:
+    "True when a valid store exists at `path` (and, if given, holds exactly these image `keys` in order)."
+    try: _, meta = open_features(path)
+    except CapbookError: return False
+    return keys is None or meta["keys"] == list(keys)
+
+# %%
+_p = _d/"features"/"toy"/"enc"/"train.npy"
+def _rows(k):
+    for i in range(k): yield np.full((1, 4, 2), i)
+    raise KeyboardInterrupt  # killed midway
+try: write_features(_p, 3, (4, 2), _rows(2), {"keys": ["a", "b", "c"]})
+except KeyboardInterrupt: pass
+assert not features_ready(_p) and list(_p.parent.iterdir()) == []
+write_features(_p, 3, (4, 2), (np.full((1, 4, 2), i) for i in range(3)), {"keys": ["a", "b", "c"]})
+_arr, _meta = open_features(_p)
+assert _arr.dtype == np.float16 and _arr.shape == (3, 4, 2) and _arr[2, 0, 0] == 2 and features_ready(_p, ["a", "b", "c"])
+
+# %% [markdown]
+# ## Caption datasets
+#
+# `CaptionData` joins one split's memory-mapped features with its captions. Every reference caption of every image is a
+# training example (five per image for COCO, Flickr and shapes), encoded once into a padded int64 array `caps`
+# (M, max_len+2) with `lengths` (tokens including `<start>` and `<end>`) and `cap_img` (its image's row). `refs` keeps
+# every reference of every image, untruncated, for evaluation.
+#
+# `batches(batch_size, epoch, seed)` visits the M captions in a permutation drawn from its own generator seeded with
+# `seed*100003 + epoch`: the order depends on nothing but (seed, epoch), which is what makes a resumed run identical to
+# an uninterrupted one (`skip` jumps over the batches already done). For DistributedDataParallel, rank `r` of `world`
+# takes every `world`-th caption of the permutation starting at `r`, after dropping the remainder so every rank runs
+# the same number of steps. Features are gathered from the memmap with sorted, de-duplicated row indices (sequential
+# reads) and then put back in batch order.
+
+# %%
+#| export
+class CaptionData:
+    "One split: memory-mapped features (N, L, D), image `keys`, all references `refs`, and encoded training captions."
+
+    def __init__(self, feats: np.ndarray, keys: Sequence[str], refs: Sequence[list[list[str]]], vocab: Vocab,
+                 max_len: int, split: str = ""):
+        if not (len(feats) == len(keys) == len(refs)):
+            raise CapbookError(f"split {split!r}: {len(feats)} feature rows, {len(keys)} keys and {len(refs)} caption sets differ")
+        self.feats, self.keys, self.refs, self.vocab, self.split = feats, list(keys), [list(r) for r in refs], vocab, split
+        self.max_len = check_int("max_len", max_len, lo=1)
+        enc = [(i, vocab.encode(c, max_len)) for i, cs in enumerate(self.refs) for c in cs]
+        self.caps = np.zeros((len(enc), max_len + 2), np.int64)
+        for row, (_, ids) in zip(self.caps, enc): row[:len(ids)] = ids
+        self.lengths = np.array([len(ids) for _, ids in enc], np.int64)
+        self.cap_img = np.array([i for i, _ in enc], np.int64)
+
+    def __len__(self) -> int: return len(self.caps)
+
+    @property
+    def n_images(self) -> int:
+        "Number of images in the split."
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"CaptionData({self.split!r}: {self.n_images} images, {len(self)} captions, feats {tuple(self.feats.shape)})"
+
+    def _gather(self, rows: np.ndarray) -> torch.Tensor:
+        u, inv = np.unique(rows, return_inverse=True)  # sorted unique rows: sequential memmap reads
+        return torch.from_numpy(np.ascontiguousarray(np.asarray(self.feats[u])[inv])).float()
+
+    def num_batches(self, batch_size: int, world: int = 1) -> int:
+        "Batches per epoch for each of `world` ranks."
+        return -(-(len(self) // world) // batch_size)
+
+    def batches(self, batch_size: int, epoch: int, seed: int, rank: int = 0, world: int = 1,
+                skip: int = 0) -> Iterator[dict]:
+        "Shuffled caption batches {feats, caps, lengths, img}, deterministic for (seed, epoch); rank's share when world>1."
+        check_int("batch_size", batch_size, lo=1); check_int("world", world, lo=1)
+        check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
+        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        order = torch.randperm(len(self), generator=g).numpy()
+        order = order[:len(order) // world * world][rank::world]
+        for s in range(skip * batch_size, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            lens = self.lengths[idx]
+            yield {"feats": self._gather(self.cap_img[idx]), "caps": torch.from_numpy(self.caps[idx, :lens.max()]),
+                   "lengths": torch.from_numpy(lens), "img": torch.from_numpy(self.cap_img[idx])}
+
+    def image_batches(self, batch_size: int) -> Iterator[dict]:
+        "The split's images in order, {feats, img}: for decoding and evaluation."
+        check_int("batch_size", batch_size, lo=1)
+        for s in range(0, self.n_images, batch_size):
+            e = min(s + batch_size, self.n_images)
+            yield {"feats": torch.from_numpy(np.asarray(self.feats[s:e], dtype=np.float32)), "img": torch.arange(s, e)}
+
+# %%
+_cd = CaptionData(np.arange(3 * 2 * 1, dtype=np.float16).reshape(3, 2, 1), ["x", "y", "z"],
+                  [[["a", "red", "circle"]], [["a", "red", "star"], ["a", "blue", "circle"]], [["a"]]], _v, max_len=3)
+assert len(_cd) == 4 and _cd.n_images == 3 and _cd.caps.shape == (4, 5) and list(_cd.lengths) == [5, 5, 5, 3]
+_b = [b["img"].tolist() for b in _cd.batches(2, epoch=1, seed=0)]
+assert sorted(sum(_b, [])) == [0, 1, 1, 2] and _b == [b["img"].tolist() for b in _cd.batches(2, epoch=1, seed=0)]
+_x = next(_cd.batches(4, 0, 0))
+assert (_x["feats"][:, 0, 0] == torch.tensor([2.0 * i for i in _x["img"].tolist()])).all()
+
+# %% [markdown]
+# ## `prepare`: from a dataset name to ready-to-train splits
+#
+# Every paper notebook starts with `prepare(...)`. It builds whatever is missing and caches it under `data_dir()`:
+#
+# - **shapes** (default): generates the synthetic set for the profile and seed (`capbook.shapes.ensure_shapes`),
+#   pretrains and freezes the small shapes CNN on its training split (`capbook.encoders.shapes_encoder`) and extracts
+#   its 14×14 annotation vectors for train/val/test;
+# - **coco / flickr8k / flickr30k**: reads `data_path/dataset_<name>.json` with the images under `data_path`, builds
+#   the torchvision backbone (`encoder`: `vgg16` by default as in Show-Attend-Tell, `vgg11` for the spatial
+#   transformer, `resnet101` for SPCA) and extracts its features.
+#
+# The vocabulary comes from the training captions (`min_count`); `max_len` defaults to the 95th percentile of the
+# training caption lengths for shapes, and to 20 words for real data. For real data, `weights` picks the backbone's
+# weights (`'imagenet'`, a state-dict file, or `'random'` for plumbing tests; see `encoders.build_backbone`), and
+# `batch_size` the extraction batch. A second call with the same arguments only opens the cached stores: it builds no
+# backbone and reads no image.
+
+# %%
+#| export
+DATASETS = ("shapes", "coco", "flickr8k", "flickr30k")
+
+@dataclass
+class Prepared:
+    "Everything a paper notebook trains and evaluates on: three `CaptionData` splits, the vocabulary and provenance."
+    train: CaptionData
+    val: CaptionData
+    test: CaptionData
+    vocab: Vocab
+    gt: dict | None          # shapes ground truth (boxes, attributes, relations), None for real data
+    dataset: str             # e.g. 'shapes-default-s0' or 'coco'
+    encoder: str             # encoder key, e.g. 'vgg16-224px-imagenet1k_v1'
+    feat_shape: tuple[int, int]  # (L regions, D channels)
+    grid: tuple[int, int]    # (h, w) of the feature map, L = h*w
+    image_size: int
+    max_len: int             # words kept per training caption
+    kdata: KarpathyData = field(repr=False)
+
+    def split(self, s: str) -> CaptionData:
+        "The `CaptionData` of split `s`."
+        return getattr(self, check_choice("split", s, SPLITS))
+
+    def image_paths(self, split: str) -> list[Path]:
+        "Image files of a split, in the order of its `CaptionData` rows (for figures)."
+        return [r.path for r in self.kdata.split(split)]
+
+# %%
+#| export
+def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
+            encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
+            weights: str = "imagenet", batch_size: int = 32) -> Prepared:
+    "Build (or open the cached) features, vocabulary and caption splits of `dataset`; see the text above."
+    from capbook import encoders  # encoders builds on this module
+    check_choice("dataset", dataset, DATASETS)
+    seed = check_int("seed", seed, lo=0); check_int("min_count", min_count, lo=1)
+    if max_len is not None: check_int("max_len", max_len, lo=1)
+    gt = None
+    if dataset == "shapes":
+        from capbook import shapes
+        check_choice("profile", profile, list(shapes.PROFILES))
+        if data_path is not None: raise CapbookError("data_path is only used with dataset='coco', 'flickr8k' or 'flickr30k'")
+        if encoder not in (None, "shapes"):
+            raise CapbookError(f"parameter encoder={encoder!r} is invalid: the shapes set uses its own encoder ('shapes' or None)")
+        root = shapes.ensure_shapes(profile, seed)
+        kdata = read_karpathy(root / "dataset_shapes.json", root)
+        gt = load_json(root / "shapes_gt.json", "shapes ground truth")
+        shapes_net = encoders.shapes_encoder(kdata, gt, profile=profile, seed=seed, device=device)
+        name, size = f"shapes-{profile}-s{seed}", int(gt["image_size"])
+        key, make_net = shapes_net.encoder_key(size), lambda: shapes_net
+    else:
+        if data_path is None:
+            raise CapbookError(f"dataset={dataset!r} needs data_path=<folder> holding dataset_{dataset}.json (Karpathy split) "
+                               f"and the images at <folder>/<filepath>/<filename>"
+                               + (" (<folder>/train2014/ and <folder>/val2014/)" if dataset == "coco" else ""))
+        encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
+        kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
+        name, size = dataset, encoders.BACKBONES[encoder].image_size
+        key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
+        def make_net():
+            missing = [r.path for r in kdata.records if not r.path.is_file()]
+            if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of {kdata.json_path.name} are missing)")
+            return encoders.build_backbone(encoder, weights=weights, seed=seed)
+    splits, net = {}, None
+    for s in SPLITS:
+        recs = kdata.split(s)
+        if not recs: raise CapbookError(f"{kdata.json_path}: split {s!r} has no images")
+        path, keys = feature_path(name, key, s), [r.key for r in recs]
+        if not features_ready(path, keys):
+            if net is None: net = make_net()  # the backbone is built only when a store is missing
+            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size, device=device)
+        feats, meta = open_features(path)
+        splits[s] = (feats, recs)
+    train_caps = [c for r in splits["train"][1] for c in r.captions]
+    if max_len is None:
+        max_len = max(1, int(np.ceil(np.percentile([len(c) for c in train_caps], 95)))) if dataset == "shapes" else 20
+    vocab = Vocab.build(train_caps, min_count)
+    data = {s: CaptionData(f, [r.key for r in recs], [r.captions for r in recs], vocab, max_len, s)
+            for s, (f, recs) in splits.items()}
+    L, D = data["train"].feats.shape[1:]
+    return Prepared(data["train"], data["val"], data["test"], vocab, gt, name, key, (L, D), tuple(meta["grid"]), size,
+                    max_len, kdata)
+
+# %% [markdown]
+# Usage (not run here: the first call trains the shapes encoder and extracts features, about a minute on a CPU):
+#
+# ```python
+# P = prepare()                                   # shapes, default profile
+# P = prepare(profile="smoke")                    # the CI-sized set
+# P = prepare("coco", data_path="/data/coco", encoder="resnet101", device="cuda")
+# for batch in P.train.batches(64, epoch=0, seed=0): ...
+# ```
