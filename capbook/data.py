@@ -259,18 +259,20 @@ class CaptionData:
 
     def num_batches(self, batch_size: int, world: int = 1) -> int:
         "Batches per epoch for each of `world` ranks."
-        return -(-(len(self) // world) // batch_size)
+        return -(-len(self) // batch_size) // world
 
     def batches(self, batch_size: int, epoch: int, seed: int, rank: int = 0, world: int = 1,
                 skip: int = 0) -> Iterator[dict]:
-        "Shuffled caption batches {feats, caps, lengths, img}, deterministic for (seed, epoch); rank's share when world>1."
+        "Length-bucketed, shuffled caption batches {feats, caps, lengths, img}, deterministic for (seed, epoch); rank's share when world>1."
         check_int("batch_size", batch_size, lo=1); check_int("world", world, lo=1)
         check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
         g = torch.Generator().manual_seed(seed * 100003 + epoch)
         order = torch.randperm(len(self), generator=g).numpy()
-        order = order[:len(order) // world * world][rank::world]
-        for s in range(skip * batch_size, len(order), batch_size):
-            idx = order[s:s + batch_size]
+        order = order[np.argsort(self.lengths[order], kind="stable")]        # by length, random within a length
+        chunks = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
+        chunks = chunks[:len(chunks) // world * world][rank::world]
+        for idx in chunks[skip:]:
             lens = self.lengths[idx]
             yield {"feats": self._gather(self.cap_img[idx]), "caps": torch.from_numpy(self.caps[idx, :lens.max()]),
                    "lengths": torch.from_numpy(lens), "img": torch.from_numpy(self.cap_img[idx])}

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 from .core import CapbookError, check_choice, check_int, data_dir, load_json
 
 # %% auto 0
-__all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'relation_holds', 'scene_relations',
+__all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'relation_holds', 'scene_relations',
            'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'tuple_is_true',
            'statement_truth', 'object_mentions', 'semantic_scores', 'make_captions', 'make_example', 'generate',
            'ensure_shapes', 'load_gt']
@@ -209,6 +209,7 @@ _REL_PHRASES = {"left of": (["to", "the", "left", "of"], ["left", "of"], ["on", 
                 "right of": (["to", "the", "right", "of"], ["right", "of"], ["on", "the", "right", "of"]),
                 "above": (["above"], ["above"], ["over"]), "below": (["below"], ["below"], ["under"])}
 _KINDS = ("total", "list", "count", "rel", "rel2")
+MIN_WORDS = 8  # COCO's caption annotators were likewise asked for sentences of at least 8 words
 _GROUP_KEYS = (("colour", "shape"), ("shape",), ("colour",), ("size",), ("size", "shape"), ("size", "colour", "shape"))
 
 def _describe(o: dict, rng: np.random.Generator) -> dict:
@@ -271,14 +272,14 @@ def _caption(kind: str, objs: list[dict], rels: list[list], rng: np.random.Gener
     return [*_rel_clause(objs, rels, rng, 0), "and", *_rel_clause(objs, rels, rng, int(rng.integers(3)))]
 
 def make_captions(objects: list[dict], rng: np.random.Generator) -> list[list[str]]:
-    "Five reference captions (token lists, 5–18 tokens) of different kinds that say different true things about a scene."
+    "Five reference captions (token lists, 8–18 tokens) of different kinds that say different true things about a scene."
     rels, caps, seen = scene_relations(objects), [], set()
     kinds = ["count", "rel", "list", _pick(rng, ("total", "count")), _pick(rng, ("rel", "rel2", "total"))]
     for kind in (kinds[i] for i in rng.permutation(5)):
         for attempt in range(80):
             toks = _caption(kind if attempt < 40 else _pick(rng, _KINDS), objects, rels, rng)
             content = frozenset((c, t) for c, s in caption_tuples(toks).items() for t in s)
-            if 5 <= len(toks) <= 18 and content not in seen: caps.append(toks); seen.add(content); break
+            if MIN_WORDS <= len(toks) <= 18 and content not in seen: caps.append(toks); seen.add(content); break
         else: raise RuntimeError(f"could not write five distinct captions for {objects}")
     return caps
 

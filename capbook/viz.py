@@ -58,9 +58,9 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
 
 # %% ../nbs/00j_viz.ipynb
 def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -> str:
-    "Write `df` to `<stem>.md` and `<stem>.csv` atomically; return the Markdown."
+    "Write `df` to `<stem>.md` (missing values as —) and `<stem>.csv` atomically; return the Markdown."
     stem = Path(path_stem)
-    md = df.to_markdown(index=False, floatfmt=floatfmt)
+    md = df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md

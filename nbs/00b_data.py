@@ -344,11 +344,16 @@ assert _arr.dtype == np.float16 and _arr.shape == (3, 4, 2) and _arr[2, 0, 0] ==
 # (M, max_len+2) with `lengths` (tokens including `<start>` and `<end>`) and `cap_img` (its image's row). `refs` keeps
 # every reference of every image, untruncated, for evaluation.
 #
-# `batches(batch_size, epoch, seed)` visits the M captions in a permutation drawn from its own generator seeded with
-# `seed*100003 + epoch`: the order depends on nothing but (seed, epoch), which is what makes a resumed run identical to
-# an uninterrupted one (`skip` jumps over the batches already done). For DistributedDataParallel, rank `r` of `world`
-# takes every `world`-th caption of the permutation starting at `r`, after dropping the remainder so every rank runs
-# the same number of steps. Features are gathered from the memmap with sorted, de-duplicated row indices (sequential
+# `batches(batch_size, epoch, seed)` follows Show-Attend-Tell's training procedure (§4.3): "in preprocessing we build a
+# dictionary mapping the length of a sentence to the corresponding subset of captions. Then, during training we
+# randomly sample a length and retrieve a mini-batch of size 64 of that length", because the decoder's cost grows with
+# the longest caption of a batch. capbook's version: shuffle the M captions, sort them by length (stable, so the order
+# within a length stays random), cut the sorted list into batches (so a batch holds captions of one length, or of two
+# neighbouring lengths where a length's group does not divide evenly), and shuffle the batches. Every permutation is
+# drawn from the split's own generator seeded with `seed*100003 + epoch`: the order depends on nothing but (seed,
+# epoch), which is what makes a resumed run identical to an uninterrupted one (`skip` jumps over the batches already
+# done). For DistributedDataParallel, rank `r` of `world` takes every `world`-th batch starting at `r`, after dropping
+# the last `len % world` batches so every rank runs the same number of steps. Features are gathered from the memmap with sorted, de-duplicated row indices (sequential
 # reads) and then put back in batch order.
 
 # %%
@@ -384,18 +389,20 @@ class CaptionData:
 
     def num_batches(self, batch_size: int, world: int = 1) -> int:
         "Batches per epoch for each of `world` ranks."
-        return -(-(len(self) // world) // batch_size)
+        return -(-len(self) // batch_size) // world
 
     def batches(self, batch_size: int, epoch: int, seed: int, rank: int = 0, world: int = 1,
                 skip: int = 0) -> Iterator[dict]:
-        "Shuffled caption batches {feats, caps, lengths, img}, deterministic for (seed, epoch); rank's share when world>1."
+        "Length-bucketed, shuffled caption batches {feats, caps, lengths, img}, deterministic for (seed, epoch); rank's share when world>1."
         check_int("batch_size", batch_size, lo=1); check_int("world", world, lo=1)
         check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
         g = torch.Generator().manual_seed(seed * 100003 + epoch)
         order = torch.randperm(len(self), generator=g).numpy()
-        order = order[:len(order) // world * world][rank::world]
-        for s in range(skip * batch_size, len(order), batch_size):
-            idx = order[s:s + batch_size]
+        order = order[np.argsort(self.lengths[order], kind="stable")]        # by length, random within a length
+        chunks = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
+        chunks = chunks[:len(chunks) // world * world][rank::world]
+        for idx in chunks[skip:]:
             lens = self.lengths[idx]
             yield {"feats": self._gather(self.cap_img[idx]), "caps": torch.from_numpy(self.caps[idx, :lens.max()]),
                    "lengths": torch.from_numpy(lens), "img": torch.from_numpy(self.cap_img[idx])}

@@ -28,7 +28,7 @@ def test_karpathy_format(ds):
         assert im["filepath"] == "images" and im["filename"] == f"{im['imgid']:06d}.png" and im["filename"] in gt
         assert [s["sentid"] for s in im["sentences"]] == im["sentids"] and all(s["imgid"] == im["imgid"] for s in im["sentences"])
         for s in im["sentences"]:
-            assert s["raw"] == " ".join(s["tokens"]) and 5 <= len(s["tokens"]) <= 18
+            assert s["raw"] == " ".join(s["tokens"]) and S.MIN_WORDS <= len(s["tokens"]) <= 18
             assert all(t.isalpha() and t.islower() for t in s["tokens"])
         sentids += im["sentids"]
         with Image.open(root / im["filepath"] / im["filename"]) as img: assert img.mode == "RGB" and img.size == (112, 112)
