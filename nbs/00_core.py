@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -25,6 +30,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
+
 # %% [markdown]
 # ## One clear line for bad input
 #
@@ -38,6 +44,7 @@ class CapbookError(Exception):
     "A user-facing error: its message is one line naming the file or parameter and what is allowed."
     def __init__(self, msg: str):
         super().__init__(" ".join(str(msg).split()))
+
 
 # %% [markdown]
 # ## Paths
@@ -63,6 +70,7 @@ def data_dir() -> Path:
 def runs_dir() -> Path:
     "Where executed notebooks and results records go, one folder per profile."
     return project_root() / "runs"
+
 
 # %% [markdown]
 # ## Atomic writes
@@ -118,6 +126,7 @@ def load_torch(path: str | Path, what: str = "checkpoint") -> Any:
     except Exception as e:
         raise CapbookError(f"{path}: unreadable {what} ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
+
 # %%
 import tempfile as _tf
 _d = Path(_tf.mkdtemp())
@@ -130,6 +139,7 @@ def _boom(t): t.write_text("half"); raise KeyboardInterrupt
 try: atomic_write(_d/"x.txt", _boom)
 except KeyboardInterrupt: pass
 assert not (_d/"x.txt").exists() and not list(_d.glob(".x.txt*"))
+
 
 # %% [markdown]
 # ## Hashes and code version
@@ -163,6 +173,7 @@ def code_version() -> dict:
         out["dirty"] = bool(st.strip())
     return out
 
+
 # %% [markdown]
 # ## Seeds and devices
 #
@@ -187,6 +198,7 @@ def autocast(device: torch.device):
         dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.autocast("cuda", dtype=dt)
     return contextlib.nullcontext()
+
 
 # %% [markdown]
 # ## Parameter checks
@@ -220,6 +232,7 @@ def check_float(name: str, value: Any, lo: float | None = None, hi: float | None
         raise CapbookError(f"parameter {name}={value!r} is invalid: expected a number"
                            + (f" >= {lo}" if lo is not None else "") + (f" <= {hi}" if hi is not None else ""))
     return float(value)
+
 
 # %%
 for bad, call in [("kernel=4", lambda: check_int("kernel", 4, lo=1, odd=True)),

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -59,6 +64,7 @@ RELATIONS = ("left of", "right of", "above", "below")
 CATEGORIES = ("objects", "attributes", "counts", "relations")
 PROFILES = {"smoke": dict(train=300, val=40, test=40), "default": dict(train=3000, val=200, test=250)}
 
+
 # %% [markdown]
 # ## Ground truth
 #
@@ -82,6 +88,7 @@ def scene_relations(objects: list[dict]) -> list[list]:
     "Every true relation `[i, rel, j]` between two objects of a scene, in a fixed order."
     return [[i, r, j] for i, a in enumerate(objects) for j, b in enumerate(objects) if i != j
             for r in RELATIONS if relation_holds(r, a["box"], b["box"])]
+
 
 # %% [markdown]
 # ## Scenes and images
@@ -149,6 +156,7 @@ def render(objects: list[dict], rng: np.random.Generator, image_size: int = 112)
         else: d.polygon(_star(x0, y0, x1, y1), fill=fill)
     return img
 
+
 # %% [markdown]
 # ## The caption language and its truth
 #
@@ -199,6 +207,7 @@ def parse_caption(tokens: list[str]) -> list[dict]:
             prev, i = np_, j + 1
         else: i += 1
     return out
+
 
 # %% [markdown]
 # A phrase's **key** names what it requires of an object: `"small red circle"`, `"blue square"`, `"object"` (any
@@ -261,6 +270,7 @@ def object_mentions(tokens: list[str], gt_image: dict) -> list[tuple[int, list[i
     return [(st["head"], [i for i, o in enumerate(gt_image["objects"]) if _matches(st, o)])
             for st in parse_caption(tokens) if st["kind"] == "np" and st["shape"]]
 
+
 # %% [markdown]
 # ## Semantic scores
 #
@@ -292,6 +302,7 @@ def semantic_scores(cands: dict[str, list[str]], refs: dict[str, list[list[str]]
         r = sum(hit[x] for x in cs) / max(1, sum(nr[x] for x in cs))
         out[c] = dict(p=p, r=r, f1=2 * p * r / (p + r) if p + r else 0.0)
     return out
+
 
 # %% [markdown]
 # ## Writing the captions
@@ -397,6 +408,7 @@ def make_captions(objects: list[dict], rng: np.random.Generator) -> list[list[st
         else: raise RuntimeError(f"could not write five distinct captions for {objects}")
     return caps
 
+
 # %% [markdown]
 # One example (seed 0, image 0): its objects, the five captions, and the truth of each of their statements.
 
@@ -408,6 +420,7 @@ def make_example(seed: int, index: int, image_size: int = 112) -> tuple[Image.Im
     objects = sample_scene(rng, image_size)
     img = render(objects, rng, image_size)
     return img, dict(objects=objects, relations=scene_relations(objects)), make_captions(objects, rng)
+
 
 # %%
 _img, _gt, _caps = make_example(0, 0)
@@ -424,6 +437,7 @@ _st = parse_caption("the the big red circle is is to the left of two of star <un
 assert [(s["kind"], s.get("shape"), s.get("rel")) for s in _st] == [("np", "circle", None), ("np", "star", None), ("rel", None, "left of")]
 assert _st[0]["size"] == "large" and _st[1]["count"] is None and _st[1]["head"] == 13
 assert caption_tuples("two blue squares and a circle".split())["relations"] == set()
+
 
 # %% [markdown]
 # ## The data set on disk
@@ -497,6 +511,7 @@ def ensure_shapes(profile: str = "default", seed: int = 0, image_size: int = 112
 def load_gt(root: str | Path) -> dict[str, dict]:
     "The per-image ground truth of a generated data set, keyed by image filename."
     return load_json(Path(root) / "shapes_gt.json", "shapes ground truth")["images"]
+
 
 # %% [markdown]
 # ## A look at the data

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -72,6 +77,7 @@ class KarpathyData:
         check_choice("split", s, SPLITS)
         return [r for r in self.records if r.split == s]
 
+
 # %%
 #| export
 def _image_record(im: Any, i: int, src: Path, root: Path) -> ImageRecord:
@@ -111,6 +117,7 @@ def read_karpathy(json_path: str | Path, image_root: str | Path | None = None) -
     if not records: raise CapbookError(f"{json_path}: the 'images' list is empty")
     name = json_path.stem.removeprefix("dataset_")
     return KarpathyData(name, json_path, root, records)
+
 
 # %%
 import json, tempfile as _tf
@@ -179,6 +186,7 @@ def load_image(path: str | Path, size: int) -> torch.Tensor:
     "Read any image as an ImageNet-normalised float tensor (3, size, size)."
     return normalize(torch.from_numpy(load_rgb(path, size).copy()).permute(2, 0, 1))
 
+
 # %%
 Image.fromarray(np.full((8, 8, 4), (0, 0, 0, 0), np.uint8), "RGBA").save(_d/"clear.png")
 Image.fromarray(np.full((8, 8), 65535, np.uint16)).save(_d/"white16.png")
@@ -187,6 +195,7 @@ assert load_image(_d/"clear.png", 4).shape == (3, 4, 4)
 (_d/"broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
 try: load_image(_d/"broken.jpg", 4); raise AssertionError
 except CapbookError as e: assert str(e).startswith(f"{_d/'broken.jpg'}: cannot read image (") and "\n" not in str(e)
+
 
 # %% [markdown]
 # ## Vocabulary
@@ -241,11 +250,13 @@ class Vocab:
     def __eq__(self, other) -> bool: return isinstance(other, Vocab) and self.itos == other.itos
     def __repr__(self) -> str: return f"Vocab({len(self)} words: {' '.join(self.itos[4:12])} ...)"
 
+
 # %%
 _v = Vocab.build([["a", "red", "circle"], ["a", "blue", "circle"], ["a", "red", "star"]], min_count=2)
 assert _v.itos == ["<pad>", "<start>", "<end>", "<unk>", "a", "circle", "red"]
 assert _v.encode(["a", "blue", "circle"]) == [1, 4, 3, 5, 2] and _v.encode(["a", "red", "circle"], max_len=2) == [1, 4, 6, 2]
 assert _v.decode([1, 4, 3, 5, 2, 0, 0]) == ["a", "<unk>", "circle"] and Vocab(_v.to_list()) == _v
+
 
 # %% [markdown]
 # ## The feature store
@@ -324,6 +335,7 @@ def features_ready(path: str | Path, keys: Sequence[str] | None = None) -> bool:
     except CapbookError: return False
     return keys is None or meta["keys"] == list(keys)
 
+
 # %%
 _p = _d/"features"/"toy"/"enc"/"train.npy"
 def _rows(k):
@@ -335,6 +347,7 @@ assert not features_ready(_p) and list(_p.parent.iterdir()) == []
 write_features(_p, 3, (4, 2), (np.full((1, 4, 2), i) for i in range(3)), {"keys": ["a", "b", "c"]})
 _arr, _meta = open_features(_p)
 assert _arr.dtype == np.float16 and _arr.shape == (3, 4, 2) and _arr[2, 0, 0] == 2 and features_ready(_p, ["a", "b", "c"])
+
 
 # %% [markdown]
 # ## Caption datasets
@@ -414,6 +427,7 @@ class CaptionData:
             e = min(s + batch_size, self.n_images)
             yield {"feats": torch.from_numpy(np.asarray(self.feats[s:e], dtype=np.float32)), "img": torch.arange(s, e)}
 
+
 # %%
 _cd = CaptionData(np.arange(3 * 2 * 1, dtype=np.float16).reshape(3, 2, 1), ["x", "y", "z"],
                   [[["a", "red", "circle"]], [["a", "red", "star"], ["a", "blue", "circle"]], [["a"]]], _v, max_len=3)
@@ -468,6 +482,7 @@ class Prepared:
     def image_paths(self, split: str) -> list[Path]:
         "Image files of a split, in the order of its `CaptionData` rows (for figures)."
         return [r.path for r in self.kdata.split(split)]
+
 
 # %%
 #| export

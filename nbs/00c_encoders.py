@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -34,6 +39,7 @@ import torchvision
 from tqdm import tqdm
 from capbook.core import CapbookError, autocast, check_choice, data_dir, get_device, load_torch, save_torch, stable_hash
 from capbook.data import KarpathyData, load_image, load_rgb, normalize, write_features
+
 
 # %% [markdown]
 # ## Where the papers take their features
@@ -79,6 +85,7 @@ BACKBONES = {
                               "layer4, adaptive-average-pooled to 14×14", _resnet_trunk, ""),
 }
 
+
 # %% [markdown]
 # ## A frozen encoder
 #
@@ -105,6 +112,7 @@ class Encoder(nn.Module):
     def encoder_key(self, image_size: int) -> str:
         "Name of this encoder's feature stores: `<name>-<size>px-<weights>`."
         return f"{self.name}-{image_size}px-{self.weights_id}"
+
 
 # %% [markdown]
 # ## Weights
@@ -183,6 +191,7 @@ def build_backbone(name: str, weights: str | Path = "imagenet", seed: int = 0) -
         trunk.load_state_dict(_trunk_state(file, name, spec, trunk))
     return Encoder(trunk, name, wid, spec.dim)
 
+
 # %%
 _vgg = build_backbone("vgg11", weights="random")
 assert _vgg(torch.zeros(1, 3, 64, 64)).shape == (1, 512, 4, 4) and _vgg.encoder_key(224) == "vgg11-224px-random-s0"
@@ -233,9 +242,11 @@ def shape_labels(objects: Sequence[dict]) -> set[str]:
     return {l for o in objects for l in (f"{o['colour']} {o['shape']}", o["shape"], o["colour"], o["size"],
                                          f"{o['size']} {o['shape']}")}
 
+
 # %%
 assert ShapesCNN(3).features(torch.zeros(2, 3, 112, 112)).shape == (2, 128, 14, 14)
 assert shape_labels([dict(shape="star", colour="red", size="small", box=[0, 0, 9, 9])]) == {"red star", "star", "red", "small", "small star"}
+
 
 # %%
 #| export
@@ -292,6 +303,7 @@ def train_shapes_encoder(kdata: KarpathyData, gt: dict, seed: int = 0, device: s
     scores = {**presence_scores(model, xva, yva, labels, dev), "train_seconds": round(train_s, 1)}
     return model.cpu().eval(), labels, scores
 
+
 # %% [markdown]
 # The trained encoder is saved atomically to `data_dir()/encoders/shapes-<profile>-s<seed>.pt` with its configuration,
 # labels and scores, and loaded with `weights_only=True`. It is retrained only when that configuration (architecture,
@@ -326,6 +338,7 @@ def shapes_encoder(kdata: KarpathyData, gt: dict, profile: str = "default", seed
     model = ShapesCNN(len(ck["labels"]), config["width"], config["dim"])
     model.load_state_dict(ck["state_dict"])
     return Encoder(model.features, "shapescnn", f"{profile}-s{seed}-{ck['weights_id']}", config["dim"])
+
 
 # %% [markdown]
 # ## Feature extraction

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -23,6 +28,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+
 # %% [markdown]
 # All attention modules take the annotation vectors $a$ of shape (B, L, D) — L image locations (14×14 = 196 in the
 # papers), D channels — and a query from the decoder, and return a context vector and the attention weights
@@ -40,6 +46,7 @@ class Attention(nn.Module):
     def precompute(self, a: torch.Tensor) -> torch.Tensor: return a
     def keep(self, alpha: torch.Tensor) -> torch.Tensor:
         self.last = alpha.detach(); return alpha
+
 
 # %% [markdown]
 # ## Soft (additive) attention — Show, Attend and Tell §3.1.2 and §4.2
@@ -71,6 +78,7 @@ class SoftAttention(Attention):
         alpha = self.keep(F.softmax(self.scores(pre, h), dim=-1))           # alpha_t: (B, L), sums to 1 over L
         z = torch.bmm(alpha[:, None], a).squeeze(1)                          # z_t = sum_i alpha_ti a_i: (B, D)
         return z, alpha
+
 
 # %%
 _a, _h = torch.randn(2, 5, 3), torch.randn(2, 4)

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -25,6 +30,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from capbook.core import CapbookError
+
 
 # %% [markdown]
 # ## The step interface
@@ -82,6 +88,7 @@ class CaptionModel(nn.Module):
 def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torch.Tensor:
     "Mean negative log-likelihood of `targets` (B, T) under `logits` (B, T, V), ignoring `pad` positions."
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad)
+
 
 # %% [markdown]
 # ## The registry

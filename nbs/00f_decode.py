@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from capbook.models import CaptionModel
+
 
 # %% [markdown]
 # Both searches talk to a model only through `init_state` / `step` (see `capbook.models`). A result per image is a
@@ -56,6 +62,7 @@ def _finish(tokens: torch.Tensor, logprob: float, alpha: torch.Tensor | None, en
     n = toks.index(end) if end in toks else len(toks)
     return Caption(toks[:n], logprob, None if alpha is None else alpha[:n].float().cpu())
 
+
 # %% [markdown]
 # ## Greedy search
 # The most probable word at every step, until `<end>`; after `max_len` words only `<end>` is allowed.
@@ -81,6 +88,7 @@ def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[
     W = torch.stack(words, 1)
     A = torch.stack(alphas, 1) if alphas[0] is not None else None
     return [_finish(W[b], logp[b].item(), None if A is None else A[b], model.end) for b in range(B)]
+
 
 # %% [markdown]
 # ## Beam search, batched over images and beams
@@ -124,6 +132,7 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
     best = base[:, 0].tolist()                                                 # topk is sorted: beam 0 is the best
     return [_finish(words[r], score[b, 0].item(), None if alphas is None else alphas[r], model.end)
             for b, r in enumerate(best)]
+
 
 # %% [markdown]
 # ## Decoding a whole split

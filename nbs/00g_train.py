@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -31,6 +36,7 @@ from tqdm.auto import tqdm
 from capbook.core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything
 from capbook.models import CaptionModel
 from capbook.decode import decode_split
+
 
 # %% [markdown]
 # ## Configuration
@@ -60,6 +66,7 @@ class TrainConfig:
     device: str = "auto"
     progress: bool = True       # tqdm progress bars
 
+
 # %% [markdown]
 # ## Validation score
 #
@@ -85,6 +92,7 @@ def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dic
     b, _ = Bleu(4).compute_score(gts, res, verbose=0)
     c, _ = Cider().compute_score(gts, res)
     return {**{f"BLEU-{k+1}": float(v) for k, v in enumerate(b)}, "CIDEr": float(c)}
+
 
 # %% [markdown]
 # ## Checkpoints and exact resume
@@ -115,6 +123,7 @@ def check_vocab(ckpt: dict, vocab, path: Path) -> None:
         raise CapbookError(f"{path}: checkpoint was trained with a different vocabulary ({len(ckpt.get('vocab') or [])} "
                            f"words, this run has {len(vocab)}); use another run folder or delete the checkpoint")
 
+
 # %% [markdown]
 # ## Distributed training
 #
@@ -131,6 +140,7 @@ def dist_info() -> tuple[int, int, int]:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if world > 1: return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", 0))
     return 0, 1, 0
+
 
 # %% [markdown]
 # ## One step
@@ -153,6 +163,7 @@ def train_step(net, model: CaptionModel, opt, batch: dict, device, clip: float =
     if scaler is not None and scaler.is_enabled(): scaler.step(opt); scaler.update()
     else: opt.step()
     return {"loss": loss.item(), **stats}
+
 
 # %% [markdown]
 # ## The loop

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -26,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from capbook.decode import decode_split, Caption
+
 
 # %% [markdown]
 # ## Caption metrics (pycocoevalcap)
@@ -83,6 +89,7 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
             out["SPICE"] = float(Spice().compute_score(gts, res)[0])
     return out, notes
 
+
 # %% [markdown]
 # ## Attention correctness (shapes)
 #
@@ -127,6 +134,7 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
     cy, cx = (cell // w + 0.5) * image_size / h, (cell % w + 0.5) * image_size / w
     return float(any(x0 <= cx <= x1 and y0 <= cy <= y1 for x0, y0, x1, y1 in boxes))
 
+
 # %% [markdown]
 # ## Evaluating a model
 #
@@ -158,6 +166,7 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
         out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, prep.grid, prep.image_size)
     out["timings"]["score_s"] = time.time() - t1
     return out
+
 
 # %%
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -97,6 +102,7 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cells.append(cell)
     nb.cells = cells
     return nb
+
 
 # %% [markdown]
 # A check on a small notebook: the hidden and `default_exp` cells go, directive lines vanish from what is shown, `echo`
@@ -196,6 +202,7 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
     (src / "_toc.yml").write_text(_toc_yml([n for n in names if n != "index"] + ["api"] * bool(modules)))
     return warnings
 
+
 # %% [markdown]
 # ## Building, atomically
 #
@@ -250,6 +257,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir / "index.html"
+
 
 # %% [markdown]
 # ## Looking at a page the way a reader does

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -31,6 +36,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from capbook.core import atomic_write
 
+
 # %% [markdown]
 # ## Smoothing attention as in Show-Attend-Tell §5.4
 #
@@ -54,6 +60,7 @@ def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> n
     sm = gaussian_blur(up, [k, k], [sigma, sigma])[0, 0]
     sm = sm - sm.min()
     return (sm / sm.max().clamp_min(1e-12)).numpy()
+
 
 # %% [markdown]
 # ## Per-word attention figures (Figure 3 style)
@@ -87,6 +94,7 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
         buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight"); t.write_bytes(buf.getvalue())
     return atomic_write(path, w)
 
+
 # %% [markdown]
 # ## Tables
 # Results tables are pandas DataFrames written side by side as Markdown (for reading) and CSV (for reuse).
@@ -100,6 +108,7 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md
+
 
 # %%
 _m = smooth_attention(torch.eye(1, 196).flatten(), (14, 14), 112)

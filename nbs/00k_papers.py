@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -60,6 +65,7 @@ def _parse(table: str) -> pd.DataFrame:
 def sat_table1() -> pd.DataFrame:
     "Show-Attend-Tell Table 1 as published (BLEU-1..4, METEOR, ×100)."
     return _parse(_SAT_T1).assign(source="paper (quoted)")
+
 
 # %%
 _t = sat_table1()

@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -46,6 +51,7 @@ def out_dir(profile: str) -> Path:
     "Where a profile's tables and figures are published: `figures/` for the default profile, else inside its run folder."
     check_profile(profile)
     return project_root() / "figures" if profile == "default" else runs_dir() / profile / "figures"
+
 
 # %% [markdown]
 # ## Runs and results records
@@ -98,6 +104,7 @@ def records(profile: str, notebook: str | None = None) -> list[dict]:
         if notebook is None or r.get("notebook") == notebook: out.append(r)
     return out
 
+
 # %% [markdown]
 # ## The plan
 #
@@ -127,6 +134,7 @@ def plan(profile: str) -> list[Step]:
 def nbs_dir() -> Path:
     "The notebook sources."
     return Path(__file__).resolve().parent.parent / "nbs"
+
 
 # %% [markdown]
 # ## Running the plan
@@ -196,6 +204,7 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
 MODULES = ["core", "shapes", "data", "encoders", "attention", "models", "decode", "train", "metrics", "viz", "papers",
            "book", "docs", "sat"]
 
+
 # %% [markdown]
 # ## Benchmark
 #
@@ -246,6 +255,7 @@ def bench(profile: str = "default", train_batches: int = 30, loop_images: int = 
     log(f"training: {train_cps:.0f} captions/s; beam 3 batched: {beam_ips:.0f} images/s; "
         f"one image at a time: {loop_ips:.1f} images/s ({beam_ips / loop_ips:.1f}x)")
     return out
+
 
 # %% [markdown]
 # ## Command line

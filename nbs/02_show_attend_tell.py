@@ -2,8 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -65,6 +70,7 @@ gate = True             # the gating scalar beta (§4.2.1)
 beam_size = 3
 device = "auto"
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
+
 
 # %% [markdown]
 # ## The model, equation by equation
@@ -142,6 +148,7 @@ class ShowAttendTell(CaptionModel):
 def sat_soft(vocab_size, feat_dim, grid, **hp):
     "Show-Attend-Tell with deterministic soft attention (§4.2), gating scalar and doubly stochastic penalty."
     return ShowAttendTell(vocab_size, feat_dim, grid, **hp)
+
 
 # %% [markdown]
 # ## Training and evaluation
