@@ -158,7 +158,7 @@ def sat_soft(vocab_size, feat_dim, grid, **hp):
 # Test captions are decoded with beam search (beam size 3).
 
 # %%
-EPOCHS = {"smoke": 2, "default": 8, "paper": 30}
+EPOCHS = {"smoke": 2, "default": 6, "paper": 30}
 check_choice("dataset", dataset, ["shapes", "coco", "flickr8k", "flickr30k"])
 for _n, _v in dict(seed=seed, batch_size=batch_size, emb_dim=emb_dim, hidden_dim=hidden_dim, att_dim=att_dim,
                    beam_size=beam_size).items():
