@@ -13,13 +13,15 @@ __all__ = ['Attention', 'SoftAttention']
 
 # %% ../nbs/00d_attention.ipynb
 class Attention(nn.Module):
-    "Base class: `precompute(a)` once per image, then `forward(a, pre, h) -> (context, alpha)` at every step; `.last` keeps alpha."
+    "Base class: `precompute(a)` once per image, then `forward(a, pre, h) -> (context, alpha)` at every step (h may hold K rows per image); `.last` keeps alpha."
     last: torch.Tensor | None = None
     def precompute(self, a: torch.Tensor) -> torch.Tensor: return a
     def keep(self, alpha: torch.Tensor) -> torch.Tensor:
         self.last = alpha.detach(); return alpha
 
 # %% ../nbs/00d_attention.ipynb
+_CHUNK = 1 << 18   # elements of (rows, L, att) scored at once: about 1 MB of float32
+
 class SoftAttention(Attention):
     "Additive soft attention $e_{ti} = w^T \\tanh(W_a a_i + W_h h_{t-1})$, $\\alpha = \\mathrm{softmax}(e)$, context $\\sum_i \\alpha_{ti} a_i$."
     def __init__(self, feat_dim: int, query_dim: int, att_dim: int):
@@ -29,9 +31,16 @@ class SoftAttention(Attention):
         self.w = nn.Linear(att_dim, 1)                        # w^T tanh(.)
     def precompute(self, a):                                  # a: (B, L, D)
         return self.W_a(a)                                    # (B, L, att)
-    def scores(self, pre, h):                                 # h: (B, n)
-        return self.w(torch.tanh(pre + self.W_h(h)[:, None])).squeeze(-1)   # e_t: (B, L)
-    def forward(self, a, pre, h):
-        alpha = self.keep(F.softmax(self.scores(pre, h), dim=-1))           # alpha_t: (B, L), sums to 1 over L
-        z = torch.bmm(alpha[:, None], a).squeeze(1)                          # z_t = sum_i alpha_ti a_i: (B, D)
-        return z, alpha
+    def scores(self, pre, h):                                 # pre: (B, L, att); h: (B*K, n)
+        B, L, A = pre.shape
+        q, w = self.W_h(h).view(B, -1, 1, A), self.w.weight[0]  # W_h h_{t-1}: (B, K, 1, att); w: (att,)
+        n = max(1, _CHUNK // (q.shape[1] * L * A))            # images per chunk
+        # w^T tanh(u) + b with tanh(u) = 2 sigmoid(2u) - 1, in cache-sized chunks of images (see the note above)
+        e = torch.cat([torch.sigmoid((pre[s:s + n, None] + q[s:s + n]).mul_(2)) @ w
+                       for s in range(0, B, n)])             # w^T sigmoid(2u): (B, K, L)
+        return (2 * e - w.sum() + self.w.bias).view(-1, L)    # e_t = w^T tanh(W_a a_i + W_h h_{t-1}) + b: (B*K, L)
+    def forward(self, a, pre, h):                             # a: (B, L, D); h: (B*K, n)
+        B = a.shape[0]
+        alpha = self.keep(F.softmax(self.scores(pre, h), dim=-1))           # alpha_t: (B*K, L), sums to 1 over L
+        z = torch.bmm(alpha.view(B, -1, alpha.shape[-1]), a)                 # z_t = sum_i alpha_ti a_i: (B, K, D)
+        return z.view(len(h), -1), alpha

@@ -45,8 +45,11 @@ from capbook.core import CapbookError
 #   (B, V) the unnormalised scores of the next, `aux` a dict of per-step extras (`alpha`: (B, L) attention weights).
 #
 # Training (teacher forcing), greedy and beam search (`capbook.decode`), attention figures and timings are written once,
-# against this interface. Beam search only ever reorders `state` along its first dimension and never touches `memory`
-# beyond repeating it per beam once, so a model must keep everything that depends on the beam history in `state`.
+# against this interface. `memory` always has one row per image (B); `state`, `tokens` and the outputs have B·K rows,
+# K ≥ 1 rows per image with the rows of an image adjacent (K = 1 in training and greedy search, the beam size in beam
+# search), so a model's `step` broadcasts `memory` over the K rows of each image (`K = len(tokens) // len(memory
+# tensor)`). Beam search reorders `state` along its first dimension and never copies `memory`, so a model must keep
+# everything that depends on the beam history in `state`.
 
 # %%
 #| export

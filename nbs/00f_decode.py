@@ -93,9 +93,11 @@ def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[
 # %% [markdown]
 # ## Beam search, batched over images and beams
 #
-# All B images and their K beams run as one batch of B·K rows. At every step each row's next-word log-probabilities
-# are added to its beam's score, the K·V candidates of each image are ranked together and the best K kept; the
-# model's `state` (and the word and attention histories) are then gathered along the batch dimension. A finished beam
+# All B images and their K beams run as one batch of B·K rows (the image features stay at B rows: the model broadcasts
+# them over the beams). At every step each row's next-word log-probabilities are added to its beam's score, the K·V
+# candidates of each image are ranked together and the best K kept; the model's `state` (and the word and attention
+# histories) are then gathered along the batch dimension. An image whose K beams have all ended is finished and leaves
+# the batch, so the remaining steps only compute the images still being searched. A finished beam
 # (one that emitted `<end>`) keeps its score and can only be extended by `<pad>` at no cost, so it competes with the
 # live beams on equal terms. Scores are plain summed log-probabilities, as in the papers (no length normalisation).
 # At the first step only beam 0 is live, so the K beams start as K different words.
@@ -106,20 +108,20 @@ def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[
 def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, max_len: int = 20) -> list[Caption]:
     "Beam search for a batch of images `feats` (B, L, D): the best of `beam_size` beams for each image."
     B, K, dev = feats.shape[0], beam_size, feats.device
-    memory, state = model.init_state(feats)
-    memory, state = _repeat(memory, K), _repeat(state, K)                     # (B*K, ...)
+    memory, state = model.init_state(feats)                                    # memory: (B, ...), state: (B, ...)
+    state = _repeat(state, K)                                                  # (B*K, ...)
     tok = torch.full((B * K,), model.start, dtype=torch.long, device=dev)
     score = torch.full((B, K), float("-inf"), device=dev); score[:, 0] = 0    # (B, K)
     done = torch.zeros(B * K, dtype=torch.bool, device=dev)
-    words = torch.zeros(B * K, 0, dtype=torch.long, device=dev)
-    alphas = None
-    base = (torch.arange(B, device=dev) * K)[:, None]                          # row offset of each image
+    words, alphas = torch.zeros(B * K, 0, dtype=torch.long, device=dev), None
+    images, out = torch.arange(B, device=dev), [None] * B                      # images still being searched
     for t in range(max_len + 1):
+        n = len(images)
+        base = (torch.arange(n, device=dev) * K)[:, None]                      # first row of each image
         logits, state, aux = model.step(tok, memory, state)
-        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (B*K, V)
+        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
         V = lp.shape[-1]
-        cand = (score.view(-1, 1) + lp).view(B, K * V)                         # (B, K*V)
-        score, idx = cand.topk(K, dim=-1)                                      # (B, K)
+        score, idx = (score.view(-1, 1) + lp).view(n, K * V).topk(K, dim=-1)  # best K of K*V per image: (n, K)
         rows = (base + idx // V).view(-1)                                      # source row of each new beam
         tok = (idx % V).view(-1)
         state = _select(state, rows)
@@ -128,11 +130,17 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
             a = aux["alpha"].index_select(0, rows)[:, None]
             alphas = a if alphas is None else torch.cat([alphas.index_select(0, rows), a], 1)
         done = done.index_select(0, rows) | (tok == model.end)
-        if done.all(): break
-    best = base[:, 0].tolist()                                                 # topk is sorted: beam 0 is the best
-    return [_finish(words[r], score[b, 0].item(), None if alphas is None else alphas[r], model.end)
-            for b, r in enumerate(best)]
-
+        fin = done.view(n, K).all(1)                                           # every beam of the image ended
+        if fin.any():                                                          # topk is sorted: beam 0 is the best
+            for j in fin.nonzero().flatten().tolist():
+                out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)
+            keep = (~fin).nonzero().flatten()
+            if not len(keep): break
+            r = (keep[:, None] * K + torch.arange(K, device=dev)).flatten()
+            images, score, memory = images[keep], score[keep], _select(memory, keep)
+            state, tok, words, done = _select(state, r), tok[r], words[r], done[r]
+            if alphas is not None: alphas = alphas[r]
+    return out
 
 # %% [markdown]
 # ## Decoding a whole split
