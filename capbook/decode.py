@@ -86,7 +86,7 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
             a = aux["alpha"].index_select(0, rows)[:, None]
             alphas = a if alphas is None else torch.cat([alphas.index_select(0, rows), a], 1)
         done = done.index_select(0, rows) | (tok == model.end)
-        fin = done.view(n, K).all(1)                                           # every beam of the image ended
+        fin = done.view(n, K)[:, 0]                                            # the image's best beam has ended
         if fin.any():                                                          # topk is sorted: beam 0 is the best
             for j in fin.nonzero().flatten().tolist():
                 out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)

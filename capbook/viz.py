@@ -38,7 +38,7 @@ def attention_figure(rows: list[dict], path: str | Path | None = None, max_words
     fig, axes = plt.subplots(len(rows), ncol, figsize=(panel * ncol, panel * 1.15 * len(rows)), squeeze=False)
     for r, ax in zip(rows, axes):
         img = np.asarray(Image.open(r["image"]).convert("RGB")) if isinstance(r["image"], (str, Path)) else r["image"]
-        ax[0].imshow(img); ax[0].set_title(r["label"], fontsize=8, loc="left")
+        ax[0].imshow(img); ax[0].set_title(r["label"], fontsize=9)
         for j, wd in enumerate(r["words"][:ncol - 1]):
             ax[j + 1].imshow(img)
             ax[j + 1].imshow(smooth_attention(r["alpha"][j], r["grid"], img.shape[0]), cmap="gray", alpha=0.65,

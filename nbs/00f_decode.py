@@ -96,8 +96,10 @@ def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[
 # All B images and their K beams run as one batch of B·K rows (the image features stay at B rows: the model broadcasts
 # them over the beams). At every step each row's next-word log-probabilities are added to its beam's score, the K·V
 # candidates of each image are ranked together and the best K kept; the model's `state` (and the word and attention
-# histories) are then gathered along the batch dimension. An image whose K beams have all ended is finished and leaves
-# the batch, so the remaining steps only compute the images still being searched. A finished beam
+# histories) are then gathered along the batch dimension. An image is finished as soon as its best beam has ended: the
+# beams are sorted, so every live beam scores lower, and log-probabilities only fall as a beam grows, so none of them
+# can overtake it (the result is exactly what running every beam to its end would return). A finished image leaves the
+# batch, so the remaining steps only compute the images still being searched. A finished beam
 # (one that emitted `<end>`) keeps its score and can only be extended by `<pad>` at no cost, so it competes with the
 # live beams on equal terms. Scores are plain summed log-probabilities, as in the papers (no length normalisation).
 # At the first step only beam 0 is live, so the K beams start as K different words.
@@ -130,7 +132,7 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
             a = aux["alpha"].index_select(0, rows)[:, None]
             alphas = a if alphas is None else torch.cat([alphas.index_select(0, rows), a], 1)
         done = done.index_select(0, rows) | (tok == model.end)
-        fin = done.view(n, K).all(1)                                           # every beam of the image ended
+        fin = done.view(n, K)[:, 0]                                            # the image's best beam has ended
         if fin.any():                                                          # topk is sorted: beam 0 is the best
             for j in fin.nonzero().flatten().tolist():
                 out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)

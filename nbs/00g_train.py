@@ -250,7 +250,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         save_last()
     save_last(finished=True)
     if world > 1:                                   # every rank must hold the same weights after DDP training
-        cs = torch.tensor([sum(float(p.double().sum()) for p in model.parameters())], dtype=torch.float64)
+        cs = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
         every = [torch.zeros_like(cs) for _ in range(world)]
         dist.all_gather(every, cs)
         if any(not torch.equal(c, every[0]) for c in every): raise RuntimeError(f"DDP ranks diverged: {every}")

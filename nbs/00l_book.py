@@ -210,13 +210,13 @@ MODULES = ["core", "shapes", "data", "encoders", "attention", "models", "decode"
 #
 # `capbook bench` measures, for the soft-attention model on the profile's features: training throughput (captions per
 # second through the trainer's own step), batched beam search (beam 3, all test images in batches of 100) and the same
-# search run one image at a time — the way most tutorial code decodes. It uses the book's trained checkpoint when there
+# search run on the same images one image at a time — the way most tutorial code decodes. It uses the book's trained checkpoint when there
 # is one (decoding speed depends on caption lengths), else freshly initialised weights, and prints one JSON object on its
 # last line.
 
 # %%
 #| export
-def bench(profile: str = "default", train_batches: int = 30, loop_images: int = 25, log=print) -> dict:
+def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     "Time training and batched vs per-image beam search for the soft-attention model; return the figures."
     from capbook.data import prepare
     from capbook.models import build
@@ -246,8 +246,8 @@ def bench(profile: str = "default", train_batches: int = 30, loop_images: int = 
     for i in range(0, len(feats), 100): beam_search(model, feats[i:i + 100], 3, prep.max_len)
     beam_ips = len(feats) / (time.time() - t0)
     t0 = time.time()
-    for i in range(loop_images): beam_search(model, feats[i:i + 1], 3, prep.max_len)
-    loop_ips = loop_images / (time.time() - t0)
+    for i in range(len(feats)): beam_search(model, feats[i:i + 1], 3, prep.max_len)
+    loop_ips = len(feats) / (time.time() - t0)
     out = {"profile": profile, "model": "sat_soft", "trained_weights": trained, "device": str(dev),
            "threads": torch.get_num_threads(), "train_captions_per_s": round(train_cps, 1),
            "beam_images_per_s": round(beam_ips, 1), "loop_beam_images_per_s": round(loop_ips, 1),
@@ -279,7 +279,7 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
                       max_len=prep.max_len, patience=epochs)
     res = fit(m, prep, cfg, Path(run_dir) / "ckpt", meta={"model": model}, log=lambda s: print(s, file=sys.stderr))
-    checksum = float(sum(p.double().sum() for p in m.parameters()))
+    checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
 

@@ -229,6 +229,6 @@ if prep.gt is not None:
                  if len([m for m in object_mentions(w, prep.gt["images"][k]) if m[1]]) >= 2), 0)
 cap = ev["captions"][pick]
 fig_path = run.path("fig_sat_soft_attention.png")
-attention_figure([{"label": "soft: " + " ".join(ev["words"][pick]), "image": prep.image_paths("test")[pick],
+attention_figure([{"label": "Soft-Attention", "image": prep.image_paths("test")[pick],
                    "words": ev["words"][pick], "alpha": cap.alpha, "grid": prep.grid}], fig_path)
 display(IPImage(filename=str(fig_path)))

@@ -62,4 +62,4 @@ def test_ddp_two_cpu_processes(smoke, tmp_path):
     ck = load_torch(tmp_path / "ddp" / "ckpt" / "best.pt")
     m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
     m.load_state_dict(ck["model"])
-    assert abs(sum(float(p.double().sum()) for p in m.parameters()) - out["param_checksum"]) < 1e-6
+    assert abs(sum(float(p.detach().double().sum()) for p in m.parameters()) - out["param_checksum"]) < 1e-6
