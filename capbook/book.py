@@ -128,6 +128,7 @@ def publish(profile: str, steps: list[Step]) -> Path:
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print) -> dict:
     "Regenerate the book at `profile`: run the plan, publish tables and figures, build the docs site."
     check_profile(profile)
+    os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps, executed = time.time(), plan(profile), []
     log(f"capbook book --profile {profile}: {len(steps)} notebooks -> {runs_dir() / profile}")
     for s in steps: executed.append(run_step(s, profile, force, log)[0])
