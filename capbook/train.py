@@ -4,7 +4,7 @@
 
 # %% ../nbs/00g_train.ipynb 2
 from __future__ import annotations
-import math, os, random, time
+import os, random, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable

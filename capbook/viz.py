@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.functional import gaussian_blur
 from PIL import Image
-import matplotlib
 import matplotlib.pyplot as plt
 from .core import atomic_write
 

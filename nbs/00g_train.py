@@ -25,7 +25,7 @@
 # %%
 #| export
 from __future__ import annotations
-import math, os, random, time
+import os, random, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable

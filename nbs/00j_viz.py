@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.functional import gaussian_blur
 from PIL import Image
-import matplotlib
 import matplotlib.pyplot as plt
 from capbook.core import atomic_write
 
