@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
-from .core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything
+from .core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything, package_hash
 from .models import CaptionModel
 from .decode import decode_split
 
@@ -117,6 +117,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
     res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, {}, 0
+    code = package_hash()
+    if last.exists() and (old := load_torch(last).get("code")) != code:
+        stale = ckpt_dir.with_name(f"{ckpt_dir.name}.code-{old}")
+        if rank == 0: os.replace(ckpt_dir, stale)
+        if world > 1: dist.barrier()
+        log(f"{last} was written by other capbook code: moved to {stale}, training from scratch")
     if last.exists():
         ck = load_torch(last); check_vocab(ck, data.vocab, last)
         model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); sched.load_state_dict(ck["scheduler"])
@@ -135,7 +141,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                           "bad_epochs": bad, "history": res.history,
                           "best_epoch": res.best_epoch, "best_score": res.best_score, "train_seconds": res.train_seconds,
                           "rng": _rng_state(), "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {},
-                          "finished": finished})
+                          "code": code, "finished": finished})
 
     n_batches = data.train.num_batches(cfg.batch_size, world)
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
-from capbook.core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything
+from capbook.core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything, package_hash
 from capbook.models import CaptionModel
 from capbook.decode import decode_split
 
@@ -103,7 +103,10 @@ def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dic
 # the history. It is rewritten atomically at the end of every epoch (and every `ckpt_every` steps), so a run killed
 # with SIGKILL at any moment restarts from the last one and ends with the same numbers. `best.pt` holds the weights of
 # the best validation epoch. Both carry the vocabulary; resuming with a different one is an error. Everything in them
-# is a tensor, number, string or container of those, so they load with `torch.load(weights_only=True)`.
+# is a tensor, number, string or container of those, so they load with `torch.load(weights_only=True)`. A checkpoint
+# also records the package hash of the code that wrote it: a run restarted after capbook's code changed does not
+# resume from it (its numbers would come from other code) but moves the old folder aside as `ckpt.code-<hash>` and
+# trains from scratch, so regenerating the book always measures the current code and nothing computed is lost.
 
 # %%
 #| export
@@ -194,6 +197,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
     res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, {}, 0
+    code = package_hash()
+    if last.exists() and (old := load_torch(last).get("code")) != code:
+        stale = ckpt_dir.with_name(f"{ckpt_dir.name}.code-{old}")
+        if rank == 0: os.replace(ckpt_dir, stale)
+        if world > 1: dist.barrier()
+        log(f"{last} was written by other capbook code: moved to {stale}, training from scratch")
     if last.exists():
         ck = load_torch(last); check_vocab(ck, data.vocab, last)
         model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); sched.load_state_dict(ck["scheduler"])
@@ -212,7 +221,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                           "bad_epochs": bad, "history": res.history,
                           "best_epoch": res.best_epoch, "best_score": res.best_score, "train_seconds": res.train_seconds,
                           "rng": _rng_state(), "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {},
-                          "finished": finished})
+                          "code": code, "finished": finished})
 
     n_batches = data.train.num_batches(cfg.batch_size, world)
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())

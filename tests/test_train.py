@@ -63,3 +63,16 @@ def test_ddp_two_cpu_processes(smoke, tmp_path):
     m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
     m.load_state_dict(ck["model"])
     assert abs(sum(float(p.detach().double().sum()) for p in m.parameters()) - out["param_checksum"]) < 1e-6
+
+
+def test_checkpoint_of_other_code_is_moved_aside_not_resumed(smoke, tmp_path):
+    torch.manual_seed(0)
+    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
+    cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len)
+    fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    ck = load_torch(tmp_path / "ckpt" / "last.pt")
+    ck["code"] = "0ldc0de"
+    save_torch(tmp_path / "ckpt" / "last.pt", ck)
+    res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    assert res.resumed_from is None and len(res.history) == 1           # trained again, not resumed
+    assert load_torch(tmp_path / "ckpt.code-0ldc0de" / "last.pt")["code"] == "0ldc0de"   # nothing lost
