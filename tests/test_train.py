@@ -39,11 +39,17 @@ def test_sigkill_and_resume_gives_the_same_numbers(smoke, tmp_path):
     assert resumed["best_score"] == full["best_score"]
 
 
-def test_resume_with_another_vocabulary_is_an_error(smoke, tmp_path):
+def one_epoch(smoke, ckpt_dir):
+    "Train a fresh soft-attention model for one epoch into `ckpt_dir`; return it and its config for a second fit."
     torch.manual_seed(0)
     m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
     cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len)
-    fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    fit(m, smoke, cfg, ckpt_dir, log=lambda s: None)
+    return m, cfg
+
+
+def test_resume_with_another_vocabulary_is_an_error(smoke, tmp_path):
+    m, cfg = one_epoch(smoke, tmp_path / "ckpt")
     ck = load_torch(tmp_path / "ckpt" / "last.pt")
     assert ck["finished"] and ck["vocab"] == smoke.vocab.itos
     ck["vocab"] = ck["vocab"][:-1] + ["zebra"]
@@ -66,10 +72,7 @@ def test_ddp_two_cpu_processes(smoke, tmp_path):
 
 
 def test_checkpoint_of_other_code_is_moved_aside_not_resumed(smoke, tmp_path):
-    torch.manual_seed(0)
-    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
-    cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len)
-    fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    m, cfg = one_epoch(smoke, tmp_path / "ckpt")
     ck = load_torch(tmp_path / "ckpt" / "last.pt")
     ck["code"] = "0ldc0de"
     save_torch(tmp_path / "ckpt" / "last.pt", ck)
