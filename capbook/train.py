@@ -117,14 +117,15 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
     res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, {}, 0
-    code = package_hash()
-    if last.exists() and (old := load_torch(last).get("code")) != code:
-        stale = ckpt_dir.with_name(f"{ckpt_dir.name}.code-{old}")
+    code, ck = package_hash(), load_torch(last) if last.exists() else None
+    if ck is not None and ck.get("code") != code:
+        stale = ckpt_dir.with_name(f"{ckpt_dir.name}.code-{ck.get('code')}")
         if rank == 0: os.replace(ckpt_dir, stale)
         if world > 1: dist.barrier()
         log(f"{last} was written by other capbook code: moved to {stale}, training from scratch")
-    if last.exists():
-        ck = load_torch(last); check_vocab(ck, data.vocab, last)
+        ck = None
+    if ck is not None:
+        check_vocab(ck, data.vocab, last)
         model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); sched.load_state_dict(ck["scheduler"])
         epoch, skip, bad, step = ck["epoch"], ck["batches_done"], ck["bad_epochs"], ck["step"]
         tot, n = ck["epoch_sums"], ck["epoch_batches"]
