@@ -9,7 +9,7 @@ from torch import nn
 import torch.nn.functional as F
 
 # %% auto 0
-__all__ = ['Attention', 'SoftAttention']
+__all__ = ['Attention', 'SoftAttention', 'HardAttention']
 
 # %% ../nbs/00d_attention.ipynb
 class Attention(nn.Module):
@@ -44,3 +44,33 @@ class SoftAttention(Attention):
         alpha = self.keep(F.softmax(self.scores(pre, h), dim=-1))           # alpha_t: (B*K, L), sums to 1 over L
         z = torch.bmm(alpha.view(B, -1, alpha.shape[-1]), a)                 # z_t = sum_i alpha_ti a_i: (B, K, D)
         return z.view(len(h), -1), alpha
+
+
+
+# %% ../nbs/00d_attention.ipynb
+class HardAttention(SoftAttention):
+    "Stochastic hard attention (§4.1): soft attention's $f_{att}$ and $\\alpha$; the context is one $a_{s_t}$, $s_t \\sim$ Multinoulli($\\alpha_t$) in training."
+    def __init__(self, feat_dim: int, query_dim: int, att_dim: int, test_context: str = "argmax"):
+        super().__init__(feat_dim, query_dim, att_dim)
+        self.test_context = test_context
+
+    def sample(self, alpha: torch.Tensor) -> torch.Tensor:
+        "Draw one location per row: $\\tilde s_t \\sim$ Multinoulli$_L(\\alpha_t)$; (R, L) -> (R,)."
+        return torch.multinomial(alpha.float(), 1).squeeze(1)
+
+    def forward(self, a, pre, h, expected=None):              # a: (B, L, D); h: (R, n), R = B*K; expected: (R,) bool
+        B, R = a.shape[0], len(h)
+        logp = F.log_softmax(self.scores(pre, h).float(), -1)            # log alpha_t: (R, L)
+        alpha = self.keep(logp.exp())                                    # alpha_t: (R, L)
+        soft = torch.bmm(alpha.view(B, -1, alpha.shape[-1]).to(a.dtype), a).view(R, -1)   # sum_i alpha_ti a_i: (R, D)
+        if not self.training and self.test_context == "expected":
+            zero = torch.zeros(R, device=h.device)
+            return soft, alpha, {"s": alpha.argmax(-1), "logp_s": zero, "entropy": zero}
+        s = self.sample(alpha.detach()) if self.training else alpha.argmax(-1)       # s_t: (R,)
+        z = a[torch.arange(R, device=h.device) // (R // B), s]           # z_t = sum_i s_ti a_i = a_{s_t}: (R, D)
+        logp_s = logp.gather(1, s[:, None]).squeeze(1)                   # log p(s_t | s_<t, a) = log alpha_{t,s_t}: (R,)
+        ent = -(alpha * logp).sum(-1)                                    # H_t = -sum_i alpha_ti log alpha_ti: (R,)
+        if expected is not None:                                         # rows set to the expected context
+            z = torch.where(expected[:, None], soft, z)
+            logp_s, ent = logp_s.masked_fill(expected, 0.0), ent.masked_fill(expected, 0.0)
+        return z, alpha, {"s": s, "logp_s": logp_s, "entropy": ent}

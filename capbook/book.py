@@ -12,8 +12,9 @@ from .core import (CapbookError, check_choice, code_version, load_json, project_
                           stable_hash, package_hash)
 
 # %% auto 0
-__all__ = ['PROFILES', 'LIBRARY', 'MODULES', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'Step', 'plan', 'nbs_dir',
-           'run_step', 'publish', 'run_book', 'bench', 'train_cli', 'main']
+__all__ = ['PROFILES', 'LIBRARY', 'SAT_RUNS', 'MODULES', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'Step',
+           'plan', 'nb_defaults', 'step_record', 'nbs_dir', 'run_step', 'publish', 'run_book', 'bench', 'train_cli',
+           'main']
 
 # %% ../nbs/00l_book.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -81,10 +82,36 @@ class Step:
 LIBRARY = ["00_core", "00a_shapes", "00b_data", "00c_encoders", "00d_attention", "00e_models", "00f_decode",
            "00g_train", "00h_metrics", "00i_docs", "00j_viz", "00k_papers", "00l_book"]
 
+SAT_RUNS = {"": {}, "hard": {"attention": "hard"}, "none": {"attention": "none"},     # Table 1
+            "hard-lr1": {"attention": "hard", "lambda_r": 1.0},                        # lambda_r chosen on validation
+            "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False}}                # §4.2.1 ablation
+
 def plan(profile: str) -> list[Step]:
     "The runs that regenerate the book at `profile`, in order."
-    return ([Step("index")] + [Step("01_dataset", {"profile": profile}), Step("02_show_attend_tell", {"profile": profile})]
+    p = {"profile": profile}
+    return ([Step("index"), Step("01_dataset", p)]
+            + [Step("02_show_attend_tell", {**p, **kw}, tag) for tag, kw in SAT_RUNS.items()]
+            + [Step("02a_soft_vs_hard", p)]
             + [Step(n) for n in LIBRARY])
+
+def nb_defaults(notebook: str) -> dict:
+    "The default values of a notebook's `parameters` cell."
+    import ast, papermill as pm
+    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(str(nbs_dir() / f"{notebook}.ipynb")).items()}
+
+_NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
+
+def step_record(profile: str, step: Step) -> dict:
+    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters."
+    want = {k: v for k, v in {**nb_defaults(step.notebook), **step.params}.items() if k not in _NOT_CONFIG}
+    book = runs_dir() / profile / step.name
+    same = [r for r in records(profile, step.notebook)
+            if {k: v for k, v in r["params"].items() if k not in _NOT_CONFIG} == want]
+    same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
+    if not same:
+        raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
+                           f"run `capbook book --profile {profile}` first")
+    return same[-1]
 
 def nbs_dir() -> Path:
     "The notebook sources."
@@ -117,9 +144,10 @@ def run_step(step: Step, profile: str, force: bool = False, log=print) -> tuple[
     return out, True
 
 def publish(profile: str, steps: list[Step]) -> Path:
-    "Copy every run's tables (table_*.md/.csv) and figures (*.png) to the profile's output folder."
+    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder."
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     for s in steps:
+        if s.tag: continue                          # ablation runs: their results reach the book through assembly notebooks
         for f in (runs_dir() / profile / s.name).glob("*"):
             if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv")):
                 tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
@@ -131,7 +159,9 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps, executed = time.time(), plan(profile), []
     log(f"capbook book --profile {profile}: {len(steps)} notebooks -> {runs_dir() / profile}")
-    for s in steps: executed.append(run_step(s, profile, force, log)[0])
+    for s in steps:
+        out = run_step(s, profile, force, log)[0]
+        if not s.tag: executed.append(out)          # the site shows each notebook once: its untagged run
     dst = publish(profile, steps)
     log(f"tables and figures -> {dst}")
     site = None

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from .decode import decode_split, Caption
 
 # %% auto 0
-__all__ = ['spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate']
+__all__ = ['CAPTION_METRICS', 'spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate', 'results_row']
 
 # %% ../nbs/00h_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -111,3 +111,17 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
         out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, prep.grid, prep.image_size)
     out["timings"]["score_s"] = time.time() - t1
     return out
+
+
+
+# %% ../nbs/00h_metrics.ipynb
+CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
+
+def results_row(m: dict) -> dict:
+    "Table columns (×100) from a run's measured metrics (the `metrics` of its results record, or `evaluate`'s parts)."
+    row = {k: 100 * m[k] for k in CAPTION_METRICS if k in m}
+    if "semantic" in m:
+        row.update({f"F1 {c}": 100 * m["semantic"][c]["f1"] for c in ["objects", "attributes", "counts", "relations", "all"]})
+    if m.get("attention", {}).get("n"):
+        row.update({"att. mass": 100 * m["attention"]["mass"], "att. hit": 100 * m["attention"]["hit"]})
+    return row

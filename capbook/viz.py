@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from .core import atomic_write
 
 # %% auto 0
-__all__ = ['smooth_attention', 'attention_figure', 'save_figure', 'save_table']
+__all__ = ['smooth_attention', 'attention_figure', 'save_figure', 'soft_hard_figure', 'save_table']
 
 # %% ../nbs/00j_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -54,6 +54,40 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     def w(t):
         buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight"); t.write_bytes(buf.getvalue())
     return atomic_write(path, w)
+
+# %% ../nbs/00j_viz.ipynb
+def _region_boxes(n_rows: int, n_cols: int, H: int, W: int):
+    for r in range(n_rows):
+        for c in range(n_cols):
+            yield r * n_cols + c, (r * H // n_rows, (r + 1) * H // n_rows, c * W // n_cols, (c + 1) * W // n_cols)
+
+def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None, regions: tuple[int, int] = (2, 2)):
+    "Four panels for a worked example `ex` (scores, alpha, sample, freq) over `regions` of `image` (path or HxWx3 array)."
+    img = np.asarray(Image.open(image).convert("RGB")) if isinstance(image, (str, Path)) else np.asarray(image)
+    H, W = img.shape[:2]
+    alpha, scores, freq = (np.asarray(torch.as_tensor(ex[k]).float().cpu()) for k in ("alpha", "scores", "freq"))
+    soft, hard = np.zeros_like(img, dtype=float), np.zeros_like(img, dtype=float)
+    fig, ax = plt.subplots(1, 4, figsize=(12.5, 3.3))
+    ax[0].imshow(img)
+    for i, (y0, y1, x0, x1) in _region_boxes(*regions, H, W):
+        soft[y0:y1, x0:x1] = img[y0:y1, x0:x1] * alpha[i] / alpha.max()
+        if i == ex["sample"]: hard[y0:y1, x0:x1] = img[y0:y1, x0:x1]
+        ax[0].text((x0 + x1) / 2, (y0 + y1) / 2, f"$e_{i + 1}$={scores[i]:.2f}\n$\\alpha_{i + 1}$={alpha[i]:.2f}",
+                   ha="center", va="center", fontsize=8, color="white", bbox=dict(facecolor="black", alpha=0.55, lw=0))
+    for a in ax[:3]:
+        a.axhline(H / 2 - 0.5, color="w", lw=0.8); a.axvline(W / 2 - 0.5, color="w", lw=0.8)
+    ax[0].set_title(f"regions $x_i$, scores, weights\n(predicting '{word}')", fontsize=9)
+    ax[1].imshow(soft.astype(np.uint8)); ax[1].set_title("soft: $\\sum_i \\alpha_i x_i$\n(brightness ∝ $\\alpha_i$)", fontsize=9)
+    ax[2].imshow(hard.astype(np.uint8)); ax[2].set_title(f"hard: $x_{{\\tilde s}}$, $\\tilde s$ = {ex['sample'] + 1}\n(one draw)", fontsize=9)
+    for a in ax[:3]: a.axis("off")
+    k = np.arange(len(alpha))
+    ax[3].bar(k - 0.2, alpha, 0.4, label="$\\alpha_i$"); ax[3].bar(k + 0.2, freq, 0.4, label=f"share of {ex['draws']:,} draws")
+    ax[3].set_xticks(k, [f"$x_{i + 1}$" for i in k]); ax[3].set_ylim(0, 1); ax[3].legend(fontsize=8)
+    ax[3].set_title("hard: p(pick $x_i$) = $\\alpha_i$", fontsize=9)
+    fig.tight_layout()
+    if path is None: return fig
+    save_figure(fig, path); plt.close(fig)
+    return Path(path)
 
 # %% ../nbs/00j_viz.ipynb
 def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -> str:

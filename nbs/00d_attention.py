@@ -98,9 +98,71 @@ class SoftAttention(Attention):
         return z.view(len(h), -1), alpha
 
 
+
+# %% [markdown]
+# ## Stochastic "hard" attention — Show, Attend and Tell §4.1
+#
+# > "We represent the location variable $s_t$ as where the model decides to focus attention when generating the
+# > $t$-th word ... we can assign a multinoulli distribution parametrized by $\{\alpha_i\}$, and view $\hat z_t$ as a
+# > random variable":
+#
+# $$p(s_{t,i} = 1 \mid s_{j<t}, a) = \alpha_{t,i} \quad (3), \qquad \hat z_t = \sum_i s_{t,i}\, a_i \quad (4)$$
+#
+# The weights $\alpha_t$ come from the same $f_{att}$ as soft attention (the class below inherits it); what differs is
+# what is done with them: soft attention feeds the expectation $\sum_i \alpha_{ti} a_i$ (Eq. 8), hard attention one
+# annotation vector $a_{s_t}$, its location drawn from $\alpha_t$ while training, $\tilde s_t \sim
+# \mathrm{Multinoulli}_L(\{\alpha_i\})$. Besides the context, `forward` returns what the learning rule of §4.1 needs
+# (see `capbook.sat` for the rule), per row: the location $\tilde s_t$ (`s`), $\log p(\tilde s_t \mid a) =
+# \log \alpha_{t,\tilde s_t}$ (`logp_s`) and the entropy $H_t = -\sum_i \alpha_{ti} \log \alpha_{ti}$ of the multinoulli
+# (`entropy`). Rows flagged in `expected` take the
+# expected context instead of the sample ("with probability 0.5 for a given image, we set the sampled attention
+# location $\tilde s$ to its expected value $\alpha$"); for them $\log p(\tilde s_t \mid a)$ and $H_t$ are returned as 0,
+# so they train exactly as deterministic soft attention.
+#
+# *capbook's choice at test time:* the paper does not say how the hard model decodes. capbook takes the most probable
+# location, $\hat s_t = \arg\max_i \alpha_{ti}$ (`test_context="argmax"`): decoding stays deterministic, so beam search
+# ranks captions rather than samples, and the model is tested as it is trained (one location per word).
+# `test_context="expected"` decodes with the expected context instead; the Show-Attend-Tell chapter reports both.
+
+# %%
+#| export
+class HardAttention(SoftAttention):
+    "Stochastic hard attention (§4.1): soft attention's $f_{att}$ and $\\alpha$; the context is one $a_{s_t}$, $s_t \\sim$ Multinoulli($\\alpha_t$) in training."
+    def __init__(self, feat_dim: int, query_dim: int, att_dim: int, test_context: str = "argmax"):
+        super().__init__(feat_dim, query_dim, att_dim)
+        self.test_context = test_context
+
+    def sample(self, alpha: torch.Tensor) -> torch.Tensor:
+        "Draw one location per row: $\\tilde s_t \\sim$ Multinoulli$_L(\\alpha_t)$; (R, L) -> (R,)."
+        return torch.multinomial(alpha.float(), 1).squeeze(1)
+
+    def forward(self, a, pre, h, expected=None):              # a: (B, L, D); h: (R, n), R = B*K; expected: (R,) bool
+        B, R = a.shape[0], len(h)
+        logp = F.log_softmax(self.scores(pre, h).float(), -1)            # log alpha_t: (R, L)
+        alpha = self.keep(logp.exp())                                    # alpha_t: (R, L)
+        soft = torch.bmm(alpha.view(B, -1, alpha.shape[-1]).to(a.dtype), a).view(R, -1)   # sum_i alpha_ti a_i: (R, D)
+        if not self.training and self.test_context == "expected":
+            zero = torch.zeros(R, device=h.device)
+            return soft, alpha, {"s": alpha.argmax(-1), "logp_s": zero, "entropy": zero}
+        s = self.sample(alpha.detach()) if self.training else alpha.argmax(-1)       # s_t: (R,)
+        z = a[torch.arange(R, device=h.device) // (R // B), s]           # z_t = sum_i s_ti a_i = a_{s_t}: (R, D)
+        logp_s = logp.gather(1, s[:, None]).squeeze(1)                   # log p(s_t | s_<t, a) = log alpha_{t,s_t}: (R,)
+        ent = -(alpha * logp).sum(-1)                                    # H_t = -sum_i alpha_ti log alpha_ti: (R,)
+        if expected is not None:                                         # rows set to the expected context
+            z = torch.where(expected[:, None], soft, z)
+            logp_s, ent = logp_s.masked_fill(expected, 0.0), ent.masked_fill(expected, 0.0)
+        return z, alpha, {"s": s, "logp_s": logp_s, "entropy": ent}
+
 # %%
 _a, _h = torch.randn(2, 5, 3), torch.randn(2, 4)
 _att = SoftAttention(3, 4, 6)
 _z, _al = _att(_a, _att.precompute(_a), _h)
 assert _al.shape == (2, 5) and torch.allclose(_al.sum(-1), torch.ones(2)) and _z.shape == (2, 3)
 assert torch.equal(_att.last, _al.detach())
+
+# %%
+_hard = HardAttention(3, 4, 6).eval()
+_hard.load_state_dict(_att.state_dict())
+_zh, _alh, _info = _hard(_a, _hard.precompute(_a), _h)
+assert torch.allclose(_alh, _al) and torch.equal(_zh, _a[torch.arange(2), _al.argmax(-1)])
+assert torch.equal(_info['s'], _al.argmax(-1))

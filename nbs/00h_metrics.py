@@ -168,9 +168,35 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
     return out
 
 
+
+# %% [markdown]
+# ## One row of a results table
+#
+# Every results table of the book flattens a run's measured metrics the same way: the captioning metrics ×100, and on
+# shapes the semantic F1s and attention correctness (mass on the named object and peak-hit rate, ×100). A metric that
+# was not measured (METEOR without Java, attention for a model without attention) is left out, and tables show it as —.
+
+# %%
+#| export
+CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
+
+def results_row(m: dict) -> dict:
+    "Table columns (×100) from a run's measured metrics (the `metrics` of its results record, or `evaluate`'s parts)."
+    row = {k: 100 * m[k] for k in CAPTION_METRICS if k in m}
+    if "semantic" in m:
+        row.update({f"F1 {c}": 100 * m["semantic"][c]["f1"] for c in ["objects", "attributes", "counts", "relations", "all"]})
+    if m.get("attention", {}).get("n"):
+        row.update({"att. mass": 100 * m["attention"]["mass"], "att. hit": 100 * m["attention"]["hit"]})
+    return row
+
 # %%
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},
                      {1: "a red circle", 2: "two green stars"}, meteor=False, spice=False)
 assert _s["BLEU-1"] > 0.99 and 0 <= _s["CIDEr"]
 _f = box_fractions([[0, 0, 8, 8]], (2, 2), 16)
 assert torch.allclose(_f, torch.tensor([1., 0, 0, 0]))
+
+# %%
+_r = results_row({"BLEU-4": 0.25, "semantic": {c: {"f1": 0.5} for c in ["objects", "attributes", "counts", "relations", "all"]},
+                  "attention": {"mass": 0.3, "hit": 0.5, "n": 0}})
+assert _r["BLEU-4"] == 25 and _r["F1 all"] == 50 and "att. mass" not in _r and "METEOR" not in _r

@@ -20,14 +20,23 @@ def test_smoke_book_publishes_tables_figures_records(book):
     home, log = book
     figs = home / "runs" / "smoke" / "figures"
     table = (figs / "table_sat_table1.md").read_text()
-    assert "Soft-Attention" in table and "paper (quoted)" in table and "capbook (measured)" in table
-    assert (figs / "fig_sat_soft_attention.png").stat().st_size > 10_000
+    assert "paper (quoted)" in table and "capbook (measured)" in table
+    for model in ["Soft-Attention", "Hard-Attention", "Hard-Attention, expected context at test", "No attention"]:
+        assert f"| {model}" in table and table.count("capbook (measured)") == 4
+    assert "λ = 0" in (figs / "table_sat_ablation.md").read_text()
+    for f in ["fig_sat_soft_attention.png", "fig_sat_figure3.png", "fig_soft_vs_hard_example.png"]:
+        assert (figs / f).stat().st_size > 10_000, f
+    assert not (figs / "fig_sat_hard_attention.png").exists(), "tagged (ablation) runs are not published on their own"
     assert (figs / "table_room.md").exists() and (figs / "table_dataset_card.md").exists()
     assert not (home / "figures").exists(), "a smoke run must not publish to figures/"
     rec = json.loads((home / "runs" / "smoke" / "02_show_attend_tell" / "record.json").read_text())
     for k in ["params", "seed", "code_version", "metrics", "timings", "n_params"]: assert k in rec
     assert 0 < rec["metrics"]["BLEU-1"] <= 1 and rec["n_params"] > 0 and rec["params"]["profile"] == "smoke"
     assert "attention" in rec["metrics"] and rec["metrics"]["attention"]["n"] > 0
+    hard = json.loads((home / "runs" / "smoke" / "02_show_attend_tell-hard" / "record.json").read_text())
+    assert hard["params"]["attention"] == "hard" and "metrics_expected_context" in hard
+    none = json.loads((home / "runs" / "smoke" / "02_show_attend_tell-none" / "record.json").read_text())
+    assert none["metrics"]["attention"]["n"] == 0 and none["metrics"]["BLEU-1"] > 0
 
 
 @pytest.mark.slow
@@ -42,11 +51,33 @@ def test_unchanged_book_is_skipped(book):
 def test_docs_site_shows_table_and_attention_figure(book):
     from capbook.docs import chromium_dom
     home, _ = book
-    page = home / "runs" / "smoke" / "site" / "02_show_attend_tell.html"
-    assert page.exists(), sorted(p.name for p in page.parent.glob("*.html"))
+    site = home / "runs" / "smoke" / "site"
+    page = site / "02a_soft_vs_hard.html"
+    assert page.exists(), sorted(p.name for p in site.glob("*.html"))
     dom = chromium_dom(page)
-    assert "<table" in dom and "Soft-Attention" in dom and "paper (quoted)" in dom
+    assert "<table" in dom and "Hard-Attention" in dom and "paper (quoted)" in dom and "penalty off" in dom
     assert "<img" in dom and ("image/png" in dom or ".png" in dom)
+    dom = chromium_dom(site / "02_show_attend_tell.html")
+    assert "worked on one image" in dom and "<img" in dom
+    assert not list(site.glob("*-hard*.html")), "each notebook appears once on the site"
+
+
+def test_step_record_prefers_book_run_then_exact_hand_run(home):
+    from capbook.book import nb_defaults, step_record
+    from capbook.core import save_json
+    runs = home / "runs" / "paper"                       # a profile no other test uses
+    step = Step("02_show_attend_tell", {"profile": "paper", "attention": "hard"}, tag="hard")
+    base = {**nb_defaults("02_show_attend_tell"), "profile": "paper", "attention": "hard"}
+    def rec(folder, finished, **params):
+        save_json(runs / folder / "record.json", {"notebook": "02_show_attend_tell", "finished": finished,
+                                                   "params": {**base, **params}})
+    with pytest.raises(CapbookError, match="no results record of 02_show_attend_tell-hard"): step_record("paper", step)
+    rec("adhoc/a", "2026-01-01 00:00:00")
+    rec("adhoc/b", "2026-01-03 00:00:00", epochs=2)                 # other parameters: never picked
+    rec("adhoc/c", "2026-01-02 00:00:00", device="cpu")             # device does not change what is measured
+    assert step_record("paper", step)["_dir"].endswith("adhoc/c")
+    rec("02_show_attend_tell-hard", "2025-01-01 00:00:00")          # the book's own run wins
+    assert step_record("paper", step)["_dir"].endswith("02_show_attend_tell-hard")
 
 
 def test_failing_notebook_names_notebook_and_cell(home):

@@ -35,7 +35,7 @@ def test_pair_in_sync_and_clean(nb):
 
 
 def test_runnable_notebooks_have_one_parameters_cell():
-    for name in ["01_dataset", "02_show_attend_tell"]:
+    for name in ["01_dataset", "02_show_attend_tell", "02a_soft_vs_hard"]:
         raw = json.loads((ROOT / "nbs" / f"{name}.ipynb").read_text())
         tagged = [c for c in raw["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(tagged) == 1, name
