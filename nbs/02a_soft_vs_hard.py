@@ -174,7 +174,7 @@ else:
     seen = " ".join(v for v in (obj["size"], obj["colour"], obj["shape"]) if v)
     fig = attention_figure([{"label": "Soft-Attention", "image": images[i], "words": caps[""]["words"][i],
                              "alpha": caps[""]["alpha"][i], "grid": prep.grid}])
-    fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.04)
+    fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.16)
     save_figure(fig, run.path("fig_sat_figure5.png")); plt.close(fig)
     display(Markdown(f"Test image {keys[i]}: the caption *“{' '.join(caps['']['words'][i])}”* names “{phrase}”, "
                      f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked on "
