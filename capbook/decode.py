@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from .models import CaptionModel
 
 # %% auto 0
-__all__ = ['Caption', 'greedy', 'beam_search', 'decode_split']
+__all__ = ['Caption', 'greedy', 'beam_search', 'teacher_forced', 'decode_split', 'ms_per_image']
 
 # %% ../nbs/00f_decode.ipynb
 @dataclass
@@ -99,6 +99,19 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
     return out
 
 # %% ../nbs/00f_decode.ipynb
+@torch.no_grad()
+def teacher_forced(model: CaptionModel, feats: torch.Tensor, caps: torch.Tensor) -> list[Caption]:
+    "Per-word attention and log-probability of the given captions `caps` (B, T: <start> words <end> <pad>...)."
+    model.eval()
+    out = model(feats, caps)
+    lp = F.log_softmax(out["logits"].float(), -1).gather(2, caps[:, 1:, None])[..., 0]   # log p(y_t | ...): (B, T-1)
+    res = []
+    for b, row in enumerate(caps[:, 1:].tolist()):
+        n = row.index(model.end) if model.end in row else len(row)                      # words before <end>
+        res.append(Caption(row[:n], lp[b, :n + 1].sum().item(), out["alpha"][b, :n].float().cpu() if "alpha" in out else None))
+    return res
+
+# %% ../nbs/00f_decode.ipynb
 def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 20, batch_size: int = 100,
                  device: torch.device | str = "cpu") -> list[Caption]:
     "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search, in image order."
@@ -107,3 +120,18 @@ def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 2
         f = b["feats"].to(device)
         out += greedy(model, f, max_len) if beam_size == 1 else beam_search(model, f, beam_size, max_len)
     return out
+
+# %% ../nbs/00f_decode.ipynb
+def ms_per_image(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, batch_size: int = 20, max_len: int = 20,
+                 repeats: int = 3) -> tuple[float, float]:
+    "Beam-search time per image in milliseconds over `feats` (N, L, D): (mean, std over `repeats`)."
+    import time
+    model.eval(); sync = torch.cuda.synchronize if feats.is_cuda else (lambda: None)
+    beam_search(model, feats[:batch_size], beam_size, max_len); sync()                   # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(0, len(feats), batch_size): beam_search(model, feats[i:i + batch_size], beam_size, max_len)
+        sync(); times.append(1000 * (time.perf_counter() - t0) / len(feats))
+    t = torch.tensor(times)
+    return float(t.mean()), float(t.std()) if repeats > 1 else 0.0

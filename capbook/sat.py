@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .attention import SoftAttention, HardAttention
+from .attention import Attention, SoftAttention, HardAttention
 from .models import CaptionModel, register, token_nll
 
 # %% auto 0
@@ -20,10 +20,11 @@ class ShowAttendTell(CaptionModel):
     "Show, Attend and Tell (Xu et al. 2015): LSTM decoder with soft (§4.2), hard (§4.1) or no attention, gating scalar and deep output layer."
     def __init__(self, vocab_size: int, feat_dim: int, grid: tuple[int, int], emb_dim: int = 128, hidden_dim: int = 256,
                  att_dim: int = 128, dropout: float = 0.5, penalty: float = 1.0, gate: bool = True,
-                 attention: str = "soft", samples: int = 1, lambda_r: float = 0.1, lambda_e: float = 0.002,
+                 attention: str | Attention = "soft", samples: int = 1, lambda_r: float = 0.1, lambda_e: float = 0.002,
                  p_expected: float = 0.5, test_context: str = "argmax"):
         super().__init__(vocab_size)
         D, m, n = feat_dim, emb_dim, hidden_dim
+        if isinstance(attention, Attention): self.att, attention = attention, "module"   # another paper's f_att
         self.grid, self.penalty, self.gate, self.attention = grid, penalty, gate, attention
         self.samples, self.lambda_r, self.lambda_e, self.p_expected = samples, lambda_r, lambda_e, p_expected
         self.E = nn.Embedding(vocab_size, m)              # E y_{t-1}
@@ -52,8 +53,9 @@ class ShowAttendTell(CaptionModel):
         h, c = state["h"], state["c"]                                # h_{t-1}, c_{t-1}: (B, n)
         Ey = self.E(tokens)                                          # E y_{t-1}: (B, m)
         aux = {}
-        if self.attention == "soft":
-            z, aux["alpha"] = self.att(memory["a"], memory["pre"], h)   # sum_i alpha_ti a_i: (B, D); alpha_t: (B, L)
+        if self.attention in ("soft", "module"):
+            z, alpha = self.att(memory["a"], memory["pre"], h)       # sum_i alpha_ti a_i: (B, D); alpha_t: (B, L)
+            if alpha is not None: aux["alpha"] = alpha
         elif self.attention == "hard":                               # a_{s_t} (or sum_i alpha_ti a_i on `expected` rows)
             exp = memory.get("expected")
             z, aux["alpha"], info = self.att(memory["a"], memory["pre"], h, exp)

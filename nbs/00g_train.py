@@ -269,3 +269,23 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     model.load_state_dict(ck["model"])
     res.captions_per_s = len(res.history) * len(data.train) / res.train_seconds if res.train_seconds else 0.0
     return res
+
+
+# %% [markdown]
+# ## Loading a trained run
+# Assembly notebooks (the papers' tables and figures) re-use trained models: `load_trained` rebuilds a run's model
+# from the registry name and hyper-parameters saved in its best checkpoint and loads its weights.
+
+# %%
+#| export
+def load_trained(run_dir: str | Path, prep) -> CaptionModel:
+    "The best weights of the run in `run_dir` (`ckpt/best.pt`), rebuilt from the model name and hyper-parameters it saved."
+    from capbook.models import build
+    path = Path(run_dir) / "ckpt" / "best.pt"
+    if not path.exists(): raise CapbookError(f"{path}: no trained checkpoint; run the notebook that trains it first")
+    ck = load_torch(path); check_vocab(ck, prep.vocab, path)
+    meta = ck.get("meta", {})
+    if "model" not in meta: raise CapbookError(f"{path}: checkpoint does not name its model (meta['model'])")
+    m = build(meta["model"], len(prep.vocab), prep.feat_shape[1], prep.grid, **meta.get("hparams", {}))
+    m.load_state_dict(ck["model"])
+    return m.eval()

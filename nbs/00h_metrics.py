@@ -163,7 +163,8 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
     if prep.gt is not None:
         from capbook.shapes import semantic_scores
         out["semantic"] = semantic_scores(dict(zip(data.keys, words)), dict(zip(data.keys, data.refs)), prep.gt["images"])
-        out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, prep.grid, prep.image_size)
+        grid = getattr(model, "att_grid", prep.grid)          # a model may attend over its own map (the 2D LSTMs: 7x7)
+        out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, grid, prep.image_size)
     out["timings"]["score_s"] = time.time() - t1
     return out
 

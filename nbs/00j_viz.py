@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import io
+import io, textwrap
 from pathlib import Path
 import numpy as np
 import pandas as pd
@@ -75,7 +75,7 @@ def attention_figure(rows: list[dict], path: str | Path | None = None, max_words
     fig, axes = plt.subplots(len(rows), ncol, figsize=(panel * ncol, panel * 1.15 * len(rows)), squeeze=False)
     for r, ax in zip(rows, axes):
         img = np.asarray(Image.open(r["image"]).convert("RGB")) if isinstance(r["image"], (str, Path)) else r["image"]
-        ax[0].imshow(img); ax[0].set_title(r["label"], fontsize=9)
+        ax[0].imshow(img); ax[0].set_title(textwrap.fill(r["label"], 32), fontsize=9)
         for j, wd in enumerate(r["words"][:ncol - 1]):
             ax[j + 1].imshow(img)
             ax[j + 1].imshow(smooth_attention(r["alpha"][j], r["grid"], img.shape[0]), cmap="gray", alpha=0.65,
@@ -120,8 +120,8 @@ def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None,
     for i, (y0, y1, x0, x1) in _region_boxes(*regions, H, W):
         soft[y0:y1, x0:x1] = img[y0:y1, x0:x1] * alpha[i] / alpha.max()
         if i == ex["sample"]: hard[y0:y1, x0:x1] = img[y0:y1, x0:x1]
-        ax[0].text((x0 + x1) / 2, (y0 + y1) / 2, f"$e_{i + 1}$={scores[i]:.2f}\n$\\alpha_{i + 1}$={alpha[i]:.2f}",
-                   ha="center", va="center", fontsize=8, color="white", bbox=dict(facecolor="black", alpha=0.55, lw=0))
+        ax[0].text(x0 + 2, y1 - 2, f"$e_{i + 1}$={scores[i]:.2f}  $\\alpha_{i + 1}$={alpha[i]:.2f}",   # in the region's corner
+                   ha="left", va="bottom", fontsize=7, color="white", bbox=dict(facecolor="black", alpha=0.55, lw=0, pad=1))
     for a in ax[:3]:
         a.axhline(H / 2 - 0.5, color="w", lw=0.8); a.axvline(W / 2 - 0.5, color="w", lw=0.8)
     ax[0].set_title(f"regions $x_i$, scores, weights\n(predicting '{word}')", fontsize=9)

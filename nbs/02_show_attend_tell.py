@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
-from capbook.attention import SoftAttention, HardAttention
+from capbook.attention import Attention, SoftAttention, HardAttention
 from capbook.models import CaptionModel, register, token_nll
 
 # %%
@@ -160,6 +160,9 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 #   times, each with its own draws).
 # - **Gate and penalty.** §4.2.1 introduces both for the deterministic model, so by default the hard model and the
 #   baseline run without them (parameters `gate` and `penalty` override that).
+#
+# *For later chapters:* `attention` may also be any `capbook.attention.Attention` module (same `precompute` / `forward`
+# interface). SPCA's 1D-LSTM (`capbook.spca`) is this decoder with SPCA passed in that way.
 
 # %%
 #| export
@@ -169,10 +172,11 @@ class ShowAttendTell(CaptionModel):
     "Show, Attend and Tell (Xu et al. 2015): LSTM decoder with soft (§4.2), hard (§4.1) or no attention, gating scalar and deep output layer."
     def __init__(self, vocab_size: int, feat_dim: int, grid: tuple[int, int], emb_dim: int = 128, hidden_dim: int = 256,
                  att_dim: int = 128, dropout: float = 0.5, penalty: float = 1.0, gate: bool = True,
-                 attention: str = "soft", samples: int = 1, lambda_r: float = 0.1, lambda_e: float = 0.002,
+                 attention: str | Attention = "soft", samples: int = 1, lambda_r: float = 0.1, lambda_e: float = 0.002,
                  p_expected: float = 0.5, test_context: str = "argmax"):
         super().__init__(vocab_size)
         D, m, n = feat_dim, emb_dim, hidden_dim
+        if isinstance(attention, Attention): self.att, attention = attention, "module"   # another paper's f_att
         self.grid, self.penalty, self.gate, self.attention = grid, penalty, gate, attention
         self.samples, self.lambda_r, self.lambda_e, self.p_expected = samples, lambda_r, lambda_e, p_expected
         self.E = nn.Embedding(vocab_size, m)              # E y_{t-1}
@@ -201,8 +205,9 @@ class ShowAttendTell(CaptionModel):
         h, c = state["h"], state["c"]                                # h_{t-1}, c_{t-1}: (B, n)
         Ey = self.E(tokens)                                          # E y_{t-1}: (B, m)
         aux = {}
-        if self.attention == "soft":
-            z, aux["alpha"] = self.att(memory["a"], memory["pre"], h)   # sum_i alpha_ti a_i: (B, D); alpha_t: (B, L)
+        if self.attention in ("soft", "module"):
+            z, alpha = self.att(memory["a"], memory["pre"], h)       # sum_i alpha_ti a_i: (B, D); alpha_t: (B, L)
+            if alpha is not None: aux["alpha"] = alpha
         elif self.attention == "hard":                               # a_{s_t} (or sum_i alpha_ti a_i on `expected` rows)
             exp = memory.get("expected")
             z, aux["alpha"], info = self.att(memory["a"], memory["pre"], h, exp)
@@ -341,7 +346,7 @@ if model.gate and prep.gt is not None:           # §4.2.1: is beta larger when 
     caps = torch.zeros(len(ev["captions"]), prep.max_len + 2, dtype=torch.long)
     for i, c in enumerate(ev["captions"]): caps[i, :len(c.tokens) + 2] = torch.tensor([model.start, *c.tokens, model.end])
     model.eval()
-    with torch.no_grad(): beta = model(torch.as_tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev),
+    with torch.no_grad(): beta = model(torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev),
                                        caps.to(dev))["beta"][..., 0].cpu()   # beta_t of the step emitting word t: (N, T)
     heads = [{t for t, _ in object_mentions(w, prep.gt["images"][k])} for w, k in zip(ev["words"], ev["keys"])]
     on = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t in heads[i]]
@@ -384,7 +389,7 @@ WE = None
 if attention != "none" and prep.gt is not None:
     pick = next((i for i, w in enumerate(ev["words"]) if object_mentions(w, prep.gt["images"][ev["keys"][i]])), 0)
     toks, t_obj = ev["captions"][pick].tokens, object_mentions(ev["words"][pick], prep.gt["images"][ev["keys"][pick]])[0][0]
-    f = torch.as_tensor(np.asarray(prep.test.feats[pick]), dtype=torch.float32, device=dev)[None]   # (1, L, D)
+    f = torch.tensor(np.asarray(prep.test.feats[pick]), dtype=torch.float32, device=dev)[None]   # (1, L, D)
     model.eval()
     with torch.no_grad():
         memory, state = model.init_state(f)
