@@ -103,7 +103,7 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torc
 # %%
 #| export
 REGISTRY: dict[str, Callable[..., CaptionModel]] = {}
-MODEL_MODULES = ["capbook.sat"]  # modules whose import registers models; a new paper adds its module here
+MODEL_MODULES = ["capbook.sat", "capbook.spca"]  # modules whose import registers models; a new paper adds its module here
 
 def register(name: str):
     "Decorator: register a model factory under `name`."
