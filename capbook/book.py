@@ -12,9 +12,9 @@ from .core import (CapbookError, check_choice, code_version, load_json, project_
                           stable_hash, package_hash)
 
 # %% auto 0
-__all__ = ['PROFILES', 'LIBRARY', 'SAT_RUNS', 'MODULES', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'Step',
-           'plan', 'nb_defaults', 'step_record', 'nbs_dir', 'run_step', 'publish', 'run_book', 'bench', 'train_cli',
-           'main']
+__all__ = ['PROFILES', 'LIBRARY', 'SAT_RUNS', 'SPCA_RUNS', 'MODULES', 'check_profile', 'out_dir', 'Run', 'start_run', 'records',
+           'Step', 'plan', 'nb_defaults', 'step_record', 'nbs_dir', 'run_step', 'publish', 'run_book', 'bench',
+           'train_cli', 'main']
 
 # %% ../nbs/00l_book.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -86,12 +86,20 @@ SAT_RUNS = {"": {}, "hard": {"attention": "hard"}, "none": {"attention": "none"}
             "hard-lr1": {"attention": "hard", "lambda_r": 1.0},                        # lambda_r chosen on validation
             "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False}}                # §4.2.1 ablation
 
+SPCA_RUNS = {"": {},                                                                # 2D-latent-LSTM + SPCA, S||C, 3x3
+             "base": {"structure": "none"}, "S": {"structure": "S"}, "C": {"structure": "C"},   # Table 2
+             "C-S": {"structure": "C-S"}, "S-C": {"structure": "S-C"},
+             "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
+             "1d": {"decoder": "1d"}}                                                 # Tables 1 and 4
+
 def plan(profile: str) -> list[Step]:
     "The runs that regenerate the book at `profile`, in order."
     p = {"profile": profile}
     return ([Step("index"), Step("01_dataset", p)]
             + [Step("02_show_attend_tell", {**p, **kw}, tag) for tag, kw in SAT_RUNS.items()]
             + [Step("02a_soft_vs_hard", p)]
+            + [Step("03_spca", {**p, **kw}, tag) for tag, kw in SPCA_RUNS.items()]
+            + [Step("03a_spca_tables", p)]
             + [Step(n) for n in LIBRARY])
 
 def nb_defaults(notebook: str) -> dict:
@@ -176,7 +184,7 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     return {"seconds": secs, "site": site, "out": dst}
 
 MODULES = ["core", "shapes", "data", "encoders", "attention", "models", "decode", "train", "metrics", "viz", "papers",
-           "book", "docs", "sat"]
+           "book", "docs", "sat", "spca"]
 
 # %% ../nbs/00l_book.ipynb
 def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:

@@ -134,12 +134,20 @@ SAT_RUNS = {"": {}, "hard": {"attention": "hard"}, "none": {"attention": "none"}
             "hard-lr1": {"attention": "hard", "lambda_r": 1.0},                        # lambda_r chosen on validation
             "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False}}                # §4.2.1 ablation
 
+SPCA_RUNS = {"": {},                                                                # 2D-latent-LSTM + SPCA, S||C, 3x3
+             "base": {"structure": "none"}, "S": {"structure": "S"}, "C": {"structure": "C"},   # Table 2
+             "C-S": {"structure": "C-S"}, "S-C": {"structure": "S-C"},
+             "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
+             "1d": {"decoder": "1d"}}                                                 # Tables 1 and 4
+
 def plan(profile: str) -> list[Step]:
     "The runs that regenerate the book at `profile`, in order."
     p = {"profile": profile}
     return ([Step("index"), Step("01_dataset", p)]
             + [Step("02_show_attend_tell", {**p, **kw}, tag) for tag, kw in SAT_RUNS.items()]
             + [Step("02a_soft_vs_hard", p)]
+            + [Step("03_spca", {**p, **kw}, tag) for tag, kw in SPCA_RUNS.items()]
+            + [Step("03a_spca_tables", p)]
             + [Step(n) for n in LIBRARY])
 
 def nb_defaults(notebook: str) -> dict:
@@ -236,7 +244,7 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     return {"seconds": secs, "site": site, "out": dst}
 
 MODULES = ["core", "shapes", "data", "encoders", "attention", "models", "decode", "train", "metrics", "viz", "papers",
-           "book", "docs", "sat"]
+           "book", "docs", "sat", "spca"]
 
 
 # %% [markdown]

@@ -92,3 +92,35 @@ def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
                         str(tmp_path / "out.ipynb"), "-p", "profile", "huge"], capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
     assert "parameter profile='huge' is invalid: allowed values are 'smoke', 'default', 'paper'" in p.stderr + p.stdout
+
+
+@pytest.mark.slow
+def test_smoke_book_spca_tables(book):
+    home, _ = book
+    figs = home / "runs" / "smoke" / "figures"
+    t2 = (figs / "table_spca_table2.md").read_text()
+    for s in ["Baseline", "| S ", "| C ", "C-S", "S-C", "S‖C"]: assert s in t2, s
+    assert t2.count("capbook (measured)") == 6 and "paper (quoted)" in t2
+    t3 = (figs / "table_spca_table3.md").read_text()
+    assert all(k in t3 for k in ["1×1", "3×3", "5×5"]) and t3.count("capbook (measured)") == 3
+    t1 = (figs / "table_spca_table1.md").read_text()
+    assert t1.count("capbook (measured") == 4 and "ms/image" in t1
+    t4 = (figs / "table_spca_table4.md").read_text()
+    for m in ["Soft-Attention*", "2D-latent state*", "1D-LSTM + SPCA", "2D-latent-LSTM + SPCA"]: assert m in t4
+    assert "The claim that convolutional attention localises more precisely than grid attention" in \
+        (home / "runs" / "smoke" / "03a_spca_tables" / "03a_spca_tables.ipynb").read_text()
+    assert "| 1D-LSTM + SPCA (S‖C, 3×3)" in (figs / "table_spca_localisation.md").read_text()
+    assert (figs / "fig_spca_figure1.png").stat().st_size > 10_000
+    rec = json.loads((home / "runs" / "smoke" / "03_spca-k5" / "record.json").read_text())
+    assert rec["params"]["kernel"] == 5 and rec["attention_on_references"]["n"] > 0
+
+
+@pytest.mark.parametrize("param,value,message", [
+    ("kernel", "4", "parameter kernel=4 is invalid: expected an odd integer >= 1"),
+    ("structure", "SC", "parameter structure='SC' is invalid: allowed values are 'S', 'C', 'C-S', 'S-C', 'S||C', 'none'"),
+    ("decoder", "3d", "parameter decoder='3d' is invalid: allowed values are '1d', '2d'")])
+def test_spca_invalid_parameters_are_one_line(home, tmp_path, param, value, message):
+    with pytest.raises(CapbookError) as e:
+        run_step(Step("03_spca", {"profile": "smoke", param: int(value) if value.isdigit() else value}, tag="bad"),
+                 "smoke", log=lambda s: None)
+    assert message in str(e.value) and "03_spca.ipynb failed in cell" in str(e.value) and "\n" not in str(e.value)
