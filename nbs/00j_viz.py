@@ -120,8 +120,8 @@ def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None,
     for i, (y0, y1, x0, x1) in _region_boxes(*regions, H, W):
         soft[y0:y1, x0:x1] = img[y0:y1, x0:x1] * alpha[i] / alpha.max()
         if i == ex["sample"]: hard[y0:y1, x0:x1] = img[y0:y1, x0:x1]
-        ax[0].text(x0 + 2, y1 - 2, f"$e_{i + 1}$={scores[i]:.2f}  $\\alpha_{i + 1}$={alpha[i]:.2f}",   # in the region's corner
-                   ha="left", va="bottom", fontsize=7, color="white", bbox=dict(facecolor="black", alpha=0.55, lw=0, pad=1))
+        ax[0].text((x0 + x1) / 2, (y0 + y1) / 2, f"$e_{i + 1}$={scores[i]:.2f}\n$\\alpha_{i + 1}$={alpha[i]:.2f}",
+                   ha="center", va="center", fontsize=8, color="white", bbox=dict(facecolor="black", alpha=0.55, lw=0))
     for a in ax[:3]:
         a.axhline(H / 2 - 0.5, color="w", lw=0.8); a.axvline(W / 2 - 0.5, color="w", lw=0.8)
     ax[0].set_title(f"regions $x_i$, scores, weights\n(predicting '{word}')", fontsize=9)
