@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from .decode import decode_split, Caption
+from .decode import decode_split, teacher_forced, Caption
 
 # %% auto 0
-__all__ = ['CAPTION_METRICS', 'spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate', 'results_row']
+__all__ = ['CAPTION_METRICS', 'spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
+           'attention_on_references', 'results_row']
 
 # %% ../nbs/00h_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -114,6 +115,22 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
     return out
 
 
+
+# %% ../nbs/00h_metrics.ipynb
+def attention_on_references(model, prep, split: str = "test", device: torch.device | str = "cpu",
+                            batch_size: int = 100) -> tuple[list[Caption], dict]:
+    "Teacher-forced captions (with attention) of each image's first reference, and their attention correctness."
+    data = getattr(prep, split)
+    refs = [prep.vocab.encode(r[0], prep.max_len) for r in data.refs]
+    caps = torch.zeros(len(refs), prep.max_len + 2, dtype=torch.long)
+    for i, r in enumerate(refs): caps[i, :len(r)] = torch.tensor(r)
+    out = []
+    for i in range(0, len(refs), batch_size):
+        feats = torch.tensor(np.asarray(data.feats[i:i + batch_size]), dtype=torch.float32, device=device)
+        out += teacher_forced(model, feats, caps[i:i + batch_size].to(device))
+    grid = getattr(model, "att_grid", prep.grid)
+    scores = attention_correctness(out, data.keys, prep.gt, prep.vocab, grid, prep.image_size) if prep.gt is not None else {"n": 0}
+    return out, scores
 
 # %% ../nbs/00h_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from capbook.decode import decode_split, Caption
+from capbook.decode import decode_split, teacher_forced, Caption
 
 
 # %% [markdown]
@@ -169,6 +169,30 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
     return out
 
 
+
+# %% [markdown]
+# ## Attention on the same words for every model
+#
+# Attention correctness on a model's own captions compares maps of different words when two models write different
+# captions. `attention_on_references` makes every model read the same words: the first reference caption of each image
+# of a split (teacher forcing, `capbook.decode.teacher_forced`), scored at the references' object words.
+
+# %%
+#| export
+def attention_on_references(model, prep, split: str = "test", device: torch.device | str = "cpu",
+                            batch_size: int = 100) -> tuple[list[Caption], dict]:
+    "Teacher-forced captions (with attention) of each image's first reference, and their attention correctness."
+    data = getattr(prep, split)
+    refs = [prep.vocab.encode(r[0], prep.max_len) for r in data.refs]
+    caps = torch.zeros(len(refs), prep.max_len + 2, dtype=torch.long)
+    for i, r in enumerate(refs): caps[i, :len(r)] = torch.tensor(r)
+    out = []
+    for i in range(0, len(refs), batch_size):
+        feats = torch.tensor(np.asarray(data.feats[i:i + batch_size]), dtype=torch.float32, device=device)
+        out += teacher_forced(model, feats, caps[i:i + batch_size].to(device))
+    grid = getattr(model, "att_grid", prep.grid)
+    scores = attention_correctness(out, data.keys, prep.gt, prep.vocab, grid, prep.image_size) if prep.gt is not None else {"n": 0}
+    return out, scores
 
 # %% [markdown]
 # ## One row of a results table

@@ -49,8 +49,7 @@ from capbook.book import start_run
 from capbook.data import prepare
 from capbook.models import build
 from capbook.train import TrainConfig, fit
-from capbook.decode import teacher_forced
-from capbook.metrics import evaluate, attention_correctness, results_row
+from capbook.metrics import evaluate, attention_on_references, results_row
 from capbook.shapes import object_mentions
 from capbook.viz import attention_figure
 
@@ -385,12 +384,7 @@ grid = getattr(model, "att_grid", prep.grid)
 measured = {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
 extra = {}
 if prep.gt is not None:
-    refs = [prep.vocab.encode(r[0], prep.max_len) for r in prep.test.refs]
-    caps = torch.zeros(len(refs), prep.max_len + 2, dtype=torch.long)
-    for i, r in enumerate(refs): caps[i, :len(r)] = torch.tensor(r)
-    feats = torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev)
-    tf = [c for i in range(0, len(caps), 100) for c in teacher_forced(model, feats[i:i + 100], caps[i:i + 100].to(dev))]
-    extra["attention_on_references"] = attention_correctness(tf, prep.test.keys, prep.gt, prep.vocab, grid, prep.image_size)
+    extra["attention_on_references"] = attention_on_references(model, prep, "test", dev)[1]
 save_torch(run.path("test_captions.pt"), {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
            "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": list(grid)})
 run.record(measured, timings={"train_s": fitted.train_seconds, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},

@@ -37,8 +37,8 @@ from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import get_device, load_torch
 from capbook.book import start_run, plan, step_record
 from capbook.data import prepare
-from capbook.decode import teacher_forced, ms_per_image
-from capbook.metrics import evaluate, attention_correctness, results_row
+from capbook.decode import ms_per_image
+from capbook.metrics import evaluate, attention_on_references, results_row
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.train import load_trained
@@ -75,16 +75,11 @@ pd.DataFrame([{"run": s.name, "parameters": s.params, "record": r["_dir"]} for s
 # comparable across grids (uniform attention scores the objects' area either way).
 
 # %%
-feats = torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev)
-refs = [prep.vocab.encode(r[0], prep.max_len) for r in prep.test.refs]
-ref_caps = torch.zeros(len(refs), prep.max_len + 2, dtype=torch.long)
-for i, r in enumerate(refs): ref_caps[i, :len(r)] = torch.tensor(r)
-def on_refs(m):
-    return [c for i in range(0, len(feats), 100) for c in teacher_forced(m, feats[i:i + 100], ref_caps[i:i + 100].to(dev))]
-tf = {tag: on_refs(m) for tag, m in models.items()}
+on_refs = {tag: attention_on_references(m, prep, "test", dev) for tag, m in models.items()}
+tf = {tag: caps for tag, (caps, _) in on_refs.items()}                       # teacher-forced captions with attention
+att_refs = {tag: sc for tag, (caps, sc) in on_refs.items() if sc.get("n")}   # models with a spatial map
 grids = {tag: getattr(m, "att_grid", prep.grid) for tag, m in models.items()}
-att_refs = {tag: attention_correctness(c, prep.test.keys, prep.gt, prep.vocab, grids[tag], prep.image_size)
-            for tag, c in tf.items() if prep.gt is not None and c[0].alpha is not None}
+feats = torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev)
 
 # %% [markdown]
 # ## Table 1: parameters and decoding speed
@@ -197,9 +192,9 @@ if len(claim):
 # %%
 key = prep.test.keys
 def named(words, k): return [m for m in object_mentions(words, prep.gt["images"][k]) if m[1]]
-pick = next((i for i in range(len(key)) if prep.gt is None or len(named(prep.vocab.decode(refs[i]), key[i])) >= 2), 0)
+pick = next((i for i in range(len(key)) if prep.gt is None or len(named(prep.vocab.decode(tf["soft"][i].tokens), key[i])) >= 2), 0)
 images = prep.image_paths("test")
-words = prep.vocab.decode(refs[pick])
+words = prep.vocab.decode(tf["soft"][pick].tokens)
 fig1 = attention_figure([{"label": name, "image": images[pick], "words": words, "alpha": tf[tag][pick].alpha, "grid": grids[tag]}
                          for name, tag in [("grid (Soft-Attention)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]
                          if tf[tag][pick].alpha is not None], run.path("fig_spca_figure1.png"))
