@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from .models import CaptionModel
 
 # %% auto 0
-__all__ = ['Caption', 'greedy', 'beam_search', 'teacher_forced', 'decode_split', 'ms_per_image']
+__all__ = ['Caption', 'greedy', 'beam_search', 'pad_captions', 'teacher_forced', 'decode_split', 'ms_per_image']
 
 # %% ../nbs/00f_decode.ipynb
 @dataclass
@@ -96,6 +96,13 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
             images, score, memory = images[keep], score[keep], _select(memory, keep)
             state, tok, words, done = _select(state, r), tok[r], words[r], done[r]
             if alphas is not None: alphas = alphas[r]
+    return out
+
+# %% ../nbs/00f_decode.ipynb
+def pad_captions(seqs: list[list[int]], length: int, pad: int = 0) -> torch.Tensor:
+    "Token-id lists (each already <start> ... <end>) as one (N, length) tensor, padded with `pad`."
+    out = torch.full((len(seqs), length), pad, dtype=torch.long)
+    for i, s in enumerate(seqs): out[i, :len(s)] = torch.tensor(s[:length], dtype=torch.long)
     return out
 
 # %% ../nbs/00f_decode.ipynb

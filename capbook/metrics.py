@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from .decode import decode_split, teacher_forced, Caption
+from .decode import decode_split, teacher_forced, pad_captions, Caption
 
 # %% auto 0
 __all__ = ['CAPTION_METRICS', 'spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
@@ -122,8 +122,7 @@ def attention_on_references(model, prep, split: str = "test", device: torch.devi
     "Teacher-forced captions (with attention) of each image's first reference, and their attention correctness."
     data = getattr(prep, split)
     refs = [prep.vocab.encode(r[0], prep.max_len) for r in data.refs]
-    caps = torch.zeros(len(refs), prep.max_len + 2, dtype=torch.long)
-    for i, r in enumerate(refs): caps[i, :len(r)] = torch.tensor(r)
+    caps = pad_captions(refs, prep.max_len + 2)
     out = []
     for i in range(0, len(refs), batch_size):
         feats = torch.tensor(np.asarray(data.feats[i:i + batch_size]), dtype=torch.float32, device=device)

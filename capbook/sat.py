@@ -78,14 +78,16 @@ class ShowAttendTell(CaptionModel):
         if len(out["logits"]) != len(caps): caps = caps.repeat_interleave(self.samples, 0)   # the N samples' rows
         mask = (caps[:, 1:] != self.pad).float()                     # real target words: (B, T)
         words = mask.sum()                                           # sum_j C_j
-        nll = token_nll(out["logits"], caps[:, 1:])                  # -sum_j log p(y_j | a) / sum_j C_j
+        if "sampled" in out:                                         # hard: log p(y_j | s~, a) per word is needed below
+            lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), caps[:, 1:], reduction="none") * mask
+            nll = -lp_tok.sum() / words                              # -sum_j log p(y_j | s~, a) / sum_j C_j
+        else: nll = token_nll(out["logits"], caps[:, 1:])            # -sum_j log p(y_j | a) / sum_j C_j
         loss, stats = nll, {"nll": nll.item()}
         if "alpha" in out:
             att = (out["alpha"] * mask[..., None]).sum(1)            # sum_t alpha_ti: (B, L)
             ds = ((1 - att) ** 2).sum(1).mean() / mask.sum(1).mean() # sum_i (1 - sum_t alpha_ti)^2 / C  (Eq. 9)
             loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
         if "sampled" in out:                                         # the hard-attention learning rule (§4.1)
-            lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), caps[:, 1:], reduction="none") * mask
             ll = lp_tok.sum(1)                                       # log p(y | s~, a): (B,)
             logp_s = (out["logp_s"] * mask).sum(1)                   # log p(s~ | a) = sum_t log alpha_{t,s_t}: (B,)
             H = (out["entropy"] * mask).sum(1)                       # H[s~] = sum_t H_t: (B,)

@@ -151,6 +151,14 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
 
 # %%
 #| export
+def pad_captions(seqs: list[list[int]], length: int, pad: int = 0) -> torch.Tensor:
+    "Token-id lists (each already <start> ... <end>) as one (N, length) tensor, padded with `pad`."
+    out = torch.full((len(seqs), length), pad, dtype=torch.long)
+    for i, s in enumerate(seqs): out[i, :len(s)] = torch.tensor(s[:length], dtype=torch.long)
+    return out
+
+# %%
+#| export
 @torch.no_grad()
 def teacher_forced(model: CaptionModel, feats: torch.Tensor, caps: torch.Tensor) -> list[Caption]:
     "Per-word attention and log-probability of the given captions `caps` (B, T: <start> words <end> <pad>...)."

@@ -60,6 +60,7 @@ from capbook.data import prepare
 from capbook.models import build
 from capbook.train import TrainConfig, fit
 from capbook.metrics import evaluate
+from capbook.decode import pad_captions
 from capbook.shapes import object_mentions
 from capbook.viz import attention_figure, soft_hard_figure, save_table
 
@@ -230,14 +231,16 @@ class ShowAttendTell(CaptionModel):
         if len(out["logits"]) != len(caps): caps = caps.repeat_interleave(self.samples, 0)   # the N samples' rows
         mask = (caps[:, 1:] != self.pad).float()                     # real target words: (B, T)
         words = mask.sum()                                           # sum_j C_j
-        nll = token_nll(out["logits"], caps[:, 1:])                  # -sum_j log p(y_j | a) / sum_j C_j
+        if "sampled" in out:                                         # hard: log p(y_j | s~, a) per word is needed below
+            lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), caps[:, 1:], reduction="none") * mask
+            nll = -lp_tok.sum() / words                              # -sum_j log p(y_j | s~, a) / sum_j C_j
+        else: nll = token_nll(out["logits"], caps[:, 1:])            # -sum_j log p(y_j | a) / sum_j C_j
         loss, stats = nll, {"nll": nll.item()}
         if "alpha" in out:
             att = (out["alpha"] * mask[..., None]).sum(1)            # sum_t alpha_ti: (B, L)
             ds = ((1 - att) ** 2).sum(1).mean() / mask.sum(1).mean() # sum_i (1 - sum_t alpha_ti)^2 / C  (Eq. 9)
             loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
         if "sampled" in out:                                         # the hard-attention learning rule (§4.1)
-            lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), caps[:, 1:], reduction="none") * mask
             ll = lp_tok.sum(1)                                       # log p(y | s~, a): (B,)
             logp_s = (out["logp_s"] * mask).sum(1)                   # log p(s~ | a) = sum_t log alpha_{t,s_t}: (B,)
             H = (out["entropy"] * mask).sum(1)                       # H[s~] = sum_t H_t: (B,)
@@ -343,8 +346,7 @@ if attention == "hard":
     model.att.test_context = "argmax"
     extra["metrics_expected_context"] = measure(ev_exp)
 if model.gate and prep.gt is not None:           # §4.2.1: is beta larger when the decoder names an object?
-    caps = torch.zeros(len(ev["captions"]), prep.max_len + 2, dtype=torch.long)
-    for i, c in enumerate(ev["captions"]): caps[i, :len(c.tokens) + 2] = torch.tensor([model.start, *c.tokens, model.end])
+    caps = pad_captions([[model.start, *c.tokens, model.end] for c in ev["captions"]], prep.max_len + 2)
     model.eval()
     with torch.no_grad(): beta = model(torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev),
                                        caps.to(dev))["beta"][..., 0].cpu()   # beta_t of the step emitting word t: (N, T)
