@@ -40,3 +40,18 @@ def test_beam_not_worse_than_greedy_and_respects_limits():
     for x, y in zip(g, b):
         assert y.logprob >= x.logprob - 1e-5
         assert len(y.tokens) <= 6 and all(t not in (0, 1, 2) for t in y.tokens)
+
+
+def test_pad_captions_and_teacher_forced_round_trip():
+    from capbook.decode import pad_captions, teacher_forced
+    m = model(1); f = torch.randn(4, 9, 8)
+    caps = beam_search(m, f, beam_size=2, max_len=8)
+    seqs = [[m.start, *c.tokens, m.end] for c in caps]
+    t = pad_captions(seqs, 10)
+    assert t.shape == (4, 10) and t.dtype == torch.long
+    for s, row in zip(seqs, t.tolist()):
+        assert row[:len(s)] == s and all(x == 0 for x in row[len(s):])
+    assert pad_captions([[5] * 12], 10).tolist() == [[5] * 10]          # longer than `length`: cut, not an error
+    tf = teacher_forced(m, f, t)                                           # the decoder's own captions read back
+    for c, r in zip(caps, tf):
+        assert r.tokens == c.tokens and abs(r.logprob - c.logprob) < 1e-4
