@@ -193,7 +193,11 @@ if len(claim):
 # capbook picks the image by rule — the first test image whose first reference names at least two objects in it —
 # and shows every word of that reference for Soft-Attention, 1D-LSTM + SPCA and 2D-latent-LSTM + SPCA (teacher forcing,
 # so the words are the same). Figure 4 pairs the two models' own captions on the first four test images where the
-# captions differ, with each model's attention at the first object word of its caption.
+# captions differ: one row per image, with each model's attention at the first object word of its caption.
+#
+# Every map is drawn contrast-stretched (its smallest weight black, its largest white), as the papers draw theirs. A
+# nearly flat map therefore still shows a pattern; the ratio of its largest to its smallest weight is printed with it
+# (Figure 1: the median over the words; Figure 4: that word's map), so the stretch can be read off.
 
 # %%
 key = prep.test.keys
@@ -201,7 +205,9 @@ def named(words, k): return [m for m in object_mentions(words, prep.gt["images"]
 pick = next((i for i in range(len(key)) if prep.gt is None or len(named(prep.vocab.decode(tf["soft"][i].tokens), key[i])) >= 2), 0)
 images = prep.image_paths("test")
 words = prep.vocab.decode(tf["soft"][pick].tokens)
-fig1 = attention_figure([{"label": name, "image": images[pick], "words": words, "alpha": tf[tag][pick].alpha, "grid": grids[tag]}
+def ratio(alpha): return float((alpha.max(-1).values / alpha.min(-1).values.clamp_min(1e-12)).median())
+fig1 = attention_figure([{"label": f"{name} (max/min {ratio(tf[tag][pick].alpha):.4g})", "image": images[pick], "words": words,
+                          "alpha": tf[tag][pick].alpha, "grid": grids[tag]}
                          for name, tag in [("grid (Soft-Attention)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]
                          if tf[tag][pick].alpha is not None], run.path("fig_spca_figure1.png"))
 display(IPImage(filename=str(fig1)))
@@ -214,9 +220,12 @@ for i in range(len(key)):
     if ws == wp or prep.gt is None: continue
     ms, mp = object_mentions(ws, prep.gt["images"][key[i]]), object_mentions(wp, prep.gt["images"][key[i]])
     if not ms or not mp: continue
-    fig4_rows += [{"label": "grid: " + " ".join(ws), "image": images[i], "words": [ws[ms[0][0]]], "alpha": ev_soft["captions"][i].alpha[ms[0][0]:ms[0][0] + 1], "grid": prep.grid},
-                  {"label": "SPCA: " + " ".join(wp), "image": images[i], "words": [wp[mp[0][0]]], "alpha": spca_caps["alpha"][i][mp[0][0]:mp[0][0] + 1], "grid": grids["1d"]}]
-    if len(fig4_rows) == 8: break
+    a_s, a_p = ev_soft["captions"][i].alpha[ms[0][0]], spca_caps["alpha"][i][mp[0][0]]      # (L,) each, same 14x14 grid
+    fig4_rows.append({"label": f"grid: {' '.join(ws)} / SPCA: {' '.join(wp)}", "image": images[i],
+                      "words": [f"grid: {ws[ms[0][0]]}\nmax/min {ratio(a_s):.4g}", f"SPCA: {wp[mp[0][0]]}\nmax/min {ratio(a_p):.4g}"],
+                      "alpha": torch.stack([a_s, a_p]), "grid": prep.grid})
+    if len(fig4_rows) == 4: break
+assert grids["1d"] == prep.grid, "Figure 4 draws both maps on one grid"
 if fig4_rows:
     fig4 = attention_figure(fig4_rows, run.path("fig_spca_figure4.png"), panel=2.2)
     display(IPImage(filename=str(fig4)))
