@@ -60,6 +60,11 @@ def test_docs_site_shows_table_and_attention_figure(book):
     dom = chromium_dom(site / "02_show_attend_tell.html")
     assert "worked on one image" in dom and "<img" in dom
     assert not list(site.glob("*-hard*.html")), "each notebook appears once on the site"
+    dom = chromium_dom(site / "03a_spca_tables.html")                   # the SPCA chapter: its tables, answer, figures
+    assert dom.count("<table") >= 5 and "S‖C" in dom and "Answer, on this run" in dom and dom.count("<img") >= 2
+    dom = chromium_dom(site / "03_spca.html")
+    assert "Eq. 11" in dom and "<img" in dom
+    assert not list(site.glob("03_spca-*.html")), "each notebook appears once on the site"
 
 
 def test_step_record_prefers_book_run_then_exact_hand_run(home):
@@ -109,8 +114,9 @@ def test_smoke_book_spca_tables(book):
     for m in ["Soft-Attention*", "2D-latent state*", "1D-LSTM + SPCA", "2D-latent-LSTM + SPCA"]: assert m in t4
     assert "The claim that convolutional attention localises more precisely than grid attention" in \
         (home / "runs" / "smoke" / "03a_spca_tables" / "03a_spca_tables.ipynb").read_text()
-    assert "| 1D-LSTM + SPCA (S‖C, 3×3)" in (figs / "table_spca_localisation.md").read_text()
-    assert (figs / "fig_spca_figure1.png").stat().st_size > 10_000
+    loc = (figs / "table_spca_localisation.md").read_text()
+    assert "| 1D-LSTM + SPCA (S‖C, 3×3)" in loc and "map max/min" in loc
+    assert (figs / "fig_spca_figure1.png").stat().st_size > 10_000 and (figs / "fig_spca_figure4.png").stat().st_size > 10_000
     rec = json.loads((home / "runs" / "smoke" / "03_spca-k5" / "record.json").read_text())
     assert rec["params"]["kernel"] == 5 and rec["attention_on_references"]["n"] > 0
 
