@@ -187,6 +187,15 @@ if len(claim):
         f"(one seed per model; mass and hit both have to be at least as good for it to hold)."))
 
 # %% [markdown]
+# **Reading the answer.** SPCA's $M^S$ is a sigmoid gate, not a distribution: nothing makes its cells compete, and
+# after average pooling (1D) or the $K_V$ convolution (2D) a gate that passes every cell equally loses no information
+# the decoder can use, while a gate that closes the background shrinks the context by the objects' area (about 6 % of
+# the image on shapes). A flat map (`map max/min` near 1) is therefore an easy optimum for this loss, and SPCA then
+# works as channel attention on the whole map; softmax grid attention has no such way out, since its weights must sum
+# to 1. Whether longer training, real images, or the paper's 512-wide layers move SPCA off this optimum is not
+# measured here.
+
+# %% [markdown]
 # ## Figures 1 and 4: grid attention and SPCA attention for the same words
 #
 # Figure 1 of the paper shows, for the same image and words, the grid-based map (top) and the SPCA map (bottom).
