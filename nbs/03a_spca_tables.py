@@ -160,9 +160,8 @@ display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f
 # over its smallest: 1.0 is a perfectly flat map, and a map that picks out one object among 196 cells is far above it.
 
 # %%
-def contrast(caps):                                       # median max/min of the attention map over every word
-    r = torch.cat([c.alpha.max(1).values / c.alpha.min(1).values.clamp_min(1e-12) for c in caps if c.alpha is not None and len(c.alpha)])
-    return float(r.median())
+def ratio(alpha):                                         # median over words of the map's max/min: alpha (T, L)
+    return float((alpha.max(-1).values / alpha.min(-1).values.clamp_min(1e-12)).median())
 claim = []
 for name, tag in [("Soft-Attention (grid)", "soft"), ("1D-LSTM + SPCA (S‖C, 3×3)", "1d"), ("2D-LSTM + SPCA (S‖C, 1×1)", "k1"),
                   ("2D-LSTM + SPCA (S‖C, 3×3)", ""), ("2D-LSTM + SPCA (S‖C, 5×5)", "k5"), ("2D-LSTM + SPCA (S, 3×3)", "S"),
@@ -171,7 +170,8 @@ for name, tag in [("Soft-Attention (grid)", "soft"), ("1D-LSTM + SPCA (S‖C, 3�
     own = soft_metrics["attention"] if tag == "soft" else recs[tag]["metrics"]["attention"]
     claim.append({"model": name, "map": f"{grids[tag][0]}×{grids[tag][1]}", "ref. mass": 100 * att_refs[tag]["mass"],
                   "ref. hit": 100 * att_refs[tag]["hit"], "uniform mass": 100 * att_refs[tag]["mass_uniform"],
-                  "own mass": 100 * own["mass"], "own hit": 100 * own["hit"], "map max/min": contrast(tf[tag]),
+                  "own mass": 100 * own["mass"], "own hit": 100 * own["hit"],
+                  "map max/min": ratio(torch.cat([c.alpha for c in tf[tag] if c.alpha is not None])),
                   "words": att_refs[tag]["n"]})
 claim = pd.DataFrame(claim)
 if len(claim):
@@ -214,7 +214,6 @@ def named(words, k): return [m for m in object_mentions(words, prep.gt["images"]
 pick = next((i for i in range(len(key)) if prep.gt is None or len(named(prep.vocab.decode(tf["soft"][i].tokens), key[i])) >= 2), 0)
 images = prep.image_paths("test")
 words = prep.vocab.decode(tf["soft"][pick].tokens)
-def ratio(alpha): return float((alpha.max(-1).values / alpha.min(-1).values.clamp_min(1e-12)).median())
 fig1 = attention_figure([{"label": f"{name} (max/min {ratio(tf[tag][pick].alpha):.4g})", "image": images[pick], "words": words,
                           "alpha": tf[tag][pick].alpha, "grid": grids[tag]}
                          for name, tag in [("grid (Soft-Attention)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]
