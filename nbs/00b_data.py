@@ -16,7 +16,7 @@
 # %% [markdown]
 # # data
 #
-# > Karpathy-split reader, robust image loading, vocabulary, memory-mapped feature stores, caption datasets and `prepare`, the one entry point every paper notebook calls.
+# > Karpathy-split reader, robust image loading, vocabulary, memory-mapped feature stores and caption datasets whose batches are mappings of named inputs.
 
 # %%
 #| default_exp data
@@ -26,7 +26,7 @@
 from __future__ import annotations
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
@@ -366,19 +366,28 @@ assert _arr.dtype == np.float16 and _arr.shape == (3, 4, 2) and _arr[2, 0, 0] ==
 # drawn from the split's own generator seeded with `seed*100003 + epoch`: the order depends on nothing but (seed,
 # epoch), which is what makes a resumed run identical to an uninterrupted one (`skip` jumps over the batches already
 # done). For DistributedDataParallel, rank `r` of `world` takes every `world`-th batch starting at `r`, after dropping
-# the last `len % world` batches so every rank runs the same number of steps. Features are gathered from the memmap with sorted, de-duplicated row indices (sequential
-# reads) and then put back in batch order.
+# the last `len % world` batches so every rank runs the same number of steps. Features are gathered from the memmap
+# with sorted, de-duplicated row indices (sequential reads) and then put back in batch order.
+#
+# **A batch is a mapping of named inputs.** Every batch is a `dict`: `feats` (B, L, D), `caps` (B, T), `lengths` (B,),
+# `img` (B,: the image's row in the split) and `refs` (the B images' reference captions as token lists: what a
+# self-critical reward is computed against). A split may carry more per-image inputs than the features — attribute
+# words, region masks for a variable number of regions — added with `with_inputs(name=array)`, an array with one row
+# per image; every batch then carries them under their names, gathered like `feats`. A model declares the names it
+# reads (`CaptionModel.inputs`), and the trainer, the decoders and the evaluator pass the whole batch through, so a
+# model with a new input needs no change to any of them.
 
 # %%
 #| export
 class CaptionData:
-    "One split: memory-mapped features (N, L, D), image `keys`, all references `refs`, and encoded training captions."
+    "One split: memory-mapped features (N, L, D), other per-image `inputs`, image `keys`, all references `refs`, and encoded training captions."
 
     def __init__(self, feats: np.ndarray, keys: Sequence[str], refs: Sequence[list[list[str]]], vocab: Vocab,
                  max_len: int, split: str = ""):
         if not (len(feats) == len(keys) == len(refs)):
             raise CapbookError(f"split {split!r}: {len(feats)} feature rows, {len(keys)} keys and {len(refs)} caption sets differ")
         self.feats, self.keys, self.refs, self.vocab, self.split = feats, list(keys), [list(r) for r in refs], vocab, split
+        self.inputs: dict[str, np.ndarray] = {"feats": feats}      # per-image arrays, one row per image
         self.max_len = check_int("max_len", max_len, lo=1)
         enc = [(i, vocab.encode(c, max_len)) for i, cs in enumerate(self.refs) for c in cs]
         self.caps = np.zeros((len(enc), max_len + 2), np.int64)
@@ -394,11 +403,26 @@ class CaptionData:
         return len(self.keys)
 
     def __repr__(self) -> str:
-        return f"CaptionData({self.split!r}: {self.n_images} images, {len(self)} captions, feats {tuple(self.feats.shape)})"
+        extra = "".join(f", {k} {tuple(v.shape)}" for k, v in self.inputs.items() if k != "feats")
+        return f"CaptionData({self.split!r}: {self.n_images} images, {len(self)} captions, feats {tuple(self.feats.shape)}{extra})"
 
-    def _gather(self, rows: np.ndarray) -> torch.Tensor:
+    def with_inputs(self, **arrays: np.ndarray) -> CaptionData:
+        "Add per-image inputs (one row per image, in the split's order); every batch then carries them by name."
+        for name, a in arrays.items():
+            if name in ("caps", "lengths", "img", "refs"):
+                raise CapbookError(f"input name {name!r} is reserved: batches already carry caps, lengths, img and refs")
+            if len(a) != self.n_images:
+                raise CapbookError(f"input {name!r} of split {self.split!r} has {len(a)} rows: expected one per image ({self.n_images})")
+            self.inputs[name] = a
+        return self
+
+    def _gather(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         u, inv = np.unique(rows, return_inverse=True)  # sorted unique rows: sequential memmap reads
-        return torch.from_numpy(np.ascontiguousarray(np.asarray(self.feats[u])[inv])).float()
+        out = {}
+        for name, a in self.inputs.items():
+            x = torch.from_numpy(np.ascontiguousarray(np.asarray(a[u])[inv]))
+            out[name] = x.float() if x.is_floating_point() else x
+        return out
 
     def num_batches(self, batch_size: int, world: int = 1) -> int:
         "Batches per epoch for each of `world` ranks."
@@ -406,7 +430,7 @@ class CaptionData:
 
     def batches(self, batch_size: int, epoch: int, seed: int, rank: int = 0, world: int = 1,
                 skip: int = 0) -> Iterator[dict]:
-        "Length-bucketed, shuffled caption batches {feats, caps, lengths, img}, deterministic for (seed, epoch); rank's share when world>1."
+        "Length-bucketed, shuffled caption batches {inputs..., caps, lengths, img, refs}, deterministic for (seed, epoch); rank's share when world>1."
         check_int("batch_size", batch_size, lo=1); check_int("world", world, lo=1)
         check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
         g = torch.Generator().manual_seed(seed * 100003 + epoch)
@@ -416,16 +440,25 @@ class CaptionData:
         chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
         chunks = chunks[:len(chunks) // world * world][rank::world]
         for idx in chunks[skip:]:
-            lens = self.lengths[idx]
-            yield {"feats": self._gather(self.cap_img[idx]), "caps": torch.from_numpy(self.caps[idx, :lens.max()]),
-                   "lengths": torch.from_numpy(lens), "img": torch.from_numpy(self.cap_img[idx])}
+            lens, img = self.lengths[idx], self.cap_img[idx]
+            yield {**self._gather(img), "caps": torch.from_numpy(self.caps[idx, :lens.max()]),
+                   "lengths": torch.from_numpy(lens), "img": torch.from_numpy(img), "refs": [self.refs[i] for i in img]}
 
     def image_batches(self, batch_size: int) -> Iterator[dict]:
-        "The split's images in order, {feats, img}: for decoding and evaluation."
+        "The split's images in order, {inputs..., img, refs}: for decoding and evaluation."
         check_int("batch_size", batch_size, lo=1)
         for s in range(0, self.n_images, batch_size):
             e = min(s + batch_size, self.n_images)
-            yield {"feats": torch.from_numpy(np.asarray(self.feats[s:e], dtype=np.float32)), "img": torch.arange(s, e)}
+            yield {**{k: _as_tensor(a[s:e]) for k, a in self.inputs.items()}, "img": torch.arange(s, e),
+                   "refs": self.refs[s:e]}
+
+def _as_tensor(a: np.ndarray) -> torch.Tensor:
+    x = np.asarray(a)
+    return torch.from_numpy(x.astype(np.float32) if x.dtype.kind == "f" else np.array(x))   # a writable copy
+
+def to_device(batch: dict, device: torch.device | str) -> dict:
+    "The batch with every tensor moved to `device` (other entries, such as `refs`, as they are)."
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 # %%
@@ -436,116 +469,13 @@ _b = [b["img"].tolist() for b in _cd.batches(2, epoch=1, seed=0)]
 assert sorted(sum(_b, [])) == [0, 1, 1, 2] and _b == [b["img"].tolist() for b in _cd.batches(2, epoch=1, seed=0)]
 _x = next(_cd.batches(4, 0, 0))
 assert (_x["feats"][:, 0, 0] == torch.tensor([2.0 * i for i in _x["img"].tolist()])).all()
+assert [len(r) for r in _x["refs"]] == [len(_cd.refs[i]) for i in _x["img"].tolist()]
 
 # %% [markdown]
-# ## `prepare`: from a dataset name to ready-to-train splits
-#
-# Every paper notebook starts with `prepare(...)`. It builds whatever is missing and caches it under `data_dir()`:
-#
-# - **shapes** (default): generates the synthetic set for the profile and seed (`capbook.shapes.ensure_shapes`),
-#   pretrains and freezes the small shapes CNN on its training split (`capbook.encoders.shapes_encoder`) and extracts
-#   its 14×14 annotation vectors for train/val/test;
-# - **coco / flickr8k / flickr30k**: reads `data_path/dataset_<name>.json` with the images under `data_path`, builds
-#   the torchvision backbone (`encoder`: `vgg16` by default as in Show-Attend-Tell, `vgg11` for the spatial
-#   transformer, `resnet101` for SPCA) and extracts its features.
-#
-# The vocabulary comes from the training captions (`min_count`); `max_len` defaults to the 95th percentile of the
-# training caption lengths for shapes, and to 20 words for real data. For real data, `weights` picks the backbone's
-# weights (`'imagenet'`, a state-dict file, or `'random'` for plumbing tests; see `encoders.build_backbone`), and
-# `batch_size` the extraction batch. A second call with the same arguments only opens the cached stores: it builds no
-# backbone and reads no image.
+# A second per-image input travels with the features: here an attribute id per image, gathered by image row.
 
 # %%
-#| export
-DATASETS = ("shapes", "coco", "flickr8k", "flickr30k")
-
-@dataclass
-class Prepared:
-    "Everything a paper notebook trains and evaluates on: three `CaptionData` splits, the vocabulary and provenance."
-    train: CaptionData
-    val: CaptionData
-    test: CaptionData
-    vocab: Vocab
-    gt: dict | None          # shapes ground truth (boxes, attributes, relations), None for real data
-    dataset: str             # e.g. 'shapes-default-s0' or 'coco'
-    encoder: str             # encoder key, e.g. 'vgg16-224px-imagenet1k_v1'
-    feat_shape: tuple[int, int]  # (L regions, D channels)
-    grid: tuple[int, int]    # (h, w) of the feature map, L = h*w
-    image_size: int
-    max_len: int             # words kept per training caption
-    kdata: KarpathyData = field(repr=False)
-
-    def split(self, s: str) -> CaptionData:
-        "The `CaptionData` of split `s`."
-        return getattr(self, check_choice("split", s, SPLITS))
-
-    def image_paths(self, split: str) -> list[Path]:
-        "Image files of a split, in the order of its `CaptionData` rows (for figures)."
-        return [r.path for r in self.kdata.split(split)]
-
-
-# %%
-#| export
-def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
-            encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
-            weights: str = "imagenet", batch_size: int = 32) -> Prepared:
-    "Build (or open the cached) features, vocabulary and caption splits of `dataset`; see the text above."
-    from capbook import encoders  # encoders builds on this module
-    check_choice("dataset", dataset, DATASETS)
-    seed = check_int("seed", seed, lo=0); check_int("min_count", min_count, lo=1)
-    if max_len is not None: check_int("max_len", max_len, lo=1)
-    gt = None
-    if dataset == "shapes":
-        from capbook import shapes
-        check_choice("profile", profile, list(shapes.PROFILES))
-        if data_path is not None: raise CapbookError("data_path is only used with dataset='coco', 'flickr8k' or 'flickr30k'")
-        if encoder not in (None, "shapes"):
-            raise CapbookError(f"parameter encoder={encoder!r} is invalid: the shapes set uses its own encoder ('shapes' or None)")
-        root = shapes.ensure_shapes(profile, seed)
-        kdata = read_karpathy(root / "dataset_shapes.json", root)
-        gt = load_json(root / "shapes_gt.json", "shapes ground truth")
-        shapes_net = encoders.shapes_encoder(kdata, gt, profile=profile, seed=seed, device=device)
-        name, size = f"shapes-{profile}-s{seed}", int(gt["image_size"])
-        key, make_net = shapes_net.encoder_key(size), lambda: shapes_net
-    else:
-        if data_path is None:
-            raise CapbookError(f"dataset={dataset!r} needs data_path=<folder> holding dataset_{dataset}.json (Karpathy split) "
-                               f"and the images at <folder>/<filepath>/<filename>"
-                               + (" (<folder>/train2014/ and <folder>/val2014/)" if dataset == "coco" else ""))
-        encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
-        kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
-        name, size = dataset, encoders.BACKBONES[encoder].image_size
-        key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
-        def make_net():
-            missing = [r.path for r in kdata.records if not r.path.is_file()]
-            if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of {kdata.json_path.name} are missing)")
-            return encoders.build_backbone(encoder, weights=weights, seed=seed)
-    splits, net = {}, None
-    for s in SPLITS:
-        recs = kdata.split(s)
-        if not recs: raise CapbookError(f"{kdata.json_path}: split {s!r} has no images")
-        path, keys = feature_path(name, key, s), [r.key for r in recs]
-        if not features_ready(path, keys):
-            if net is None: net = make_net()  # the backbone is built only when a store is missing
-            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size, device=device)
-        feats, meta = open_features(path)
-        splits[s] = (feats, recs)
-    train_caps = [c for r in splits["train"][1] for c in r.captions]
-    if max_len is None:
-        max_len = max(1, int(np.ceil(np.percentile([len(c) for c in train_caps], 95)))) if dataset == "shapes" else 20
-    vocab = Vocab.build(train_caps, min_count)
-    data = {s: CaptionData(f, [r.key for r in recs], [r.captions for r in recs], vocab, max_len, s)
-            for s, (f, recs) in splits.items()}
-    L, D = data["train"].feats.shape[1:]
-    return Prepared(data["train"], data["val"], data["test"], vocab, gt, name, key, (L, D), tuple(meta["grid"]), size,
-                    max_len, kdata)
-
-# %% [markdown]
-# Usage (not run here: the first call trains the shapes encoder and extracts features, about a minute on a CPU):
-#
-# ```python
-# P = prepare()                                   # shapes, default profile
-# P = prepare(profile="smoke")                    # the CI-sized set
-# P = prepare("coco", data_path="/data/coco", encoder="resnet101", device="cuda")
-# for batch in P.train.batches(64, epoch=0, seed=0): ...
-# ```
+_cd.with_inputs(attrs=np.array([[10], [11], [12]]))
+_x = next(_cd.batches(4, 0, 0))
+assert _x["attrs"][:, 0].tolist() == [10 + i for i in _x["img"].tolist()] and _x["attrs"].dtype == torch.int64
+assert [b["attrs"][:, 0].tolist() for b in _cd.image_batches(2)] == [[10, 11], [12]]

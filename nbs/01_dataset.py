@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: python3
 #     language: python
 #     name: python3
 # ---
@@ -39,8 +39,8 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from PIL import Image
 from capbook.core import check_choice, check_int
-from capbook.book import start_run, out_dir
-from capbook.data import prepare
+from capbook.runner import start_run, read_params
+from capbook.prepare import prepare
 from capbook.metrics import coco_scores
 from capbook.viz import save_table, save_figure
 
@@ -53,11 +53,13 @@ seed = 0
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+read_params(["profile", "dataset", "data_path", "encoder", "seed", "run_dir"], globals())   # a misspelt -p stops here
 check_choice("dataset", dataset, ["shapes", "coco", "flickr8k", "flickr30k"])
 check_int("seed", seed, lo=0)
 run = start_run("01_dataset", dict(profile=profile, dataset=dataset, data_path=data_path, encoder=encoder, seed=seed,
                                    run_dir=run_dir))
 prep = prepare(dataset, profile, seed=seed, data_path=data_path, encoder=encoder)
+
 
 # %% [markdown]
 # ## Dataset card
@@ -85,9 +87,9 @@ card_df
 # Some test images with their five references:
 
 # %%
-keys, paths = prep.test.keys[:4], prep.image_paths("test")[:4]
+paths = prep.image_paths("test")[:4]
 fig, axes = plt.subplots(1, 4, figsize=(14, 4.2))
-for ax, k, p, refs in zip(axes, keys, paths, prep.test.refs[:4]):
+for ax, p, refs in zip(axes, paths, prep.test.refs[:4]):
     ax.imshow(Image.open(p).convert("RGB")); ax.axis("off")
     ax.set_title("\n".join(" ".join(r) for r in refs), fontsize=7, loc="left")
 fig.tight_layout(); save_figure(fig, run.path("fig_dataset_examples.png"))

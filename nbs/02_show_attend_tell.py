@@ -16,11 +16,9 @@
 # %% [markdown]
 # # Show, Attend and Tell: soft and hard attention
 #
-# > Xu et al. (2015), *Show, Attend and Tell: Neural Image Caption Generation with Visual Attention* — the decoder with
-# > deterministic "soft" attention (§4.2), with stochastic "hard" attention (§4.1), and without attention (the
-# > baseline), trained and evaluated by the book's one trainer, beam search and evaluator.
+# > Xu et al. 2015 ([arXiv:1502.03044](https://arxiv.org/abs/1502.03044)): the LSTM decoder with deterministic soft attention (§4.2), with stochastic hard attention (§4.1) and without attention, trained and evaluated by the book's one trainer, beam search and evaluator.
 #
-# The paper (full text: `shared/papers/show_attend_tell.txt`) generates a caption one word at a time with an LSTM that,
+# The paper ([arXiv:1502.03044](https://arxiv.org/abs/1502.03044)) generates a caption one word at a time with an LSTM that,
 # at every step, looks at a different part of the image: "Using attention, we can also visualize what the model sees".
 # The image is encoded once by a frozen CNN into $L$ annotation vectors $a_i \in \mathbb{R}^D$ (the 14×14×512 conv5_4
 # map of VGG-16 on real data; capbook's frozen shapes encoder on the embedded dataset), and the decoder computes, from
@@ -29,7 +27,7 @@
 # **hard** attention one annotation vector, whose location is *sampled* from the weights. The section
 # [Soft and hard attention, worked on one image](#soft-and-hard-attention-worked-on-one-image) below makes this
 # concrete on a 2×2 split of one image's feature map, after the explainer that accompanies the book
-# (`shared/papers/soft_hard_attention_blog.txt`).
+# (Jonathan Hui, [*Soft & hard attention*](https://jhui.github.io/2017/03/15/Soft-and-hard-attention/), 2017).
 #
 # This notebook runs **one configuration** (parameter `attention`: `soft`, `hard` or `none`). The book runs it six
 # times — soft, hard (with two REINFORCE weights λ_r), no attention, and soft without the doubly stochastic penalty or
@@ -43,51 +41,25 @@
 # %%
 #| export
 from __future__ import annotations
+import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
+from dataclasses import dataclass
+from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention, SoftAttention, HardAttention
-from capbook.models import CaptionModel, register, token_nll
+from capbook.models import CaptionModel, register, repeat_batch
+from capbook.objectives import DoublyStochastic, HardAttentionRule
+from capbook.runner import Chapter, RunConfig, register_chapter, measured
+from capbook.papers import sat_table1
 
 # %%
 #| hide
-import time
-import numpy as np, pandas as pd
-from IPython.display import Image as IPImage, Markdown, display
-from capbook.core import check_choice, check_int, check_float, get_device, seed_everything, save_torch
-from capbook.book import start_run
-from capbook.data import prepare
-from capbook.models import build
-from capbook.train import TrainConfig, fit
-from capbook.metrics import evaluate
-from capbook.decode import pad_captions
+import pandas as pd
+from IPython.display import Image as IPImage, display
+from capbook.runner import run_chapter
 from capbook.shapes import object_mentions
-from capbook.viz import attention_figure, soft_hard_figure, save_table
-
-# %% tags=["parameters"]
-profile = "default"     # smoke | default | paper: sizes and epochs
-dataset = "shapes"      # shapes | coco | flickr8k | flickr30k
-data_path = None        # folder with dataset_<name>.json and its images (real datasets)
-encoder = None          # None: the dataset's default (shapes CNN; VGG-16 conv5_4 for real data)
-seed = 0
-attention = "soft"      # soft (§4.2) | hard (§4.1) | none (the mean annotation vector: the no-attention baseline)
-epochs = None           # None: the profile's default
-batch_size = 64
-lr = 4e-4
-emb_dim = 128           # m
-hidden_dim = 256        # n
-att_dim = 128           # size of f_att's hidden layer
-dropout = 0.5
-penalty = None          # lambda of the doubly stochastic penalty (Eq. 9); None: 1 for soft, 0 otherwise (the paper's)
-gate = None             # the gating scalar beta (§4.2.1); None: on for soft, off otherwise (the paper's)
-samples = 1             # hard: N, sampled attention sequences per caption (Eq. 7)
-lambda_r = 0.1          # hard: weight of the REINFORCE term (chosen on validation, see below)
-lambda_e = 0.002        # hard: weight of the entropy term
-p_expected = 0.5        # hard: probability that a caption is trained with the expected context instead of a sample
-beam_size = 3
-device = "auto"
-run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
-
+from capbook.viz import soft_hard_figure
 
 # %% [markdown]
 # ## The model, equation by equation
@@ -129,7 +101,7 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 # `tests/test_sat.py` enumerates every location sequence of a tiny model and checks that the expectation of this
 # estimator is exactly the gradient of $L_s$.
 #
-# *capbook's choices where the paper is silent:* $f_{init,c}$ and $f_{init,h}$ are one-layer tanh MLPs and $f_\beta$ a linear
+# *capbook:* where the paper is silent, $f_{init,c}$ and $f_{init,h}$ are one-layer tanh MLPs and $f_\beta$ a linear
 # layer (as in the authors' released code); the deep output follows the paper's equation exactly (linear, no extra
 # tanh, which the released code adds); dropout (the paper's only regulariser besides early stopping) is applied to
 # $h_t$ before $L_h$ and to the deep-output sum before $L_o$. `nn.LSTMCell` on the concatenation $[E y_{t-1}; \hat z_t]$
@@ -138,7 +110,7 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 # Eq. 9 is written per caption; we average it over the batch and divide both terms by the mean caption length, so the
 # NLL term is the usual per-word cross-entropy and λ keeps the paper's meaning relative to $-\log p(y|a)$.
 #
-# *Choices for hard attention:*
+# *capbook:* the choices for hard attention.
 # - **Scale.** Every term is summed over a batch's captions and divided by its number of words, as the NLL is, so each
 #   caption's estimator is the paper's rule up to the same constant. The baseline is kept **per word**: the reward
 #   $\log p(y \mid \tilde s, a)$ of a caption of $C$ words is compared with $C\,b$, and $b_k$ is updated with the
@@ -162,105 +134,131 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 # - **Gate and penalty.** §4.2.1 introduces both for the deterministic model, so by default the hard model and the
 #   baseline run without them (parameters `gate` and `penalty` override that).
 #
-# *For later chapters:* `attention` may also be any `capbook.attention.Attention` module (same `precompute` / `forward`
-# interface). SPCA's 1D-LSTM (`capbook.spca`) is this decoder with SPCA passed in that way.
+# *capbook:* the decoder takes its attention through one interface (`capbook.attention.Attention`), so another
+# paper's attention can be passed in: SPCA's 1D-LSTM (`capbook.spca`) is this decoder with SPCA in place of $f_{att}$.
+
+# %% [markdown]
+# ### The configuration
+#
+# Every hyperparameter of the model and of its training rule, with its default, in one place. The chapter's
+# `parameters` cell below is generated from it (with the run's own parameters, `capbook.runner.RunConfig`), and
+# `capbook.models.build("sat_soft", ..., hidden_dim=512)` sets the same fields.
 
 # %%
 #| export
 ATTENTION = ("soft", "hard", "none")
 
+@dataclass
+class SATConfig:
+    "Show, Attend and Tell's decoder and training rule."
+    attention: str = "soft"       # soft (§4.2) | hard (§4.1) | none (the mean annotation vector: the no-attention baseline)
+    emb_dim: int = 128            # m, the word embedding size
+    hidden_dim: int = 256         # n, the LSTM size
+    att_dim: int = 128            # size of f_att's hidden layer
+    dropout: float = 0.5
+    penalty: float | None = None  # λ of the doubly stochastic penalty (Eq. 9); None: 1 for soft, 0 otherwise (the paper's)
+    gate: bool | None = None      # the gating scalar β (§4.2.1); None: on for soft, off otherwise (the paper's)
+    samples: int = 1              # hard: N, sampled attention sequences per caption (Eq. 7)
+    lambda_r: float = 0.1         # hard: weight of the REINFORCE term (chosen on validation, see below)
+    lambda_e: float = 0.002       # hard: weight of the entropy term
+    p_expected: float = 0.5       # hard: probability that a caption is trained with the expected context instead of a sample
+    test_context: str = "argmax"  # hard: the context at test time, argmax (the most probable location) | expected
+
+    def check(self):
+        "Stop with one line on an invalid value."
+        check_choice("attention", self.attention, ATTENTION)
+        for n in ("emb_dim", "hidden_dim", "att_dim", "samples"): check_int(n, getattr(self, n), lo=1)
+        check_float("dropout", self.dropout, lo=0, hi=0.95)
+        if self.penalty is not None: check_float("penalty", self.penalty, lo=0)
+        if self.gate is not None: check_choice("gate", self.gate, [True, False])
+        check_float("lambda_r", self.lambda_r, lo=0); check_float("lambda_e", self.lambda_e, lo=0)
+        check_float("p_expected", self.p_expected, lo=0, hi=1)
+        check_choice("test_context", self.test_context, ["argmax", "expected"])
+
+    @property
+    def use_gate(self) -> bool: return self.attention == "soft" if self.gate is None else self.gate
+    @property
+    def penalty_value(self) -> float: return (1.0 if self.attention == "soft" else 0.0) if self.penalty is None else self.penalty
+
+
+# %% [markdown]
+# ### The decoder
+#
+# One decoder for the three attentions and for any other `capbook.attention.Attention` module (SPCA's 1D-LSTM passes
+# its own): the attention is called through the one interface — `memory(a)` once, then `(context, weights, info)` at
+# every step — so the decoder does not branch on which attention it holds; `info` (hard attention's `logp_s`,
+# `entropy`, `sampled`) goes out with the step's extras for the objective.
+
+# %%
+#| export
 class ShowAttendTell(CaptionModel):
     "Show, Attend and Tell (Xu et al. 2015): LSTM decoder with soft (§4.2), hard (§4.1) or no attention, gating scalar and deep output layer."
-    def __init__(self, vocab_size: int, feat_dim: int, grid: tuple[int, int], emb_dim: int = 128, hidden_dim: int = 256,
-                 att_dim: int = 128, dropout: float = 0.5, penalty: float = 1.0, gate: bool = True,
-                 attention: str | Attention = "soft", samples: int = 1, lambda_r: float = 0.1, lambda_e: float = 0.002,
-                 p_expected: float = 0.5, test_context: str = "argmax"):
+    def __init__(self, cfg: SATConfig, vocab_size: int, feat_dim: int, grid: tuple[int, int], attention: Attention | None = None):
         super().__init__(vocab_size)
-        D, m, n = feat_dim, emb_dim, hidden_dim
-        if isinstance(attention, Attention): self.att, attention = attention, "module"   # another paper's f_att
-        self.grid, self.penalty, self.gate, self.attention = grid, penalty, gate, attention
-        self.samples, self.lambda_r, self.lambda_e, self.p_expected = samples, lambda_r, lambda_e, p_expected
+        D, m, n = feat_dim, cfg.emb_dim, cfg.hidden_dim
+        self.grid, self.cfg, self.samples = grid, cfg, cfg.samples
+        self.gate = cfg.use_gate
+        if attention is not None: self.att = attention       # another paper's f_att
         self.E = nn.Embedding(vocab_size, m)              # E y_{t-1}
         self.init_h = nn.Linear(D, n)                      # f_init,h
         self.init_c = nn.Linear(D, n)                      # f_init,c
-        if attention == "soft": self.att = SoftAttention(D, n, att_dim)                   # f_att
-        elif attention == "hard": self.att = HardAttention(D, n, att_dim, test_context)   # f_att, sampled
-        self.f_beta = nn.Linear(n, 1) if gate else None    # f_beta
+        if attention is None:                              # f_att: soft, sampled, or none at all
+            self.att = {"soft": lambda: SoftAttention(D, n, cfg.att_dim), "none": lambda: None,
+                        "hard": lambda: HardAttention(D, n, cfg.att_dim, cfg.test_context, cfg.p_expected)}[cfg.attention]()
+        self.f_beta = nn.Linear(n, 1) if self.gate else None    # f_beta
         self.lstm = nn.LSTMCell(m + D, n)                  # [W Z] [E y; z] + U h + b
         self.L_h = nn.Linear(n, m, bias=False)             # L_h
         self.L_z = nn.Linear(D, m, bias=False)             # L_z
         self.L_o = nn.Linear(m, vocab_size)                # L_o
-        self.drop = nn.Dropout(dropout)
-        self.register_buffer("baseline", torch.zeros(()))  # b_k of the hard-attention rule (per word), saved in checkpoints
+        self.drop = nn.Dropout(cfg.dropout)
 
-    def init_state(self, feats):                                     # feats a: (B, L, D)
-        mean = feats.mean(1)                                         # 1/L sum_i a_i: (B, D)
-        h0, c0 = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))   # (B, n) each
-        if self.attention == "none": return {"mean": mean}, {"h": h0, "c": c0}
-        memory = {"a": feats, "pre": self.att.precompute(feats)}
-        if self.attention == "hard" and self.training:               # per caption: expected context with prob. p_expected
-            memory["expected"] = torch.rand(len(feats), device=feats.device) < self.p_expected   # (B,) bool
+    def init_state(self, batch):
+        a = batch["feats"]                                           # annotation vectors a: (B, L, D)
+        # 1/L sum_i a_i: (B, D)
+        mean = a.mean(1)
+        # h_0 = f_init,h(mean), c_0 = f_init,c(mean): (B, n) each
+        h0, c0 = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
+        memory = {"mean": mean} if self.att is None else self.att.memory(a)
         return memory, {"h": h0, "c": c0}
 
     def step(self, tokens, memory, state):
-        h, c = state["h"], state["c"]                                # h_{t-1}, c_{t-1}: (B, n)
-        Ey = self.E(tokens)                                          # E y_{t-1}: (B, m)
+        h, c = state["h"], state["c"]                                # h_{t-1}, c_{t-1}: (R, n)
+        # E y_{t-1}: (R, m)
+        Ey = self.E(tokens)
         aux = {}
-        if self.attention in ("soft", "module"):
-            z, alpha = self.att(memory["a"], memory["pre"], h)       # sum_i alpha_ti a_i: (B, D); alpha_t: (B, L)
+        if self.att is None:
+            # no attention: the mean annotation vector, 1/L sum_i a_i: (R, D)
+            z = memory["mean"].repeat_interleave(len(h) // len(memory["mean"]), 0)
+        else:
+            # phi({a_i}, {alpha_ti}): (R, D); alpha_t: (R, L) or None; info: the attention's extras
+            z, alpha, info = self.att(**memory, h=h)
             if alpha is not None: aux["alpha"] = alpha
-        elif self.attention == "hard":                               # a_{s_t} (or sum_i alpha_ti a_i on `expected` rows)
-            exp = memory.get("expected")
-            z, aux["alpha"], info = self.att(memory["a"], memory["pre"], h, exp)
-            aux["logp_s"], aux["entropy"] = info["logp_s"], info["entropy"]   # log alpha_{t,s_t}, H_t: (B,)
-            if exp is not None: aux["sampled"] = (~exp).float()      # rows whose context is the sample: (B,)
-        else:                                                        # no attention: the mean annotation vector
-            z = memory["mean"].repeat_interleave(len(h) // len(memory["mean"]), 0)   # 1/L sum_i a_i: (B, D)
-        beta = torch.sigmoid(self.f_beta(h)) if self.gate else torch.ones_like(h[:, :1])  # beta_t: (B, 1)
-        z = beta * z                                                 # z_t = beta_t phi(a, alpha_t): (B, D)
-        h, c = self.lstm(torch.cat([Ey, z], 1), (h, c))              # i, f, o, c_t, h_t: (B, n)
-        logits = self.L_o(self.drop(Ey + self.L_h(self.drop(h)) + self.L_z(z)))   # L_o(E y + L_h h_t + L_z z_t): (B, V)
+            aux.update(info)
+        # beta_t = sigma(f_beta(h_{t-1})): (R, 1)
+        beta = torch.sigmoid(self.f_beta(h)) if self.gate else torch.ones_like(h[:, :1])
+        # z_t = beta_t phi(a, alpha_t): (R, D)
+        z = beta * z
+        # i, f, o, c_t, h_t of the LSTM on [E y_{t-1}; z_t]: (R, n)
+        h, c = self.lstm(torch.cat([Ey, z], 1), (h, c))
+        # L_o(E y_{t-1} + L_h h_t + L_z z_t) (Eq. 7): (R, V)
+        logits = self.L_o(self.drop(Ey + self.L_h(self.drop(h)) + self.L_z(z)))
         return logits, {"h": h, "c": c}, aux | {"beta": beta}
 
-    def forward(self, feats, caps):
-        if self.training and self.attention == "hard" and self.samples > 1:   # N sampled attention sequences per caption
-            feats, caps = feats.repeat_interleave(self.samples, 0), caps.repeat_interleave(self.samples, 0)
-        return super().forward(feats, caps)
+    def teacher_forcing(self, batch):
+        if self.training and isinstance(self.att, HardAttention) and self.samples > 1:   # N sampled sequences per caption
+            batch = repeat_batch(batch, self.samples)
+        return super().teacher_forcing(batch)
 
-    def loss(self, out, caps):
-        if len(out["logits"]) != len(caps): caps = caps.repeat_interleave(self.samples, 0)   # the N samples' rows
-        mask = (caps[:, 1:] != self.pad).float()                     # real target words: (B, T)
-        words = mask.sum()                                           # sum_j C_j
-        if "sampled" in out:                                         # hard: log p(y_j | s~, a) per word is needed below
-            lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), caps[:, 1:], reduction="none") * mask
-            nll = -lp_tok.sum() / words                              # -sum_j log p(y_j | s~, a) / sum_j C_j
-        else: nll = token_nll(out["logits"], caps[:, 1:])            # -sum_j log p(y_j | a) / sum_j C_j
-        loss, stats = nll, {"nll": nll.item()}
-        if "alpha" in out:
-            att = (out["alpha"] * mask[..., None]).sum(1)            # sum_t alpha_ti: (B, L)
-            ds = ((1 - att) ** 2).sum(1).mean() / mask.sum(1).mean() # sum_i (1 - sum_t alpha_ti)^2 / C  (Eq. 9)
-            loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
-        if "sampled" in out:                                         # the hard-attention learning rule (§4.1)
-            ll = lp_tok.sum(1)                                       # log p(y | s~, a): (B,)
-            logp_s = (out["logp_s"] * mask).sum(1)                   # log p(s~ | a) = sum_t log alpha_{t,s_t}: (B,)
-            H = (out["entropy"] * mask).sum(1)                       # H[s~] = sum_t H_t: (B,)
-            sampled, C = out["sampled"][:, 0], mask.sum(1)           # (B,), C_j: (B,)
-            adv = (ll - self.baseline * C).detach() * sampled        # log p(y | s~, a) - b, b per word: (B,)
-            reinforce = -(adv * logp_s).sum() / words                # -lambda_r (log p(y|s~,a) - b) d log p(s~|a)
-            ent = -H.sum() / words                                   # -lambda_e dH[s~]
-            loss = loss + self.lambda_r * reinforce + self.lambda_e * ent
-            stats.update(reinforce=reinforce.item(), entropy=-ent.item(), baseline=self.baseline.item(),
-                         sampled=sampled.mean().item())
-            if self.training and sampled.any():                      # b_k = 0.9 b_{k-1} + 0.1 log p(y | s~_k, a), per word
-                self.baseline.mul_(0.9).add_(0.1 * (ll.detach() * sampled).sum() / (C * sampled).sum())
-        return loss, stats
+def sat_objective(cfg: SATConfig):
+    "The paper's objective: Eq. 9 (soft, none), or the §4.1 rule for hard attention."
+    if cfg.attention == "hard": return HardAttentionRule(cfg.lambda_r, cfg.lambda_e, cfg.penalty_value)
+    return DoublyStochastic(cfg.penalty_value)
 
 def _sat(attention):
-    def factory(vocab_size, feat_dim, grid, **hp):
-        hp = {"gate": attention == "soft", "penalty": 1.0 if attention == "soft" else 0.0, **hp}
-        return ShowAttendTell(vocab_size, feat_dim, grid, attention=attention, **hp)
+    def factory(cfg, vocab_size, feat_dim, grid):
+        return ShowAttendTell(cfg, vocab_size, feat_dim, grid)
     factory.__doc__ = f"Show-Attend-Tell with {attention} attention; gate and penalty default to the paper's choice for it."
-    return register(f"sat_{attention}")(factory)
+    return register(f"sat_{attention}", SATConfig, objective=sat_objective, attention=attention)(factory)
 
 sat_soft, sat_hard, sat_none = _sat("soft"), _sat("hard"), _sat("none")
 
@@ -282,92 +280,126 @@ def worked_example(att: SoftAttention, regions: torch.Tensor, h: torch.Tensor, d
         torch.manual_seed(seed)
         pre = soft_att.precompute(x)                                     # W_a x_i + b: (1, R, att)
         e = soft_att.scores(pre, q)[0]                                   # e_i: (R,)
-        soft, alpha = soft_att(x, pre, q)                                # sum_i alpha_i x_i: (1, D); alpha: (1, R)
+        soft, alpha, _ = soft_att(x, pre, q)                             # sum_i alpha_i x_i: (1, D); alpha: (1, R)
         z, _, info = hard(x, pre, q)                                     # x_{s~}: (1, D)
         freq = torch.bincount(hard.sample(alpha.expand(draws, -1)), minlength=len(regions)).float() / draws
     return {"regions": regions.float(), "scores": e, "alpha": alpha[0], "soft": soft[0], "sample": int(info["s"]),
             "hard": z[0], "logp_sample": float(info["logp_s"]), "entropy": float(info["entropy"]), "freq": freq, "draws": draws}
 
+
 # %% [markdown]
-# ## Training and evaluation
+# ## The chapter's runs
+#
+# The chapter runs one configuration. Its parameters are the run's (`capbook.runner.RunConfig`) followed by the
+# model's (`SATConfig` above); the book runs it six times — Table 1's soft, hard and no-attention models, hard attention
+# with $\lambda_r = 1$ (the choice of $\lambda_r$ on validation) and the §4.2.1 ablation without the penalty or the
+# gate — and the next chapter assembles them. The declaration below is all the book knows of this chapter.
 #
 # The profile sets the number of epochs; the paper's model selection is kept: "early stopping on BLEU score ... we used
 # BLEU on our validation set for model selection" (§5.2), here BLEU-4 on the validation split (see `capbook.train`).
-# Test captions are decoded with beam search (beam size 3).
+# Validation and test captions are decoded with beam search (beam size 3).
+#
+# Besides the common measurements, a Show-Attend-Tell run measures two things of its own (`sat_measure`): the hard
+# model decodes with the most probable location at every step, and is also decoded with the expected context (soft
+# attention's $\sum_i \alpha_{ti} a_i$), which the next chapter reports as a second hard-attention row; and a gated
+# model's $\beta_t$ is compared on the steps that emit an object noun and on the others (§4.2.1: "the gating scalar
+# ... puts more emphasis on the objects").
 
 # %%
-EPOCHS = {"smoke": 2, "default": 6, "paper": 30}
-check_choice("dataset", dataset, ["shapes", "coco", "flickr8k", "flickr30k"])
-check_choice("attention", attention, ATTENTION)
-for _n, _v in dict(seed=seed, batch_size=batch_size, emb_dim=emb_dim, hidden_dim=hidden_dim, att_dim=att_dim,
-                   beam_size=beam_size, samples=samples).items():
-    check_int(_n, _v, lo=0 if _n == "seed" else 1)
-if epochs is not None: check_int("epochs", epochs, lo=1)
-check_float("lr", lr, lo=1e-7, hi=1.0); check_float("dropout", dropout, lo=0, hi=0.95)
-if penalty is not None: check_float("penalty", penalty, lo=0)
-if gate is not None: check_choice("gate", gate, [True, False])
-check_float("lambda_r", lambda_r, lo=0); check_float("lambda_e", lambda_e, lo=0); check_float("p_expected", p_expected, lo=0, hi=1)
-run = start_run("02_show_attend_tell", dict(profile=profile, dataset=dataset, data_path=data_path, encoder=encoder,
-                seed=seed, attention=attention, epochs=epochs, batch_size=batch_size, lr=lr, emb_dim=emb_dim,
-                hidden_dim=hidden_dim, att_dim=att_dim, dropout=dropout, penalty=penalty, gate=gate, samples=samples,
-                lambda_r=lambda_r, lambda_e=lambda_e, p_expected=p_expected, beam_size=beam_size, device=device,
-                run_dir=run_dir))
-prep = prepare(dataset, run.params["profile"], seed=seed, data_path=data_path, encoder=encoder, device=device)
-hp = dict(emb_dim=emb_dim, hidden_dim=hidden_dim, att_dim=att_dim, dropout=dropout,
-          **({} if penalty is None else {"penalty": penalty}), **({} if gate is None else {"gate": gate}),
-          **(dict(samples=samples, lambda_r=lambda_r, lambda_e=lambda_e, p_expected=p_expected) if attention == "hard" else {}))
-seed_everything(seed)
-model = build(f"sat_{attention}", len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
-cfg = TrainConfig(epochs=epochs or EPOCHS[profile], batch_size=batch_size, lr=lr, seed=seed, max_len=prep.max_len,
-                  device=device)
-print(f"sat_{attention}: {model.n_params:,} parameters; gate {model.gate}, penalty {model.penalty}; "
-      f"{len(prep.train):,} training captions; {cfg.epochs} epochs at most")
+#| export
+@dataclass
+class SATParams(SATConfig, RunConfig):
+    "The Show-Attend-Tell chapter's parameters: the run's (`RunConfig`), then the model's (`SATConfig`)."
 
-# %%
-fitted = fit(model, prep, cfg, run.path("ckpt"), meta={"model": f"sat_{attention}", "hparams": hp})
-pd.DataFrame(fitted.history).round(4)
+def sat_measure(r) -> dict:
+    "Hard attention decoded with the expected context; the gate's mean β on object-noun steps and on the others."
+    from capbook.metrics import evaluate
+    from capbook.shapes import object_mentions
+    model, prep, ev, out = r.model, r.prep, r.ev, {}
+    if isinstance(model.att, HardAttention):
+        model.att.test_context = "expected"
+        out["metrics_expected_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device))
+        model.att.test_context = model.cfg.test_context
+    if model.gate and prep.gt is not None:                  # §4.2.1: is beta larger when the decoder names an object?
+        from capbook.decode import pad_captions
+        caps = pad_captions([[model.start, *c.tokens, model.end] for c in ev["captions"]], prep.max_len + 2)
+        feats = torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=r.device)
+        model.eval()
+        with torch.no_grad():                               # beta_t of the step emitting word t: (N, T)
+            beta = model({"feats": feats, "caps": caps.to(r.device)})["beta"][..., 0].cpu()
+        heads = [{t for t, _ in object_mentions(w, prep.gt["images"][k])} for w, k in zip(ev["words"], ev["keys"])]
+        on = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t in heads[i]]
+        off = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t not in heads[i]]
+        out["gate_beta"] = {"object_words": float(np.mean(on)), "other_words": float(np.mean(off)), "n_object": len(on)}
+        print(f"mean beta_t when the next word is an object noun: {np.mean(on):.3f} ({len(on)} words); "
+              f"other words: {np.mean(off):.3f}")
+    return out
+
+SAT = register_chapter(Chapter(
+    notebook="02_show_attend_tell",
+    paper="Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with Visual Attention (ICML)",
+    url="https://arxiv.org/abs/1502.03044",
+    params=SATParams,
+    model=lambda p: f"sat_{p.attention}",
+    runs={"": {}, "hard": {"attention": "hard"}, "none": {"attention": "none"},     # Table 1
+          "hard-lr1": {"attention": "hard", "lambda_r": 1.0},                        # lambda_r chosen on validation
+          "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False}},               # §4.2.1 ablation
+    epochs={"smoke": 2, "default": 6, "paper": 30},
+    label=lambda p: f"{p.attention.capitalize()}-Attention",
+    figure=lambda p: f"fig_sat_{p.attention}_attention.png",
+    measure=sat_measure,
+    encoder="vgg16",
+    tables={"Table 1": sat_table1},
+    figures=("fig_sat_figure3.png", "fig_sat_figure5.png", "fig_soft_vs_hard_example.png"),
+))
 
 # %% [markdown]
-# The test split is decoded with beam search. The hard model decodes with the most probable location at every step;
-# it is also decoded with the expected context (soft attention's $\sum_i \alpha_{ti} a_i$), which the next chapter
-# reports as a second hard-attention row. Every caption and its attention are saved with the run (`test_captions.pt`)
-# for the figures of the next chapter.
+# ## Training and evaluation
+#
+# The parameters cell (generated from `SATParams`: `make sync` rewrites it) and the run: one call that prepares the
+# data, builds the model, trains it with its objective, evaluates it on the test split, writes the results record
+# and draws the attention figure (`capbook.runner.run_chapter`).
+
+# %% tags=["parameters"]
+profile = 'default'      # smoke | default | paper: sizes and epochs
+dataset = 'shapes'       # shapes | coco | flickr8k | flickr30k
+data_path = None         # folder with dataset_<name>.json and its images (real datasets)
+encoder = None           # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+seed = 0
+epochs = None            # None: the chapter's default for the profile
+batch_size = 64          # captions per training step
+lr = 0.0004              # Adam's learning rate
+beam_size = 3            # beam of the validation and test decodes
+device = 'auto'          # auto | cpu | cuda | cuda:N
+run_dir = None           # set by `capbook book`; None: runs/<profile>/adhoc/...
+attention = 'soft'       # soft (§4.2) | hard (§4.1) | none (the mean annotation vector: the no-attention baseline)
+emb_dim = 128            # m, the word embedding size
+hidden_dim = 256         # n, the LSTM size
+att_dim = 128            # size of f_att's hidden layer
+dropout = 0.5
+penalty = None           # λ of the doubly stochastic penalty (Eq. 9); None: 1 for soft, 0 otherwise (the paper's)
+gate = None              # the gating scalar β (§4.2.1); None: on for soft, off otherwise (the paper's)
+samples = 1              # hard: N, sampled attention sequences per caption (Eq. 7)
+lambda_r = 0.1           # hard: weight of the REINFORCE term (chosen on validation, see below)
+lambda_e = 0.002         # hard: weight of the entropy term
+p_expected = 0.5         # hard: probability that a caption is trained with the expected context instead of a sample
+test_context = 'argmax'  # hard: the context at test time, argmax (the most probable location) | expected
 
 # %%
-dev = get_device(device)
-model.to(dev)
-def measure(ev):
-    return {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
-ev = evaluate(model, prep, "test", beam_size=beam_size, device=dev)
-extra = {}
-if attention == "hard":
-    model.att.test_context = "expected"
-    ev_exp = evaluate(model, prep, "test", beam_size=beam_size, device=dev)
-    model.att.test_context = "argmax"
-    extra["metrics_expected_context"] = measure(ev_exp)
-if model.gate and prep.gt is not None:           # §4.2.1: is beta larger when the decoder names an object?
-    caps = pad_captions([[model.start, *c.tokens, model.end] for c in ev["captions"]], prep.max_len + 2)
-    model.eval()
-    with torch.no_grad(): beta = model(torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev),
-                                       caps.to(dev))["beta"][..., 0].cpu()   # beta_t of the step emitting word t: (N, T)
-    heads = [{t for t, _ in object_mentions(w, prep.gt["images"][k])} for w, k in zip(ev["words"], ev["keys"])]
-    on = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t in heads[i]]
-    off = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t not in heads[i]]
-    extra["gate_beta"] = {"object_words": float(np.mean(on)), "other_words": float(np.mean(off)), "n_object": len(on)}
-    print(f"mean beta_t when the next word is an object noun: {np.mean(on):.3f} ({len(on)} words); other words: {np.mean(off):.3f}")
-save_torch(run.path("test_captions.pt"), {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
-           "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"]})
-run.record(measure(ev), timings={"train_s": fitted.train_seconds, "train_captions_per_s": fitted.captions_per_s,
-                                 **ev["timings"]},
-           n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch, history=fitted.history,
-           samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]], **extra)
-shown = {"test": ev["metrics"], **({"test, expected context": ev_exp["metrics"]} if attention == "hard" else {})}
+r = run_chapter("02_show_attend_tell", globals())
+model, prep, ev, dev = r.model, r.prep, r.ev, r.device
+pd.DataFrame(r.fitted.history).round(4)
+
+# %%
+shown = {"test": ev["metrics"], **({"test, expected context": {k: v for k, v in r.record["metrics_expected_context"].items()
+                                                              if not isinstance(v, dict)}}
+                                   if "metrics_expected_context" in r.record else {})}
 pd.DataFrame({k: {m: round(100 * v, 1) for m, v in d.items()} for k, d in shown.items()}).T
 
 # %% [markdown]
 # ## Soft and hard attention, worked on one image
 #
-# The explainer (`shared/papers/soft_hard_attention_blog.txt`) splits a convolutional feature map into four regions —
+# The explainer ([Hui 2017](https://jhui.github.io/2017/03/15/Soft-and-hard-attention/)) splits a convolutional feature map into four regions —
 # "the top right & left and the bottom right & left of the original pictures" — scores each region against the
 # decoder's context, turns the scores into weights with a softmax, and then either averages the regions with these
 # weights (soft attention) or "uses [the weights] as a sample rate to pick one as the input to the LSTM" (hard
@@ -388,13 +420,15 @@ pd.DataFrame({k: {m: round(100 * v, 1) for m, v in d.items()} for k, d in shown.
 
 # %%
 WE = None
-if attention != "none" and prep.gt is not None:
-    pick = next((i for i, w in enumerate(ev["words"]) if object_mentions(w, prep.gt["images"][ev["keys"][i]])), 0)
+pick = None if model.att is None or prep.gt is None else next(
+    (i for i, w in enumerate(ev["words"]) if object_mentions(w, prep.gt["images"][ev["keys"][i]])), None)
+if pick is None: print("no test caption of this run names an object: the worked example needs one")
+else:
     toks, t_obj = ev["captions"][pick].tokens, object_mentions(ev["words"][pick], prep.gt["images"][ev["keys"][pick]])[0][0]
     f = torch.tensor(np.asarray(prep.test.feats[pick]), dtype=torch.float32, device=dev)[None]   # (1, L, D)
     model.eval()
     with torch.no_grad():
-        memory, state = model.init_state(f)
+        memory, state = model.init_state({"feats": f})
         for tok in ([model.start] + toks)[:t_obj]:                   # the steps before the one that emits the object word
             _, state, _ = model.step(torch.tensor([tok], device=dev), memory, state)
     h_prev = state["h"][0]                                           # h_{t-1} of the step that emits it
@@ -406,7 +440,7 @@ if attention != "none" and prep.gt is not None:
     print(f"soft context  = sum_i alpha_i x_i  (first 4 of {len(WE['soft'])} channels): {WE['soft'][:4].cpu().numpy().round(4)}")
     print(f"hard context  = x_{WE['sample'] + 1} ({names[WE['sample']]}), drawn with probability {np.exp(WE['logp_sample']):.4f}: "
           f"{WE['hard'][:4].cpu().numpy().round(4)}")
-    fig_we = soft_hard_figure(prep.image_paths("test")[pick], WE, ev["words"][pick][t_obj], run.path("fig_soft_vs_hard_example.png"))
+    fig_we = soft_hard_figure(prep.image_paths("test")[pick], WE, ev["words"][pick][t_obj], r.run.path("fig_soft_vs_hard_example.png"))
     display(IPImage(filename=str(fig_we)))
 
 # %% [markdown]
@@ -414,16 +448,9 @@ if attention != "none" and prep.gt is not None:
 #
 # Figure 3 of the paper shows, for one image, the attention of every generated word, "upsampling the attention weights
 # and smoothing" (§5.4; see `capbook.viz.smooth_attention` for the exact filter). capbook picks the test image by rule,
-# not by hand: the first test image whose caption names at least two objects that are in the image. The next chapter
-# puts the soft and the hard model's maps for the same image one above the other, as the paper's figure does.
+# not by hand: the first test image whose caption names at least two objects that are in the image
+# (`capbook.runner.figure_pick`). The next chapter puts the soft and the hard model's maps for the same image one
+# above the other, as the paper's figure does. The no-attention baseline has no map.
 
 # %%
-if attention != "none":
-    pick = 0
-    if prep.gt is not None:
-        pick = next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
-                     if len([m for m in object_mentions(w, prep.gt["images"][k]) if m[1]]) >= 2), 0)
-    fig_path = run.path(f"fig_sat_{attention}_attention.png")
-    attention_figure([{"label": f"{attention.capitalize()}-Attention", "image": prep.image_paths("test")[pick],
-                       "words": ev["words"][pick], "alpha": ev["captions"][pick].alpha, "grid": prep.grid}], fig_path)
-    display(IPImage(filename=str(fig_path)))
+if r.figure is not None: display(IPImage(filename=str(r.figure)))

@@ -16,11 +16,9 @@
 # %% [markdown]
 # # Soft vs hard attention: Table 1, Figures 3 and 5, and §4.2.1
 #
-# > Show, Attend and Tell's results, assembled from the six runs of the previous chapter: soft attention, hard
-# > attention and the no-attention baseline (Table 1), their attention on the same image (Figure 3), a mistake explained
-# > by where the model looked (Figure 5), and the two claims of §4.2.1 measured.
+# > Show, Attend and Tell's results, assembled from the six runs of the previous chapter: soft attention, hard attention and the no-attention baseline (Table 1), their attention on the same image (Figure 3), a mistake explained by where the model looked (Figure 5), and the two claims of §4.2.1 measured.
 #
-# The book runs `02_show_attend_tell` six times on the same data, seed and budget (`capbook.book.SAT_RUNS`): soft
+# The book runs `02_show_attend_tell` six times on the same data, seed and budget (the runs `capbook.sat` declares): soft
 # attention with the doubly stochastic penalty and the gate (the paper's soft model), hard attention with two REINFORCE
 # weights, no attention, and soft attention without the penalty (λ = 0) or without the gate. This notebook trains nothing: it reads the runs'
 # results records (`capbook.book.step_record`: the book's own run of each, or a hand run with exactly the same
@@ -33,8 +31,9 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.book import start_run, plan, step_record
-from capbook.data import prepare
+from capbook.runner import start_run, read_params
+from capbook.book import chapter_steps, step_record
+from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import sat_table1
 from capbook.shapes import object_mentions, parse_caption
@@ -45,8 +44,8 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
-run = start_run("02a_soft_vs_hard", dict(profile=profile, run_dir=run_dir))
-steps = {s.tag: s for s in plan(profile) if s.notebook == "02_show_attend_tell"}
+run = start_run("02a_soft_vs_hard", read_params(["profile", "run_dir"], globals()))
+steps = chapter_steps(profile, "02_show_attend_tell")
 recs = {tag: step_record(profile, s) for tag, s in steps.items()}
 caps = {tag: load_torch(Path(r["_dir"]) / "test_captions.pt") for tag, r in recs.items()}
 p0 = recs[""]["params"]
@@ -54,6 +53,7 @@ prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"
 images = prep.image_paths("test")
 pd.DataFrame([{"run": s.name, "parameters": s.params, "record": r["_dir"], "finished": r["finished"]}
               for s, r in zip(steps.values(), recs.values())])
+
 
 # %% [markdown]
 # ## Choosing λ_r on the validation split
@@ -122,6 +122,7 @@ if "att. mass" in T:
 display(Markdown("Measured on this run of the book (one seed each, so differences of a point or two are within the "
                  "noise of a single training run):\n\n" + "\n".join(lines)))
 
+
 # %% [markdown]
 # ## Figure 3: the same image through the soft and the hard model
 #
@@ -141,6 +142,7 @@ fig3 = attention_figure([{"label": f"{name}-Attention", "image": images[pick], "
                           "alpha": caps[tag]["alpha"][pick], "grid": prep.grid} for tag, name in [("", "Soft"), (sel, "Hard")]],
                         run.path("fig_sat_figure3.png"))
 display(IPImage(filename=str(fig3)))
+
 
 # %% [markdown]
 # ## Figure 5: a mistake, and where the model looked
@@ -182,6 +184,7 @@ else:
                      + ", ".join(" ".join(v for v in (o['size'], o['colour'], o['shape']) if v)
                                  for o in prep.gt["images"][keys[i]]["objects"]) + "."))
     display(IPImage(filename=str(run.path("fig_sat_figure5.png"))))
+
 
 # %% [markdown]
 # ## §4.2.1 measured: the doubly stochastic penalty and the gating scalar

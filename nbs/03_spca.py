@@ -16,9 +16,7 @@
 # %% [markdown]
 # # SPCA: structure-preserving convolutional attention
 #
-# > SPCA (`shared/papers/spca.txt`): attention computed by convolutions on the whole feature map instead of on each
-# > grid cell's vector — a spatial map ("where") and channel weights ("what") — on a 1D LSTM (the Show-Attend-Tell
-# > decoder) and on the 2D-latent-state LSTM of Dai et al. (2018), whose state is itself a C×W×H map.
+# > SPCA (Lu et al. 2019, [doi:10.3390/app9142888](https://doi.org/10.3390/app9142888)): attention computed by convolutions on the whole feature map — a spatial map ("where") and channel weights ("what") — on a 1D LSTM and on the 2D-latent-state LSTM of Dai et al. 2018, whose state is itself a C×W×H map.
 #
 # Grid-based attention (Show-Attend-Tell's, Eq. 4–6 of the paper) scores each of the $W \times H$ annotation vectors
 # $V_i \in \mathbb R^C$ on its own with a fully connected layer: "this operation totally breaks the spatial structure
@@ -36,46 +34,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
+from dataclasses import dataclass
+from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention
-from capbook.models import CaptionModel, register
-from capbook.sat import ShowAttendTell
+from capbook.models import CaptionModel, register, unroll
+from capbook.objectives import DoublyStochastic
+from capbook.sat import SATConfig, ShowAttendTell
+from capbook.runner import Chapter, RunConfig, register_chapter
+from capbook.papers import spca_table
 
 # %%
 #| hide
-import numpy as np, pandas as pd
+import pandas as pd
 from IPython.display import Image as IPImage, display
-from capbook.core import check_choice, check_int, check_float, get_device, seed_everything, save_torch
-from capbook.book import start_run
-from capbook.data import prepare
-from capbook.models import build
-from capbook.train import TrainConfig, fit
-from capbook.metrics import evaluate, attention_on_references, results_row
-from capbook.shapes import object_mentions
-from capbook.viz import attention_figure
-
-# %% tags=["parameters"]
-profile = "default"     # smoke | default | paper: sizes and epochs
-dataset = "shapes"      # shapes | coco | flickr8k | flickr30k
-data_path = None        # folder with dataset_<name>.json and its images (real datasets)
-encoder = None          # None: the dataset's default (shapes CNN; the paper: ResNet-101)
-seed = 0
-decoder = "2d"          # 1d (Show-Attend-Tell's LSTM) | 2d (Dai et al.'s 2D-latent-state LSTM)
-structure = "S||C"      # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
-kernel = 3              # k of the spatial attention's convolutions (Eq. 11): a positive odd integer
-reduction = 8           # r of the channel attention (Eq. 12): 2C -> 2C/r -> C
-att_dim = None          # width of Conv1 in Eq. 11; None: 128 for 1d (Show-Attend-Tell's), the state channels for 2d
-channels = 32           # 2d: channels c of the state maps (Dai et al.: 256)
-map_size = 7            # 2d: side of the state maps (Dai et al.: 7)
-emb_dim = 128           # 1d: word embedding size
-hidden_dim = 256        # 1d: LSTM size
-dropout = 0.5
-epochs = None           # None: the profile's default
-batch_size = 64
-lr = 4e-4               # Adam, as the paper; decayed by 0.5 every 5 epochs (§4.2)
-beam_size = 2           # the paper's evaluation beam
-device = "auto"
-run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
-
+from capbook.metrics import results_row
+from capbook.runner import run_chapter
 
 # %% [markdown]
 # ## The module, Eq. 7–12
@@ -96,7 +69,7 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 # $V' = V \otimes M^C([V; h])$, $C_t = V' \otimes M^S([V'; h])$; **S-C** — the reverse: $V' = V \otimes M^S([V; h])$,
 # $C_t = V' \otimes M^C([V'; h])$; **S‖C** — both from $F_t$ in parallel, Eq. 10 (the paper's model).
 #
-# *capbook's choices where the paper is silent:*
+# *capbook:* where the paper is silent —
 # - **Conv₁'s width** in Eq. 11 is not given; we use `att_dim` channels (the paper sets its "attention dimension" to
 #   512 on 2048-channel features), with zero padding $k/2$ so the map keeps its size.
 # - **$r$** is not given either; the default is 8 (so $2C/r$ is 8 for the 2D decoder's 32 channels). It is a parameter
@@ -129,7 +102,21 @@ def conv_tiled(h: torch.Tensor, weight: torch.Tensor, size: tuple[int, int]) -> 
     cv = (((torch.arange(W, device=h.device) + tap) >= 0) & ((torch.arange(W, device=h.device) + tap) < W)).to(h.dtype)
     return torch.einsum("roij,iy,jx->royx", P, rv, cv)
 
-class SPCA(nn.Module):
+@dataclass
+class SPCAConfig:
+    "SPCA's attention module (Eq. 7–12)."
+    structure: str | None = "S||C"  # S | C | C-S | S-C | S||C (§4.3.1)
+    kernel: int = 3                 # k of the spatial attention's convolutions (Eq. 11): a positive odd integer
+    reduction: int = 8              # r of the channel attention (Eq. 12): 2C -> 2C/r -> C
+    att_dim: int | None = None      # width of Conv1 in Eq. 11; None: 128 for 1d (Show-Attend-Tell's), the state channels for 2d
+
+    def check(self):
+        "Stop with one line on an invalid value."
+        if self.structure is not None: check_choice("structure", self.structure, STRUCTURES)
+        check_int("kernel", self.kernel, lo=1, odd=True); check_int("reduction", self.reduction, lo=1)
+        if self.att_dim is not None: check_int("att_dim", self.att_dim, lo=1)
+
+class SPCA(Attention):
     "Structure-preserving convolutional attention (Eq. 7–12) on a C-channel map; `structure` one of S, C, C-S, S-C, S||C."
     def __init__(self, channels: int, structure: str = "S||C", kernel: int = 3, reduction: int = 8, att_dim: int | None = None):
         super().__init__()
@@ -160,19 +147,40 @@ class SPCA(nn.Module):
         pooled = torch.cat([_rows(X.mean((2, 3)), R), h if h.dim() == 2 else h.mean((2, 3))], 1)   # AvgPool(F_t): (R, 2C)
         return torch.sigmoid(self.conv2_c(F.relu(self.conv1_c(pooled[..., None, None]))))       # M^C: (R, C, 1, 1)
 
-    def forward(self, V, h, pre=None):
-        "Context C_t (R, C, H, W), spatial map M^S (R, 1, H, W) or None, channel weights M^C (R, C, 1, 1) or None."
+    def forward(self, a, pre, h, expected=None):
+        "Context C_t (R, C, H, W); weights: M^S normalised over the map (R, H*W) or None; info: M^S (R, 1, H, W) and M^C (R, C, 1, 1)."
+        V = a                                                  # the feature map: (B, C, H, W)
         Vr, s, Ms, Mc = _rows(V, len(h)), self.structure, None, None
-        if s == "S":    Ms = self.spatial(V, h, pre); ctx = Vr * Ms                              # V ⊗ M^S
-        elif s == "C":  Mc = self.channel(V, h); ctx = Vr * Mc                                   # V ⊗ M^C
-        elif s == "S||C": Ms, Mc = self.spatial(V, h, pre), self.channel(V, h); ctx = Vr * (Mc * Ms)   # Eq. 10
+        if s == "S":
+            # M^S_t = sigma(Conv2(ReLU(Conv1([V; h]))))  (Eq. 11): (R, 1, H, W)
+            Ms = self.spatial(V, h, pre)
+            # C_t = V ⊗ M^S_t: (R, C, H, W)
+            ctx = Vr * Ms
+        elif s == "C":
+            # M^C_t = sigma(Conv2(ReLU(Conv1(AvgPool([V; h])))))  (Eq. 12): (R, C, 1, 1)
+            Mc = self.channel(V, h)
+            # C_t = V ⊗ M^C_t: (R, C, H, W)
+            ctx = Vr * Mc
+        elif s == "S||C":
+            # M^S_t (Eq. 11) and M^C_t (Eq. 12), both from F_t = [V; h_{t-1}] (Eq. 7)
+            Ms, Mc = self.spatial(V, h, pre), self.channel(V, h)
+            # C_t = V ⊗ (M^C_t ⊗ M^S_t)  (Eq. 10): (R, C, H, W)
+            ctx = Vr * (Mc * Ms)
         elif s == "C-S":
-            Mc = self.channel(V, h); V1 = Vr * Mc                                                # V' = V ⊗ M^C([V; h])
-            Ms = self.spatial(V1, h); ctx = V1 * Ms                                              # V' ⊗ M^S([V'; h])
+            Mc = self.channel(V, h)
+            # V' = V ⊗ M^C([V; h]): (R, C, H, W)
+            V1 = Vr * Mc
+            Ms = self.spatial(V1, h)
+            # C_t = V' ⊗ M^S([V'; h])
+            ctx = V1 * Ms
         else:
-            Ms = self.spatial(V, h, pre); V1 = Vr * Ms                                           # V' = V ⊗ M^S([V; h])
-            Mc = self.channel(V1, h); ctx = V1 * Mc                                              # V' ⊗ M^C([V'; h])
-        return ctx, Ms, Mc
+            Ms = self.spatial(V, h, pre)
+            # V' = V ⊗ M^S([V; h]): (R, C, H, W)
+            V1 = Vr * Ms
+            Mc = self.channel(V1, h)
+            # C_t = V' ⊗ M^C([V'; h])
+            ctx = V1 * Mc
+        return ctx, self.keep(attention_weights(Ms)), {"spatial": Ms, "channel": Mc}
 
 def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
     "M^S (R, 1, H, W) as weights over the H*W cells that sum to 1 (for figures and attention correctness): (R, H*W)."
@@ -192,7 +200,7 @@ def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
 # $$h = \mathrm{tile}_{W\times H}(W_p h_{t-1}) \in \mathbb R^{C\times W\times H}, \qquad
 #   \hat z_t = \mathrm{AvgPool}(C_t) \in \mathbb R^{C}, \qquad h_t = \mathrm{LSTM}([x_t; \hat z_t], h_{t-1}) \quad (2)$$
 #
-# *capbook's choices:* the LSTM's size $n$ (256) differs from the feature channels $C$ (128 on shapes, 2048 for
+# *capbook:* the LSTM's size $n$ (256) differs from the feature channels $C$ (128 on shapes, 2048 for
 # ResNet-101), so $h_{t-1}$ is first projected to $C$ by a learned linear map $W_p$ (none when $n = C$); the pooling is
 # an average over the map. Show-Attend-Tell's gate β and doubly stochastic penalty are not part of SPCA's decoder
 # (Eq. 2), so they are off.
@@ -211,24 +219,33 @@ class SPCAttention(Attention):
         return a.transpose(1, 2).reshape(a.shape[0], a.shape[2], *self.grid)
     def precompute(self, a):
         return self.spca.precompute(self._map(a))
-    def forward(self, a, pre, h):                                   # a: (B, L, C); h_{t-1}: (R, n)
-        ctx, Ms, _ = self.spca(self._map(a), self.proj(h), pre)     # C_t: (R, C, H, W), tile(W_p h) inside
-        alpha = attention_weights(Ms)
-        return ctx.mean((2, 3)), None if alpha is None else self.keep(alpha)   # AvgPool(C_t): (R, C); alpha: (R, L)
+    def forward(self, a, pre, h, expected=None):                    # a: (B, L, C); h_{t-1}: (R, n)
+        # C_t = SPCA(V, tile(W_p h_{t-1})): (R, C, H, W); alpha: (R, L) or None
+        ctx, alpha, info = self.spca(self._map(a), pre, self.proj(h))
+        # AvgPool(C_t): (R, C)
+        return ctx.mean((2, 3)), self.keep(alpha), info
 
-@register("lstm1d_spca")
-def lstm1d_spca(vocab_size, feat_dim, grid, structure="S||C", kernel=3, reduction=8, att_dim=128, hidden_dim=256, **hp):
+@dataclass
+class SPCA1DConfig(SPCAConfig):
+    "1D-LSTM + SPCA: SPCA's module on Show-Attend-Tell's decoder, whose sizes it shares."
+    emb_dim: int = SATConfig.emb_dim          # 1d: word embedding size
+    hidden_dim: int = SATConfig.hidden_dim    # 1d: LSTM size
+    dropout: float = SATConfig.dropout
+
+@register("lstm1d_spca", SPCA1DConfig, objective=lambda cfg: DoublyStochastic(0.0))
+def lstm1d_spca(cfg: SPCA1DConfig, vocab_size, feat_dim, grid):
     "1D-LSTM + SPCA: the Show-Attend-Tell decoder with SPCA in place of its grid attention (no gate, no penalty)."
-    att = SPCAttention(feat_dim, hidden_dim, grid, structure, kernel, reduction, att_dim)
-    return ShowAttendTell(vocab_size, feat_dim, grid, hidden_dim=hidden_dim, attention=att,
-                          **{"gate": False, "penalty": 0.0, **hp})
+    att = SPCAttention(feat_dim, cfg.hidden_dim, grid, cfg.structure, cfg.kernel, cfg.reduction,
+                       cfg.att_dim or SATConfig.att_dim)
+    sat = SATConfig(emb_dim=cfg.emb_dim, hidden_dim=cfg.hidden_dim, dropout=cfg.dropout, gate=False, penalty=0.0)
+    return ShowAttendTell(sat, vocab_size, feat_dim, grid, attention=att)
 
 
 # %% [markdown]
 # ## The 2D-latent-state LSTM (Dai et al. 2018), with and without SPCA
 #
 # SPCA's second decoder keeps its state as maps. Its reference is Dai et al., *Rethinking the Form of Latent States in
-# Image Captioning* (ECCV 2018), whose public Torch7 code does the following (`shared/DESIGN.md`): the state is a
+# Image Captioning* (ECCV 2018), ([arXiv:1807.09958](https://arxiv.org/abs/1807.09958)), whose public Torch7 code does the following: the state is a
 # $c$-channel map; every gate is a sum of 3×3 convolutions of the previous state $H$, the word map $X_t$ and the image
 # map $V$, with separate weights per term:
 #
@@ -243,7 +260,7 @@ def lstm1d_spca(vocab_size, feat_dim, grid, structure="S||C", kernel=3, reductio
 # with the SPCA context $C_t = \mathrm{SPCA}(V, H_{t-1})$. The state is already $c\times W\times H$, so there is no tiling
 # and no pooling (§3.2).
 #
-# *capbook's choices:* $c = 32$ channels (Dai et al.: 256) and the features average-pooled to the 7×7 map of Dai et
+# *capbook:* $c = 32$ channels (Dai et al.: 256) and the features average-pooled to the 7×7 map of Dai et
 # al. (shapes' 14×14 grid; ResNet-101's 7×7 needs no pooling), so that the eight 2D runs of the book fit a 2-core CPU;
 # both are parameters (`channels`, `map_size`). Without SPCA, $K_V * V$ does not change during a caption, so it is
 # computed once per image.
@@ -256,13 +273,25 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0: return x
         return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
 
+@dataclass
+class Latent2DConfig(SPCAConfig):
+    "Dai et al.'s 2D-latent-state LSTM, with SPCA's module on its image input unless `structure` is None."
+    channels: int = 32          # 2d: channels c of the state maps (Dai et al.: 256)
+    map_size: int = 7           # 2d: side of the state maps (Dai et al.: 7)
+    dropout: float = 0.5
+    word_channels: int = 4      # 2d: channels of each word's learned tensor (Dai et al.: 4)
+    word_hidden: int = 32       # 2d: channels of the word map's first convolution (Dai et al.: 32)
+
+    def check(self):
+        super().check()
+        for n in ("channels", "map_size", "word_channels", "word_hidden"): check_int(n, getattr(self, n), lo=1)
+        check_float("dropout", self.dropout, lo=0, hi=0.95)
+
 class Latent2D(CaptionModel):
     "Dai et al.'s 2D-latent-state LSTM (convolutional gates over c×m×m maps), optionally with SPCA on its image input."
-    def __init__(self, vocab_size: int, feat_dim: int, grid: tuple[int, int], channels: int = 32, map_size: int = 7,
-                 dropout: float = 0.5, structure: str | None = None, kernel: int = 3, reduction: int = 8,
-                 att_dim: int | None = None, word_channels: int = 4, word_hidden: int = 32):
+    def __init__(self, cfg: Latent2DConfig, vocab_size: int, feat_dim: int, grid: tuple[int, int]):
         super().__init__(vocab_size)
-        c, m = channels, map_size
+        c, m, word_channels, word_hidden, dropout = cfg.channels, cfg.map_size, cfg.word_channels, cfg.word_hidden, cfg.dropout
         self.grid, self.att_grid, self.c, self.m, self.wc = tuple(grid), (m, m), c, m, word_channels
         self.word = nn.Embedding(vocab_size, word_channels * (m + 8) ** 2)   # a (4, m+8, m+8) tensor per word
         self.wconv1 = nn.Conv2d(word_channels, word_hidden, 5)              # (m+8) -> (m+4)
@@ -273,9 +302,10 @@ class Latent2D(CaptionModel):
         self.K_V = nn.Conv2d(c, 4 * c, 3, padding=1, bias=False)             # K_V^{i,f,o,g}
         self.out = nn.Linear(c, vocab_size)
         self.drop = Dropout(dropout)
-        self.spca = SPCA(c, structure, kernel, reduction, att_dim) if structure else None
+        self.spca = SPCA(c, cfg.structure, cfg.kernel, cfg.reduction, cfg.att_dim) if cfg.structure else None
 
-    def init_state(self, feats):                                             # feats: (B, L, D)
+    def init_state(self, batch):
+        feats = batch["feats"]                                               # feats: (B, L, D)
         B = len(feats)
         fmap = F.adaptive_avg_pool2d(feats.transpose(1, 2).reshape(B, -1, *self.grid), self.m)   # (B, D, m, m)
         V = self.drop(F.relu(self.img(fmap)))                                # V: (B, c, m, m)
@@ -290,25 +320,21 @@ class Latent2D(CaptionModel):
     def step(self, tokens, memory, state):
         return self._step(self.K_X(self.word_map(tokens)), memory, state)
 
-    def forward(self, feats, caps):
+    def teacher_forcing(self, batch):
         "Teacher forcing; the word maps and K_X * X_t of all steps are computed as one batch (they depend on the words only)."
-        memory, state = self.init_state(feats)
+        caps = batch["caps"]
+        memory, state = self.init_state(batch)
         B, T = caps.shape[0], caps.shape[1] - 1
         KX = self.K_X(self.word_map(caps[:, :-1].reshape(-1))).view(B, T, 4 * self.c, self.m, self.m)
-        logits, extras = [], {}
-        for t in range(T):
-            lg, state, aux = self._step(KX[:, t], memory, state)
-            logits.append(lg)
-            for k, v in aux.items(): extras.setdefault(k, []).append(v)
-        return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
+        return unroll(self._step, KX, memory, state)
 
     def _step(self, KX, memory, state):                                       # KX = K_X * X_t: (R, 4c, m, m)
         H, Cm, R = state["H"], state["C"], len(KX)
         aux = {}
         if self.spca:
-            ctx, Ms, _ = self.spca(memory["V"], H, memory["pre"])            # C_t = SPCA(V, H_{t-1}): (R, c, m, m)
+            ctx, alpha, _ = self.spca(memory["V"], memory["pre"], H)         # C_t = SPCA(V, H_{t-1}): (R, c, m, m)
             KV = self.K_V(ctx)
-            if Ms is not None: aux["alpha"] = attention_weights(Ms)          # (R, m*m)
+            if alpha is not None: aux["alpha"] = alpha                       # M^S normalised: (R, m*m)
         else: KV = _rows(memory["KV"], R)                                   # K_V * V: (R, 4c, m, m)
         i, f, o, g = (self.K_H(H) + KX + KV).chunk(4, 1)                    # gate pre-activations: (R, c, m, m) each
         Cm = torch.sigmoid(f) * Cm + torch.sigmoid(i) * F.relu(g)            # C_t = f C_{t-1} + i g
@@ -316,87 +342,123 @@ class Latent2D(CaptionModel):
         logits = self.out(self.drop(H).mean((2, 3)))                         # linear(avgpool(dropout(H_t))): (R, V)
         return logits, {"H": H, "C": Cm}, aux
 
-@register("lstm2d")
-def lstm2d(vocab_size, feat_dim, grid, **hp):
+@register("lstm2d", Latent2DConfig, structure=None)
+def lstm2d(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
     "Dai et al.'s 2D-latent-state LSTM, the image map fed at every step (SPCA's baseline)."
-    return Latent2D(vocab_size, feat_dim, grid, structure=None, **hp)
+    return Latent2D(cfg, vocab_size, feat_dim, grid)
 
-@register("lstm2d_spca")
-def lstm2d_spca(vocab_size, feat_dim, grid, structure="S||C", **hp):
+@register("lstm2d_spca", Latent2DConfig)
+def lstm2d_spca(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
     "2D-latent-LSTM + SPCA: the image input of every step is SPCA's context computed from the 2D state."
-    return Latent2D(vocab_size, feat_dim, grid, structure=structure, **hp)
+    return Latent2D(cfg, vocab_size, feat_dim, grid)
 
 
 # %% [markdown]
-# ## Training and evaluation
+# ## The chapter's runs
 #
-# One configuration, trained by the book's one trainer and evaluated with its beam search and evaluator. The paper
-# trains with Adam at $4\times10^{-4}$, "decayed by a factor of 0.5 every five epochs", and evaluates with beam size 2;
-# both are kept. Mini-batches are 64 captions, as everywhere in the book (the paper: 20 images).
+# One configuration per run: the decoder (`1d` or `2d`), and SPCA's structure, kernel and reduction. The book runs it
+# nine times — the 2D-latent-state baseline and its five structures (Table 2), kernels 1×1 and 5×5 (Table 3), and
+# the 1D-LSTM (Tables 1 and 4) — and the next chapter assembles them. `structure='none'` on the 2D decoder is Dai et
+# al.'s model without attention.
+#
+# The paper trains with Adam at $4\times10^{-4}$, "decayed by a factor of 0.5 every five epochs", and evaluates with
+# beam size 2; both are kept. Mini-batches are 64 captions, as everywhere in the book (the paper: 20 images).
 #
 # **Model selection on validation CIDEr, not BLEU-4** (the paper does not say which it used). At beam 2, validation
 # BLEU-4 of the 2D-latent LSTM swings from epoch to epoch while CIDEr climbs steadily: in a default-profile probe
 # (S‖C, 5×5) BLEU-4 picked epoch 2 of 4 (val CIDEr 72.5), although epoch 4 reached val CIDEr 97.6. CIDEr is also the
 # column the paper's Tables 2–4 lead with. The Show-Attend-Tell runs keep BLEU-4, that paper's early-stopping metric.
+#
+# For the paper's central claim — convolutional attention localises better than grid attention — the attention is also
+# measured **on the same words for every model** (`spca_measure`): each model reads the first reference caption of
+# every test image (teacher forcing, `capbook.decode.teacher_forced`), and attention correctness is computed on the
+# object words of these references. This removes the difference between the models' own captions from the comparison.
 
 # %%
-EPOCHS = {"smoke": 2, "default": 4, "paper": 30}      # default: 4, so that the book's nine SPCA runs fit a CPU
-check_choice("dataset", dataset, ["shapes", "coco", "flickr8k", "flickr30k"])
-check_choice("decoder", decoder, ["1d", "2d"])
-check_choice("structure", structure, [*STRUCTURES, "none"] if decoder == "2d" else STRUCTURES)
-check_int("kernel", kernel, lo=1, odd=True)
-for _n, _v in dict(seed=seed, reduction=reduction, channels=channels, map_size=map_size, emb_dim=emb_dim,
-                   hidden_dim=hidden_dim, batch_size=batch_size, beam_size=beam_size).items():
-    check_int(_n, _v, lo=0 if _n == "seed" else 1)
-if att_dim is not None: check_int("att_dim", att_dim, lo=1)
-if epochs is not None: check_int("epochs", epochs, lo=1)
-check_float("lr", lr, lo=1e-7, hi=1.0); check_float("dropout", dropout, lo=0, hi=0.95)
-run = start_run("03_spca", dict(profile=profile, dataset=dataset, data_path=data_path, encoder=encoder, seed=seed,
-                decoder=decoder, structure=structure, kernel=kernel, reduction=reduction, att_dim=att_dim,
-                channels=channels, map_size=map_size, emb_dim=emb_dim, hidden_dim=hidden_dim, dropout=dropout,
-                epochs=epochs, batch_size=batch_size, lr=lr, beam_size=beam_size, device=device, run_dir=run_dir))
-prep = prepare(dataset, run.params["profile"], seed=seed, data_path=data_path, encoder=encoder, device=device)
-if decoder == "1d":
-    name, hp = "lstm1d_spca", dict(structure=structure, kernel=kernel, reduction=reduction, att_dim=att_dim or 128,
-                                   emb_dim=emb_dim, hidden_dim=hidden_dim, dropout=dropout)
-else:
-    name = "lstm2d" if structure == "none" else "lstm2d_spca"
-    hp = dict(channels=channels, map_size=map_size, dropout=dropout,
-              **({} if structure == "none" else dict(structure=structure, kernel=kernel, reduction=reduction, att_dim=att_dim)))
-seed_everything(seed)
-model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
-cfg = TrainConfig(epochs=epochs or EPOCHS[profile], batch_size=batch_size, lr=lr, lr_step=5, lr_gamma=0.5, seed=seed,
-                  max_len=prep.max_len, val_beam=beam_size, metric="CIDEr", device=device)
-print(f"{name} {hp}: {model.n_params:,} parameters; {len(prep.train):,} training captions; {cfg.epochs} epochs at most")
+#| export
+@dataclass
+class _Decoder:
+    decoder: str = "2d"         # 1d (Show-Attend-Tell's LSTM) | 2d (Dai et al.'s 2D-latent-state LSTM)
 
-# %%
-fitted = fit(model, prep, cfg, run.path("ckpt"), meta={"model": name, "hparams": hp})
-pd.DataFrame(fitted.history).round(4)
+@dataclass
+class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
+    "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
+    structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
+    beam_size: int = 2          # the paper's evaluation beam
+
+def _check(p):
+    check_choice("decoder", p.decoder, ["1d", "2d"])
+    check_choice("structure", p.structure, [*STRUCTURES, "none"] if p.decoder == "2d" else STRUCTURES)
+
+def _model(p) -> str:
+    return "lstm1d_spca" if p.decoder == "1d" else "lstm2d" if p.structure == "none" else "lstm2d_spca"
+
+def spca_measure(r) -> dict:
+    "Attention correctness on every test image's first reference caption (teacher forcing): the same words for every model."
+    from capbook.metrics import attention_on_references
+    return {"attention_on_references": attention_on_references(r.model, r.prep, "test", r.device)[1]} if r.prep.gt is not None else {}
+
+SPCA_CHAPTER = register_chapter(Chapter(
+    notebook="03_spca",
+    paper="Lu et al. 2019, Structure Preserving Convolutional Attention for Image Captioning (Applied Sciences 9(14):2888)",
+    url="https://doi.org/10.3390/app9142888",
+    params=SPCAParams,
+    model=_model,
+    check=_check,
+    runs={"": {},                                                                 # 2D-latent-LSTM + SPCA, S||C, 3x3
+          "base": {"structure": "none"}, "S": {"structure": "S"}, "C": {"structure": "C"},   # Table 2
+          "C-S": {"structure": "C-S"}, "S-C": {"structure": "S-C"},
+          "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
+          "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
+    epochs={"smoke": 2, "default": 4, "paper": 30},    # default: 4, so that the book's nine SPCA runs fit a CPU
+    train={"lr_step": 5, "lr_gamma": 0.5, "metric": "CIDEr"},
+    label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
+    figure=lambda p: "fig_spca_attention.png",
+    measure=spca_measure,
+    encoder="resnet101",
+    tables={f"Table {n}": (lambda n=n: spca_table(n)) for n in (1, 2, 3, 4)},
+    figures=("fig_spca_figure1.png", "fig_spca_figure4.png"),
+))
 
 # %% [markdown]
-# The test split is decoded with beam search (beam 2). For the paper's central claim — convolutional attention
-# localises better than grid attention — the attention is also measured **on the same words for every model**: each
-# model reads the first reference caption of every test image (teacher forcing, `capbook.decode.teacher_forced`), and
-# attention correctness is computed on the object words of these references. This removes the difference between the
-# models' own captions from the comparison. Both are saved in the results record; the generated captions and their
-# attention go to `test_captions.pt` for the next chapter's figures.
+# ## Training and evaluation
+#
+# The parameters cell (generated from `SPCAParams`: `make sync` rewrites it) and the run (`capbook.runner.run_chapter`).
+# The generated captions and their attention go to `test_captions.pt` for the next chapter's figures.
+
+# %% tags=["parameters"]
+profile = 'default'  # smoke | default | paper: sizes and epochs
+dataset = 'shapes'   # shapes | coco | flickr8k | flickr30k
+data_path = None     # folder with dataset_<name>.json and its images (real datasets)
+encoder = None       # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+seed = 0
+epochs = None        # None: the chapter's default for the profile
+batch_size = 64      # captions per training step
+lr = 0.0004          # Adam's learning rate
+beam_size = 2        # the paper's evaluation beam
+device = 'auto'      # auto | cpu | cuda | cuda:N
+run_dir = None       # set by `capbook book`; None: runs/<profile>/adhoc/...
+decoder = '2d'       # 1d (Show-Attend-Tell's LSTM) | 2d (Dai et al.'s 2D-latent-state LSTM)
+structure = 'S||C'   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
+kernel = 3           # k of the spatial attention's convolutions (Eq. 11): a positive odd integer
+reduction = 8        # r of the channel attention (Eq. 12): 2C -> 2C/r -> C
+att_dim = None       # width of Conv1 in Eq. 11; None: 128 for 1d (Show-Attend-Tell's), the state channels for 2d
+emb_dim = 128        # 1d: word embedding size
+hidden_dim = 256     # 1d: LSTM size
+dropout = 0.5
+channels = 32        # 2d: channels c of the state maps (Dai et al.: 256)
+map_size = 7         # 2d: side of the state maps (Dai et al.: 7)
+word_channels = 4    # 2d: channels of each word's learned tensor (Dai et al.: 4)
+word_hidden = 32     # 2d: channels of the word map's first convolution (Dai et al.: 32)
 
 # %%
-dev = get_device(device)
-model.to(dev)
-ev = evaluate(model, prep, "test", beam_size=beam_size, device=dev)
-grid = getattr(model, "att_grid", prep.grid)
-measured = {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
-extra = {}
-if prep.gt is not None:
-    extra["attention_on_references"] = attention_on_references(model, prep, "test", dev)[1]
-save_torch(run.path("test_captions.pt"), {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
-           "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": list(grid)})
-run.record(measured, timings={"train_s": fitted.train_seconds, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
-           n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch, history=fitted.history, model=name,
-           hparams=hp, samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]], **extra)
-pd.DataFrame({"test (beam %d)" % beam_size: results_row(measured),
-              **({"attention on the references": results_row({"attention": extra["attention_on_references"]})} if extra else {})}).round(2)
+r = run_chapter("03_spca", globals())
+pd.DataFrame(r.fitted.history).round(4)
+
+# %%
+extra = r.record.get("attention_on_references")
+pd.DataFrame({"test (beam %d)" % r.params.beam_size: results_row(r.measured()),
+              **({"attention on the references": results_row({"attention": extra})} if extra else {})}).round(2)
 
 # %% [markdown]
 # ## Where this configuration looks
@@ -406,14 +468,5 @@ pd.DataFrame({"test (beam %d)" % beam_size: results_row(measured),
 # them beside grid attention for the same words (Figures 1 and 4).
 
 # %%
-if ev["captions"][0].alpha is not None:
-    pick = 0
-    if prep.gt is not None:
-        pick = next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
-                     if len([m for m in object_mentions(w, prep.gt["images"][k]) if m[1]]) >= 2), 0)
-    fig_path = run.path("fig_spca_attention.png")
-    attention_figure([{"label": f"{decoder.upper()}-LSTM + SPCA ({structure}, {kernel}×{kernel})", "image": prep.image_paths("test")[pick],
-                       "words": ev["words"][pick], "alpha": ev["captions"][pick].alpha, "grid": grid}], fig_path)
-    display(IPImage(filename=str(fig_path)))
-else:
-    print(f"structure {structure!r} has no spatial attention map")
+if r.figure is not None: display(IPImage(filename=str(r.figure)))
+else: print(f"structure {r.params.structure!r} has no spatial attention map")

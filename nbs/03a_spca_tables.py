@@ -16,12 +16,9 @@
 # %% [markdown]
 # # SPCA: Tables 1–4, Figures 1 and 4, and whether convolutional attention localises better
 #
-# > SPCA's results, assembled from the nine runs of the previous chapter and Show-Attend-Tell's soft-attention run:
-# > parameters and decoding speed (Table 1), the five structures (Table 2), the kernel sizes (Table 3), the comparison
-# > with the other models (Table 4), grid and SPCA attention for the same words (Figures 1 and 4), and the paper's
-# > central claim tested with attention correctness.
+# > SPCA's results, assembled from the nine runs of the previous chapter and Show-Attend-Tell's soft-attention run: parameters and decoding speed (Table 1), the five structures (Table 2), the kernel sizes (Table 3), the comparison with the other models (Table 4), grid and SPCA attention for the same words (Figures 1 and 4), and the paper's central claim tested with attention correctness.
 #
-# The book runs `03_spca` nine times on the same data, seed and budget (`capbook.book.SPCA_RUNS`): the 2D-latent-state
+# The book runs `03_spca` nine times on the same data, seed and budget (the runs `capbook.spca` declares): the 2D-latent-state
 # LSTM without attention (the paper's baseline), with SPCA in each of the five structures (3×3 kernels) and with S‖C at
 # 1×1 and 5×5 kernels, and the 1D LSTM (Show-Attend-Tell's decoder) with S‖C. "Soft-Attention*" is the book's
 # Show-Attend-Tell soft-attention run, decoded here again with SPCA's beam size. Nothing is trained here: each run is
@@ -32,17 +29,17 @@
 #| hide
 from pathlib import Path
 import numpy as np, pandas as pd, torch
-import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import get_device, load_torch
-from capbook.book import start_run, plan, step_record
-from capbook.data import prepare
+from capbook.runner import start_run, read_params
+from capbook.book import chapter_steps, step_record
+from capbook.prepare import prepare
 from capbook.decode import ms_per_image
 from capbook.metrics import evaluate, attention_on_references, results_row
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.train import load_trained
-from capbook.viz import attention_figure, save_figure, save_table
+from capbook.viz import attention_figure, save_table
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -51,10 +48,10 @@ device = "auto"
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
-run = start_run("03a_spca_tables", dict(profile=profile, timing_repeats=timing_repeats, device=device, run_dir=run_dir))
-steps = {s.tag: s for s in plan(profile) if s.notebook == "03_spca"}
+run = start_run("03a_spca_tables", read_params(["profile", "timing_repeats", "device", "run_dir"], globals()))
+steps = chapter_steps(profile, "03_spca")
 recs = {tag: step_record(profile, s) for tag, s in steps.items()}
-soft_rec = step_record(profile, next(s for s in plan(profile) if s.notebook == "02_show_attend_tell" and not s.tag))
+soft_rec = step_record(profile, chapter_steps(profile, "02_show_attend_tell")[""])
 p0 = recs[""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
 dev = get_device(device)
@@ -147,6 +144,7 @@ t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
 table4 = pd.concat([spca_table(4), pd.DataFrame(t4)], ignore_index=True)
 table4 = table4[["dataset", "model", "source"] + [c for c in table4.columns if c not in ("dataset", "model", "source")]]
 display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f")))
+
 
 # %% [markdown]
 # ## Does convolutional attention localise more precisely than grid attention?

@@ -20,5 +20,5 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smoke(home):
     "The smoke-profile shapes data (dataset, frozen encoder, features), prepared once."
-    from capbook.data import prepare
+    from capbook.prepare import prepare
     return prepare("shapes", "smoke")

@@ -1,5 +1,5 @@
 "The book end to end at the smoke profile: papermill plan, records, tables, figures, skip-unchanged, docs site."
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 import pytest
 from capbook.book import Step, run_step
@@ -130,3 +130,32 @@ def test_spca_invalid_parameters_are_one_line(home, tmp_path, param, value, mess
         run_step(Step("03_spca", {"profile": "smoke", param: int(value) if value.isdigit() else value}, tag="bad"),
                  "smoke", log=lambda s: None)
     assert message in str(e.value) and "03_spca.ipynb failed in cell" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_misspelt_papermill_parameter_stops_with_one_line(home, tmp_path):
+    "papermill only warns about `-p epoch 5`; the chapter stops before training, naming the unknown parameter."
+    p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "03_spca.ipynb"),
+                        str(tmp_path / "out.ipynb"), "-p", "epoch", "5"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "parameter epoch is unknown: known parameters are profile, dataset" in p.stderr + p.stdout
+
+
+def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
+    "A new notebook plus its chapter declaration: the plan, the README table and the API list pick it up."
+    import shutil
+    import capbook.book as B
+    from capbook.runner import CHAPTERS, Chapter, RunConfig, register_chapter
+    nbs = tmp_path / "nbs"; shutil.copytree(Path(__file__).parent.parent / "nbs", nbs)
+    for ext in ("py", "ipynb"):
+        src = (nbs / f"01_dataset.{ext}").read_text()
+        (nbs / f"04_toy.{ext}").write_text(src.replace("The data: shapes, its card", "Toy: a chapter added for a test"))
+    monkeypatch.setattr(B, "nbs_dir", lambda: nbs)
+    register_chapter(Chapter("04_toy", "Toy et al. 2026, A toy", "https://arxiv.org/abs/0000.00000", RunConfig,
+                             model=lambda p: "sat_soft", runs={"": {}, "big": {"batch_size": 128}}, epochs={"smoke": 1},
+                             label=lambda p: "toy", figure=lambda p: "fig_toy.png"))
+    try:
+        steps = [s for s in B.plan("smoke") if s.notebook == "04_toy"]
+        assert [(s.tag, s.params) for s in steps] == [("", {"profile": "smoke"}), ("big", {"profile": "smoke", "batch_size": 128})]
+        assert "| `04_toy` | **Toy: a chapter added for a test" in B.chapter_table() and "[Toy et al. 2026](https://arxiv.org/abs/0000.00000)" in B.chapter_table()
+    finally:
+        CHAPTERS.pop("04_toy")

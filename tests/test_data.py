@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 from capbook.core import CapbookError
 from capbook import data as D
+from capbook.prepare import prepare
 
 
 def one_line(e: pytest.ExceptionInfo, *parts: str) -> str:
@@ -257,11 +258,11 @@ def test_image_batches(cdata):
 # --- prepare -----------------------------------------------------------------------------------------------------
 
 def test_prepare_errors(tmp_path):
-    with pytest.raises(CapbookError) as e: D.prepare("imagenet")
+    with pytest.raises(CapbookError) as e: prepare("imagenet")
     one_line(e, "dataset", "'shapes'", "'coco'")
-    with pytest.raises(CapbookError) as e: D.prepare("coco")
+    with pytest.raises(CapbookError) as e: prepare("coco")
     one_line(e, "data_path", "dataset_coco.json")
-    with pytest.raises(CapbookError) as e: D.prepare("coco", data_path=tmp_path)
+    with pytest.raises(CapbookError) as e: prepare("coco", data_path=tmp_path)
     one_line(e, str(tmp_path / "dataset_coco.json"), "not found")
-    with pytest.raises(CapbookError) as e: D.prepare("flickr8k", data_path=tmp_path, encoder="alexnet")
+    with pytest.raises(CapbookError) as e: prepare("flickr8k", data_path=tmp_path, encoder="alexnet")
     one_line(e, "encoder", "vgg16")

@@ -52,6 +52,6 @@ def test_pad_captions_and_teacher_forced_round_trip():
     for s, row in zip(seqs, t.tolist()):
         assert row[:len(s)] == s and all(x == 0 for x in row[len(s):])
     assert pad_captions([[5] * 12], 10).tolist() == [[5] * 10]          # longer than `length`: cut, not an error
-    tf = teacher_forced(m, f, t)                                           # the decoder's own captions read back
+    tf = teacher_forced(m, {"feats": f, "caps": t})                                         # the decoder's own captions read back
     for c, r in zip(caps, tf):
         assert r.tokens == c.tokens and abs(r.logprob - c.logprob) < 1e-4

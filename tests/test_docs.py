@@ -1,6 +1,5 @@
 """The offline docs site: nbdev directives honoured, tables/figures/maths on the page, API reference, atomic builds."""
 import base64, html, io, re, struct, sys
-from pathlib import Path
 
 import matplotlib
 matplotlib.use("Agg")

@@ -8,6 +8,7 @@ import torchvision
 from PIL import Image
 from capbook.core import CapbookError
 from capbook import data as D, encoders as E, shapes as S
+from capbook.prepare import prepare
 
 
 def one_line(e: pytest.ExceptionInfo, *parts: str) -> str:
@@ -80,7 +81,7 @@ def test_documented_grids(vgg16):
 
 def test_prepare_real(flickr, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("CAPBOOK_DATA", str(tmp_path_factory.mktemp("data")))
-    P = D.prepare("flickr8k", data_path=flickr, encoder="vgg11", weights="random", min_count=1)
+    P = prepare("flickr8k", data_path=flickr, encoder="vgg11", weights="random", min_count=1)
     assert P.feat_shape == (196, 512) and P.grid == (14, 14) and P.image_size == 224  # VGG-11 at 224: 14×14
     assert P.encoder == "vgg11-224px-random-s0" and P.dataset == "flickr8k" and P.gt is None
     assert (P.train.n_images, P.val.n_images, P.test.n_images) == (4, 1, 1) and len(P.train) == 8
@@ -89,11 +90,11 @@ def test_prepare_real(flickr, monkeypatch, tmp_path_factory):
     with monkeypatch.context() as m:  # a second call only opens the stores: no backbone, no extraction
         m.setattr(E, "build_backbone", lambda *a, **k: pytest.fail("backbone should not be needed"))
         m.setattr(E, "extract_features", lambda *a, **k: pytest.fail("features should be cached"))
-        Q = D.prepare("flickr8k", data_path=flickr, encoder="vgg11", weights="random", min_count=1)
+        Q = prepare("flickr8k", data_path=flickr, encoder="vgg11", weights="random", min_count=1)
     assert np.array_equal(Q.test.feats, P.test.feats) and Q.vocab == P.vocab
     (flickr / "gray.png").unlink()
     monkeypatch.setenv("CAPBOOK_DATA", str(tmp_path_factory.mktemp("fresh")))
-    with pytest.raises(CapbookError) as e: D.prepare("flickr8k", data_path=flickr, encoder="vgg11", weights="random")
+    with pytest.raises(CapbookError) as e: prepare("flickr8k", data_path=flickr, encoder="vgg11", weights="random")
     one_line(e, str(flickr / "gray.png"), "image not found", "1 of 6 images")
 
 
@@ -164,7 +165,7 @@ def test_shapes_prepare(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPBOOK_DATA", str(tmp_path))
     monkeypatch.setitem(S.PROFILES, "smoke", dict(train=40, val=10, test=10))
     monkeypatch.setitem(E.SHAPES_CNN, "epochs", 2)
-    P = D.prepare("shapes", "smoke", seed=0, min_count=1)
+    P = prepare("shapes", "smoke", seed=0, min_count=1)
     assert P.feat_shape == (196, 128) and P.grid == (14, 14) and P.image_size == 112 and P.dataset == "shapes-smoke-s0"
     assert P.encoder.startswith("shapescnn-112px-smoke-s0-") and set(P.gt["images"]) >= set(P.train.keys)
     assert (P.train.n_images, P.val.n_images, P.test.n_images) == (40, 10, 10) and len(P.train) == 200
@@ -177,7 +178,7 @@ def test_shapes_prepare(tmp_path, monkeypatch):
     # a second call opens the caches: no training, no extraction, same features
     monkeypatch.setattr(E, "train_shapes_encoder", lambda *a, **k: pytest.fail("encoder should be cached"))
     monkeypatch.setattr(E, "extract_features", lambda *a, **k: pytest.fail("features should be cached"))
-    Q = D.prepare("shapes", "smoke", seed=0, min_count=1)
+    Q = prepare("shapes", "smoke", seed=0, min_count=1)
     assert Q.encoder == P.encoder and np.array_equal(Q.val.feats, P.val.feats) and Q.vocab == P.vocab
-    with pytest.raises(CapbookError) as e: D.prepare("shapes", "huge")
+    with pytest.raises(CapbookError) as e: prepare("shapes", "huge")
     one_line(e, "profile", "'smoke'")

@@ -34,8 +34,27 @@ def test_pair_in_sync_and_clean(nb):
         assert "injected-parameters" not in c.get("metadata", {}).get("tags", [])
 
 
-def test_runnable_notebooks_have_one_parameters_cell():
-    for name in ["01_dataset", "02_show_attend_tell", "02a_soft_vs_hard"]:
-        raw = json.loads((ROOT / "nbs" / f"{name}.ipynb").read_text())
-        tagged = [c for c in raw["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
-        assert len(tagged) == 1, name
+def _parameter_cells(name):
+    raw = json.loads((ROOT / "nbs" / f"{name}.ipynb").read_text())
+    return [c for c in raw["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+
+
+def test_every_notebook_is_in_the_plan_and_runnable_ones_have_one_parameters_cell():
+    from capbook.book import notebooks, plan
+    from capbook.runner import chapters
+    assert sorted(notebooks()) == sorted(p.stem for p in NBS)
+    steps = plan("smoke")
+    assert {s.notebook for s in steps} == {p.stem for p in NBS}, "the book runs every notebook"
+    for name in notebooks():
+        cells = _parameter_cells(name)
+        assert len(cells) <= 1, name
+        if any(s.params for s in steps if s.notebook == name): assert len(cells) == 1, name
+    for name, ch in chapters().items():
+        assert (ROOT / "nbs" / f"{name}.ipynb").exists(), f"chapter {name} is declared but has no notebook"
+        assert [s.tag for s in steps if s.notebook == name] == list(ch.runs), name
+
+
+def test_derived_parameters_cells_and_readme_table_are_current():
+    from capbook.book import sync_parameters, sync_readme
+    assert sync_parameters(write=False) == [], "a parameters cell differs from its dataclass: run make sync"
+    assert not sync_readme(write=False), "the README chapter table is stale: run make sync"

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 from capbook.models import build, available
 from capbook.sat import ShowAttendTell
+from capbook.objectives import objective_for
 
 
 def make(**kw):
@@ -19,7 +20,7 @@ def test_step_matches_equations():
     m, B = make(), 3
     a = torch.randn(B, 6, 6)                      # (B, L, D), L = 2*3
     y = torch.tensor([1, 4, 7])                   # y_{t-1}
-    memory, state = m.init_state(a)
+    memory, state = m.init_state({"feats": a})
     logits, new, aux = m.step(y, memory, state)
     # initial state: h0 = tanh(f_init,h(mean a)), c0 = tanh(f_init,c(mean a))
     abar = a.mean(1)
@@ -50,14 +51,14 @@ def test_step_matches_equations():
 def test_gate_off_and_penalty():
     m = make(gate=False)
     a = torch.randn(2, 6, 6)
-    mem, st = m.init_state(a)
+    mem, st = m.init_state({"feats": a})
     _, _, aux = m.step(torch.tensor([1, 1]), mem, st)
     assert torch.equal(aux["beta"], torch.ones(2, 1))
     # doubly stochastic penalty: lambda * sum_i (1 - sum_t alpha_ti)^2, over real words only, / mean caption length
     m = make(penalty=2.0)
     caps = torch.tensor([[1, 5, 6, 2, 0], [1, 7, 2, 0, 0]])
-    out = m(a, caps)
-    loss, stats = m.loss(out, caps)
+    out = m({"feats": a, "caps": caps})
+    loss, stats = objective_for(m).loss(out, {"caps": caps})
     mask = (caps[:, 1:] != 0).float()
     ds = ((1 - (out["alpha"] * mask[..., None]).sum(1)) ** 2).sum(1).mean() / mask.sum(1).mean()
     nll = F.cross_entropy(out["logits"].reshape(-1, 11), caps[:, 1:].reshape(-1), ignore_index=0)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from capbook.attention import HardAttention, SoftAttention
 from capbook.models import build, available
 from capbook.sat import quadrants, worked_example
+from capbook.objectives import HardAttentionRule, objective_for
 
 V, D = 11, 6
 
@@ -13,6 +14,11 @@ V, D = 11, 6
 def make(name="sat_hard", grid=(1, 3), **kw):
     torch.manual_seed(0)
     return build(name, vocab_size=V, feat_dim=D, grid=grid, emb_dim=5, hidden_dim=7, att_dim=4, dropout=0.0, **kw)
+
+
+def fwd(model, a, caps):
+    "Teacher forcing on features `a` and captions `caps`."
+    return model({"feats": a, "caps": caps})
 
 
 def grads(model, loss, retain=False):
@@ -29,8 +35,9 @@ def forced(model, seq):
 def test_registered_variants():
     assert {"sat_soft", "sat_hard", "sat_none"} <= set(available())
     hard, none = make(), make("sat_none")
-    assert isinstance(hard.att, HardAttention) and not hard.gate and hard.penalty == 0
-    assert not hasattr(none, "att") and not none.gate
+    assert isinstance(hard.att, HardAttention) and not hard.gate and objective_for(hard).penalty == 0
+    assert isinstance(objective_for(hard), HardAttentionRule)
+    assert none.att is None and not none.gate
 
 
 @pytest.mark.parametrize("lambda_e", [0.0, 0.3])
@@ -39,24 +46,25 @@ def test_estimator_expectation_is_exact_gradient(lambda_e):
     surrogate loss equals the gradient of the lower bound -L_s / C (Eq. 5-7), whatever the baseline b, plus the
     entropy term lambda_e dH[s~]/dW along each path."""
     m = make(p_expected=0.0, lambda_r=1.0, lambda_e=lambda_e).train()
+    obj = objective_for(m).train()
     a = torch.randn(1, 3, D)                                    # L = 3 locations
     caps = torch.tensor([[1, 5, 6, 2]])                          # C = 3 words, T = 3 attention steps
     C = 3.0
     expected, exact, ent = {}, 0.0, {}
     for seq in itertools.product(range(3), repeat=3):
-        m.baseline.fill_(-0.7)                                   # any constant baseline leaves the estimator unbiased
-        forced(m, seq); out = m(a, caps)
+        obj.baseline.fill_(-0.7)                                   # any constant baseline leaves the estimator unbiased
+        forced(m, seq); out = fwd(m, a, caps)
         assert torch.equal(out["sampled"], torch.ones(1, 3))
         logp_s = out["logp_s"].sum()                             # log p(s~ | a) = sum_t log alpha_{t, s_t}
         ll = -F.cross_entropy(out["logits"][0], caps[0, 1:], reduction="sum")   # log p(y | s~, a)
         p = logp_s.exp()
-        loss, stats = m.loss(out, caps)
+        loss, stats = obj.loss(out, {"caps": caps})
         assert stats["baseline"] == pytest.approx(-0.7)
         g = grads(m, loss, retain=True)
         for k, v in g.items(): expected[k] = expected.get(k, 0) + p.detach() * v
         exact = exact + p * ll                                   # sum_s p(s | a) log p(y | s, a) = L_s
         if lambda_e:
-            forced(m, seq); H = m(a, caps)["entropy"].sum()
+            forced(m, seq); H = fwd(m, a, caps)["entropy"].sum()
             for k, v in grads(m, H).items(): ent[k] = ent.get(k, 0) + p.detach() * v
     m.att.sample = HardAttention.sample.__get__(m.att)
     truth = grads(m, -exact / C)
@@ -70,14 +78,15 @@ def test_n_samples_monte_carlo():
     "With N sampled sequences per caption the estimate approaches the exact gradient of L_s / C."
     m = make(p_expected=0.0, lambda_r=1.0, lambda_e=0.0, samples=20000).train()
     a, caps = torch.randn(1, 3, D), torch.tensor([[1, 5, 6, 2]])
-    m.baseline.fill_(-2.4)
+    obj = objective_for(m).train()
+    obj.baseline.fill_(-2.4)
     torch.manual_seed(1)
-    out = m(a, caps)
+    out = fwd(m, a, caps)
     assert out["logits"].shape[0] == 20000
-    est = grads(m, m.loss(out, caps)[0])
+    est = grads(m, obj.loss(out, {"caps": caps})[0])
     m.samples, exact = 1, 0.0
     for seq in itertools.product(range(3), repeat=3):
-        forced(m, seq); o = m(a, caps)
+        forced(m, seq); o = fwd(m, a, caps)
         exact = exact + o["logp_s"].sum().exp() * -F.cross_entropy(o["logits"][0], caps[0, 1:], reduction="sum")
     truth = grads(m, -exact / 3)
     e, t = torch.cat([est[k].flatten() for k in truth]), torch.cat([truth[k].flatten() for k in truth])
@@ -87,36 +96,37 @@ def test_n_samples_monte_carlo():
 def test_baseline_update_rule():
     "b_k = 0.9 b_{k-1} + 0.1 log p(y | s~_k, a) (per word, sampled captions only), applied after batch k used b_{k-1}."
     m = make(p_expected=0.0).train()
+    obj = objective_for(m).train()
     a, caps = torch.randn(4, 3, D), torch.tensor([[1, 5, 6, 2, 0], [1, 7, 2, 0, 0], [1, 4, 4, 4, 2], [1, 9, 2, 0, 0]])
     b, used = 0.0, []
-    for k in range(3):
-        out = m(a, caps)
+    for _ in range(3):
+        out = fwd(m, a, caps)
         mask = (caps[:, 1:] != 0).float()
         ll = -(F.cross_entropy(out["logits"].transpose(1, 2), caps[:, 1:], reduction="none") * mask).sum()
-        _, stats = m.loss(out, caps)
+        _, stats = obj.loss(out, {"caps": caps})
         used.append(stats["baseline"])
         assert stats["baseline"] == pytest.approx(b)              # batch k used b_{k-1}
         b = 0.9 * b + 0.1 * (ll / mask.sum()).item()
-        assert m.baseline.item() == pytest.approx(b, rel=1e-5)
-    m.eval(); m.loss(m(a, caps), caps)
-    assert m.baseline.item() == pytest.approx(b, rel=1e-5)       # evaluation does not move the baseline
-    assert "baseline" in m.state_dict()                          # saved in checkpoints, restored on resume
+        assert obj.baseline.item() == pytest.approx(b, rel=1e-5)
+    m.eval(); obj.eval(); obj.loss(fwd(m, a, caps), {"caps": caps})
+    assert obj.baseline.item() == pytest.approx(b, rel=1e-5)     # evaluation does not move the baseline
+    assert "baseline" in obj.state_dict()                        # saved in checkpoints, restored on resume
 
 
 def test_expected_context_switch():
     "With probability p_expected per caption the context is the expected one (Eq. 8) and no REINFORCE/entropy term."
     m = make().train()
     a = torch.randn(4000, 3, D)
-    mem, _ = m.init_state(a)
+    mem, _ = m.init_state({"feats": a})
     frac = mem["expected"].float().mean().item()
     assert 0.47 < frac < 0.53
-    out = m(a, torch.tensor([[1, 5, 6, 2]]).expand(4000, -1))
+    out = fwd(m, a, torch.tensor([[1, 5, 6, 2]]).expand(4000, -1))
     sampled = out["sampled"][:, 0]
     assert torch.equal(out["sampled"], sampled[:, None].expand(-1, 3))          # one switch per caption, all steps
     assert 0.47 < 1 - sampled.mean().item() < 0.53
     assert (out["logp_s"][sampled == 0] == 0).all() and (out["entropy"][sampled == 0] == 0).all()
     assert (out["logp_s"][sampled == 1] < 0).all()
-    assert all(make(p_expected=p).train().init_state(a)[0]["expected"].float().mean() == p for p in (0.0, 1.0))
+    assert all(make(p_expected=p).train().init_state({"feats": a})[0]["expected"].float().mean() == p for p in (0.0, 1.0))
     # the context itself: the expected one on switched rows, one annotation vector on the others
     att = HardAttention(D, 7, 4).train()
     h, exp = torch.randn(6, 7), torch.tensor([True, False, True, False, True, False])
@@ -144,10 +154,10 @@ def test_no_attention_baseline_sees_only_the_mean():
     "The baseline's context is the mean annotation vector: permuting the locations changes nothing; no alpha."
     m = make("sat_none").eval()
     a, caps = torch.randn(2, 3, D), torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
-    out = m(a, caps)
+    out = fwd(m, a, caps)
     assert "alpha" not in out
-    assert torch.allclose(out["logits"], m(a[:, [2, 0, 1]], caps)["logits"], atol=1e-6)
-    assert torch.allclose(m(a, caps)["logits"], m(a.mean(1, keepdim=True).expand(-1, 3, -1), caps)["logits"], atol=1e-6)
+    assert torch.allclose(out["logits"], fwd(m, a[:, [2, 0, 1]], caps)["logits"], atol=1e-6)
+    assert torch.allclose(fwd(m, a, caps)["logits"], fwd(m, a.mean(1, keepdim=True).expand(-1, 3, -1), caps)["logits"], atol=1e-6)
 
 
 def test_worked_example_numbers():

@@ -38,7 +38,7 @@ def test_karpathy_format(ds):
 
 def test_references_true_distinct_and_covering(ds):
     _, d, gt = ds
-    rels, counts, attrs, colours, sizes = set(), 0, set(), set(), set()
+    rels, counts, attrs = set(), 0, set()
     for im in d["images"]:
         caps = [s["tokens"] for s in im["sentences"]]
         assert len(caps) == 5 and len({tuple(c) for c in caps}) == 5

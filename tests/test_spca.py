@@ -31,13 +31,15 @@ def test_structures_match_equations(structure, kernel):
     torch.manual_seed(0)
     m = SPCA(C, structure, kernel, reduction=2, att_dim=3)
     V, h = torch.randn(2, C, H, W), torch.randn(2, C, H, W)
-    ctx, Ms, Mc = m(V, h, m.precompute(V))
+    ctx, weights, info = m(V, m.precompute(V), h)
+    Ms, Mc = info["spatial"], info["channel"]
+    assert (weights is None) == (Ms is None) and (weights is None or torch.equal(m.last, weights))
     assert torch.allclose(ctx, direct(m, V, h), atol=1e-6)
     assert (Ms is None) == (structure == "C") and (Mc is None) == (structure == "S")
     assert m.conv1_c.out_channels == 2 * C // 2 if m.has_channel else True
     # without the precomputed V half, and with beams: V per image broadcast over K = 3 rows of each image
     hK = torch.randn(6, C, H, W)
-    ctxK, _, _ = m(V, hK)
+    ctxK, _, _ = m(V, None, hK)
     assert torch.allclose(ctxK, direct(m, V.repeat_interleave(3, 0), hK), atol=1e-6)
 
 
@@ -47,7 +49,7 @@ def test_tiled_vector_state_is_exact(structure):
     torch.manual_seed(1)
     m = SPCA(C, structure, 3, reduction=2, att_dim=3)
     V, h = torch.randn(2, C, H, W), torch.randn(2, C)
-    ctx, _, _ = m(V, h, m.precompute(V))
+    ctx, _, _ = m(V, m.precompute(V), h)
     assert torch.allclose(ctx, direct(m, V, h[:, :, None, None].expand(-1, -1, H, W)), atol=1e-6)
     for k in (1, 3, 5, 7):
         w = torch.randn(3, C, k, k)
@@ -59,13 +61,13 @@ def test_kernel_1_is_position_wise():
     torch.manual_seed(2)
     m = SPCA(C, "S", 1, att_dim=3)
     V, h = torch.randn(1, C, H, W), torch.randn(1, C, H, W)
-    _, Ms, _ = m(V, h)
+    Ms = m(V, None, h)[2]["spatial"]
     V2 = V.clone(); V2[..., 2, 3] += 5.0                      # change one cell
-    _, Ms2, _ = m(V2, h)
+    Ms2 = m(V2, None, h)[2]["spatial"]
     changed = (Ms2 - Ms).abs()[0, 0] > 1e-7
     assert changed[2, 3] and changed.sum() == 1
     m3 = SPCA(C, "S", 3, att_dim=3)                            # a 3x3 kernel spreads to the 5x5 neighbourhood (two convs)
-    _, a, _ = m3(V, h); _, b, _ = m3(V2, h)
+    a, b = m3(V, None, h)[2]["spatial"], m3(V2, None, h)[2]["spatial"]
     assert ((b - a).abs()[0, 0] > 1e-7).sum() > 1
 
 
@@ -73,11 +75,11 @@ def test_1d_attention_projects_tiles_and_pools():
     torch.manual_seed(3)
     att = SPCAttention(C, 7, (H, W), "S||C", 3, reduction=2, att_dim=3)
     a, h = torch.randn(2, H * W, C), torch.randn(2, 7)
-    z, alpha = att(a, att.precompute(a), h)
+    z, alpha, _ = att(a, att.precompute(a), h)
     V = a.transpose(1, 2).reshape(2, C, H, W)                 # annotation vectors (L, C) as the C x H x W map
     hp = (h @ att.proj.weight.T + att.proj.bias)[:, :, None, None].expand(-1, -1, H, W)   # tile(W_p h)
     assert torch.allclose(z, direct(att.spca, V, hp).mean((2, 3)), atol=1e-6)            # AvgPool(C_t)
-    _, Ms, _ = att.spca(V, hp)
+    Ms = att.spca(V, None, hp)[2]["spatial"]
     assert torch.allclose(alpha, Ms.flatten(1) / Ms.flatten(1).sum(1, keepdim=True), atol=1e-6)
     assert torch.allclose(alpha.sum(1), torch.ones(2)) and attention_weights(None) is None
 
@@ -88,7 +90,7 @@ def test_latent2d_step_matches_equations():
     for name in ["lstm2d", "lstm2d_spca"]:
         m = build(name, 11, 6, (4, 4), channels=3, map_size=2, att_dim=2, reduction=2).eval()
         feats = torch.randn(2, 16, 6)
-        memory, state = m.init_state(feats)
+        memory, state = m.init_state({"feats": feats})
         fmap = feats.transpose(1, 2).reshape(2, 6, 4, 4)
         V = F.relu(m.img(F.avg_pool2d(fmap, 2)))                              # conv1x1 of the 2x2-pooled map
         assert torch.equal(state["H"], torch.zeros(2, 3, 2, 2))

@@ -16,8 +16,7 @@
 # %% [markdown]
 # # book
 #
-# > The papermill runner that regenerates the book, the results records every run leaves, the benchmark, and the
-# > `capbook` command line.
+# > The papermill runner that regenerates the book from the notebooks and the chapters' declarations, the benchmark, and the `capbook` command line.
 
 # %%
 #| default_exp book
@@ -25,96 +24,30 @@
 # %%
 #| export
 from __future__ import annotations
-import argparse, json, os, platform, shutil, sys, time
+import argparse, ast, json, os, re, shutil, sys, time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 import torch
-from capbook.core import (CapbookError, check_choice, code_version, load_json, project_root, runs_dir, save_json,
-                          stable_hash, package_hash)
-
-# %% [markdown]
-# ## Profiles
-#
-# A profile sets the sizes of everything: `smoke` is a minutes-long run for CI, `default` the book as published on a
-# 2-core CPU, `paper` the papers' own settings for real data on a GPU. The paper notebooks read their per-profile
-# defaults from here, so a profile means the same thing everywhere.
-
-# %%
-#| export
-PROFILES = ("smoke", "default", "paper")
-
-def check_profile(profile: str) -> str:
-    "Stop unless `profile` is a known profile."
-    return check_choice("profile", profile, PROFILES)
-
-def out_dir(profile: str) -> Path:
-    "Where a profile's tables and figures are published: `figures/` for the default profile, else inside its run folder."
-    check_profile(profile)
-    return project_root() / "figures" if profile == "default" else runs_dir() / profile / "figures"
+from capbook.core import CapbookError, load_json, runs_dir, save_json, stable_hash, package_hash
+from capbook.runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 
 # %% [markdown]
-# ## Runs and results records
-#
-# Every runnable notebook calls `start_run(name, params)` after validating its parameters. The run folder is the one
-# the book runner passed (`run_dir`), or, for a notebook run by hand with papermill,
-# `runs/<profile>/adhoc/<name>-<hash of its parameters>` — so a hand-run with other parameters never overwrites the
-# book's results. `Run.record(...)` writes the run's results record, `record.json`: parameters, seed, code version,
-# metrics, timings, parameter count, machine. Tables are assembled from records.
-
-# %%
-#| export
-@dataclass
-class Run:
-    "A notebook run: its name, parameters, folder and start time."
-    name: str
-    params: dict
-    dir: Path
-    t0: float = field(default_factory=time.time)
-
-    def path(self, name: str) -> Path:
-        "A file inside the run folder."
-        return self.dir / name
-
-    def record(self, metrics: dict, timings: dict | None = None, n_params: int | None = None, **extra) -> dict:
-        "Write this run's results record `record.json` (atomically) and return it."
-        rec = {"notebook": self.name, "params": self.params, "seed": self.params.get("seed"),
-               "profile": self.params.get("profile"), "code_version": code_version(), "metrics": metrics,
-               "timings": {**(timings or {}), "wall_s": time.time() - self.t0}, "n_params": n_params,
-               "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                           "device": "cuda" if torch.cuda.is_available() else "cpu",
-                           "threads": torch.get_num_threads(), "cpus": os.cpu_count()},
-               "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
-        save_json(self.dir / "record.json", rec)
-        return rec
-
-def start_run(name: str, params: dict) -> Run:
-    "Validate the profile, create the run folder (the book's `run_dir` parameter, or an ad-hoc one) and return the `Run`."
-    check_profile(params.get("profile"))
-    p = {k: v for k, v in params.items() if k != "run_dir"}
-    d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(p, 8)}"
-    d = Path(d); d.mkdir(parents=True, exist_ok=True)
-    return Run(name, p, d)
-
-def records(profile: str, notebook: str | None = None) -> list[dict]:
-    "Every results record of a profile (book runs and ad-hoc runs), optionally of one notebook."
-    out = []
-    for f in sorted((runs_dir() / profile).rglob("record.json")):
-        r = load_json(f, "results record"); r["_dir"] = str(f.parent)
-        if notebook is None or r.get("notebook") == notebook: out.append(r)
-    return out
-
+# Profiles, run folders and results records live in `capbook.runner`, with the chapters' declarations.
 
 # %% [markdown]
-# ## The plan
+# ## The plan, derived
 #
-# The book is a list of notebook runs, executed in order. Library notebooks run as they are (their inline checks and
-# documentation); runnable notebooks get the profile and any plan parameters. A later paper adds its entries here. An
-# ablation is the same notebook with other parameters and a `tag`; an assembly notebook (such as `02a_soft_vs_hard`)
-# then finds each run's results record with `step_record` — the book's own run of that step, or else a hand run
-# (`papermill ... -p ...`) whose parameters are exactly the step's — and builds the paper's tables and figures from
-# them. Tagged runs are not published or shown on the site on their own: their results reach the reader through the
-# assembly notebook.
+# The book is a list of notebook runs, executed in order, and nothing in it is kept by hand: every notebook in `nbs/`
+# runs, the index first, then the chapters in the order of their names (`01_dataset`, `02_show_attend_tell`,
+# `02a_soft_vs_hard`, `03_spca`, ...), then the engine chapters (`00*`: their inline checks and documentation). A
+# notebook whose `parameters` cell takes a `profile` gets the book's profile. A paper chapter declared with
+# `capbook.runner.register_chapter` runs once per run it declares — the paper's ablations, each the same notebook
+# with other parameters and a `tag` — and an assembly notebook (such as `02a_soft_vs_hard`) then finds each run's
+# results record with `step_record` — the book's own run of that step, or else a hand run (`papermill ... -p ...`)
+# whose parameters are exactly the step's — and builds the paper's tables and figures from them. Tagged runs are not
+# published or shown on the site on their own: their results reach the reader through the assembly notebook.
 
 # %%
 #| export
@@ -127,33 +60,34 @@ class Step:
     @property
     def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
 
-LIBRARY = ["00_core", "00a_shapes", "00b_data", "00c_encoders", "00d_attention", "00e_models", "00f_decode",
-           "00g_train", "00h_metrics", "00i_docs", "00j_viz", "00k_papers", "00l_book"]
+def nbs_dir() -> Path:
+    "The notebook sources."
+    return Path(__file__).resolve().parent.parent / "nbs"
 
-SAT_RUNS = {"": {}, "hard": {"attention": "hard"}, "none": {"attention": "none"},     # Table 1
-            "hard-lr1": {"attention": "hard", "lambda_r": 1.0},                        # lambda_r chosen on validation
-            "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False}}                # §4.2.1 ablation
+def notebooks() -> list[str]:
+    "Every notebook of the book in reading order: the index, the chapters (01, 02, 02a, ...), then the engine (00*)."
+    names = sorted(p.stem for p in nbs_dir().glob("*.ipynb") if p.stem != "index")
+    return ["index"] + [n for n in names if not n.startswith("00")] + [n for n in names if n.startswith("00")]
 
-SPCA_RUNS = {"": {},                                                                # 2D-latent-LSTM + SPCA, S||C, 3x3
-             "base": {"structure": "none"}, "S": {"structure": "S"}, "C": {"structure": "C"},   # Table 2
-             "C-S": {"structure": "C-S"}, "S-C": {"structure": "S-C"},
-             "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
-             "1d": {"decoder": "1d"}}                                                 # Tables 1 and 4
-
-def plan(profile: str) -> list[Step]:
-    "The runs that regenerate the book at `profile`, in order."
-    p = {"profile": profile}
-    return ([Step("index"), Step("01_dataset", p)]
-            + [Step("02_show_attend_tell", {**p, **kw}, tag) for tag, kw in SAT_RUNS.items()]
-            + [Step("02a_soft_vs_hard", p)]
-            + [Step("03_spca", {**p, **kw}, tag) for tag, kw in SPCA_RUNS.items()]
-            + [Step("03a_spca_tables", p)]
-            + [Step(n) for n in LIBRARY])
+@lru_cache(maxsize=None)
+def _nb_defaults(path: str, mtime: float) -> dict:
+    import papermill as pm
+    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(path).items()}
 
 def nb_defaults(notebook: str) -> dict:
     "The default values of a notebook's `parameters` cell."
-    import ast, papermill as pm
-    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(str(nbs_dir() / f"{notebook}.ipynb")).items()}
+    p = nbs_dir() / f"{notebook}.ipynb"
+    return dict(_nb_defaults(str(p), p.stat().st_mtime))
+
+def plan(profile: str) -> list[Step]:
+    "The runs that regenerate the book at `profile`, in order."
+    check_profile(profile)
+    chs, steps = chapters(), []
+    for nb in notebooks():
+        if nb in chs: steps += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
+        elif "profile" in nb_defaults(nb): steps.append(Step(nb, {"profile": profile}))
+        else: steps.append(Step(nb))
+    return steps
 
 _NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
 
@@ -169,9 +103,85 @@ def step_record(profile: str, step: Step) -> dict:
                            f"run `capbook book --profile {profile}` first")
     return same[-1]
 
-def nbs_dir() -> Path:
-    "The notebook sources."
-    return Path(__file__).resolve().parent.parent / "nbs"
+def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
+    "The plan's runs of one chapter, by tag."
+    return {s.tag: s for s in plan(profile) if s.notebook == notebook}
+
+
+# %% [markdown]
+# The smoke plan: every notebook, the index first; Show-Attend-Tell's six runs and SPCA's nine, by tag.
+
+# %%
+_p = plan("smoke")
+assert _p[0].notebook == "index" and {s.notebook for s in _p} == set(notebooks())
+assert len(chapter_steps("smoke", "02_show_attend_tell")) == 6 and len(chapter_steps("smoke", "03_spca")) == 9
+
+# %% [markdown]
+# ### What else is derived: parameters cells, the API modules, the README's chapter table
+#
+# A chapter's `parameters` cell is generated from its parameters dataclass (`capbook.runner.parameters_source`):
+# `sync_parameters` rewrites the cell in each chapter's py:percent source, and `make sync` runs it. The modules of
+# the API reference are the `default_exp` of each notebook, in reading order. The README's chapter table (between
+# its `<!-- chapters -->` markers) is made from each chapter notebook's title and summary and the paper a chapter
+# declares; `capbook readme` rewrites it and a test checks it is current.
+
+# %%
+#| export
+_PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
+
+def sync_parameters(write: bool = True) -> list[str]:
+    "Rewrite each declared chapter's parameters cell (in its py:percent source) from its dataclass; the names of changed files."
+    changed = []
+    for nb, ch in chapters().items():
+        py = nbs_dir() / f"{nb}.py"
+        src = py.read_text()
+        m = _PARAMS_CELL.search(src)
+        if not m: raise CapbookError(f"{py}: chapter {nb} has no parameters cell")
+        new = src[:m.start(2)] + parameters_source(ch.params) + src[m.end(2):]
+        if new != src:
+            changed.append(py.name)
+            if write: py.write_text(new)
+    return changed
+
+def _default_exp(notebook: str) -> str | None:
+    m = re.search(r"^#\|\s*default_exp\s+(\S+)", (nbs_dir() / f"{notebook}.py").read_text(), re.M)
+    return m.group(1) if m else None
+
+def api_modules() -> list[str]:
+    "The package's modules, in the reading order of the notebooks that export them."
+    return [f"capbook.{m}" for m in dict.fromkeys(filter(None, map(_default_exp, notebooks())))]
+
+def _summary(notebook: str) -> tuple[str, str]:
+    "A notebook's title (its H1) and summary (its first blockquote), from its py:percent source."
+    src = (nbs_dir() / f"{notebook}.py").read_text()
+    title = re.search(r"^# # (.+)$", src, re.M)
+    quote = re.search(r"^# > (.+(?:\n# > .+)*)", src, re.M)
+    text = " ".join(l[4:] for l in quote.group(0).splitlines()) if quote else ""
+    return (title.group(1).strip() if title else notebook), text
+
+def chapter_table() -> str:
+    "The README's chapter table: every chapter notebook, its title and summary, and the paper it reproduces."
+    chs, rows = chapters(), ["| chapter | what it holds | paper |", "|---|---|---|"]
+    for nb in notebooks():
+        if nb == "index" or nb.startswith("00"): continue
+        title, text = _summary(nb)
+        num = re.match(r"\d*", nb).group()               # an assembly chapter (02a) belongs to its paper's (02)
+        ch = chs.get(nb) or next((c for k, c in chs.items() if num and re.match(r"\d*", k).group() == num), None)
+        paper = f"[{ch.paper.split(',')[0]}]({ch.url})" if ch else "—"
+        rows.append(f"| `{nb}` | **{title}**: {text} | {paper} |")
+    return "\n".join(rows)
+
+_README = re.compile(r"<!-- chapters -->\n.*?<!-- /chapters -->", re.S)
+
+def sync_readme(path: Path | None = None, write: bool = True) -> bool:
+    "Rewrite the chapter table between the README's markers; whether it changed."
+    path = path or nbs_dir().parent / "README.md"
+    src = path.read_text()
+    m = _README.search(src)
+    if not m: raise CapbookError(f"{path}: no <!-- chapters --> ... <!-- /chapters --> markers for the chapter table")
+    new = src[:m.start()] + f"<!-- chapters -->\n{chapter_table()}\n<!-- /chapters -->" + src[m.end():]
+    if write and new != src: path.write_text(new)
+    return new != src
 
 
 # %% [markdown]
@@ -236,15 +246,12 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     if docs:
         from capbook.docs import build_site
         order = [p for p in executed if not p.parent.name.startswith("00")] + [p for p in executed if p.parent.name.startswith("00")]
-        site = build_site(order, runs_dir() / profile / "site", title="capbook",
-                          api_modules=[f"capbook.{m}" for m in MODULES])
+        site = build_site(order, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
         log(f"docs site -> {site}")
     secs = time.time() - t0
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
 
-MODULES = ["core", "shapes", "data", "encoders", "attention", "models", "decode", "train", "metrics", "viz", "papers",
-           "book", "docs", "sat", "spca"]
 
 
 # %% [markdown]
@@ -260,11 +267,13 @@ MODULES = ["core", "shapes", "data", "encoders", "attention", "models", "decode"
 #| export
 def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     "Time training and batched vs per-image beam search for the soft-attention model; return the figures."
-    from capbook.data import prepare
+    from capbook.prepare import prepare
     from capbook.models import build
     from capbook.decode import beam_search
     from capbook.train import train_step
+    from capbook.objectives import objective_for
     from capbook.core import load_torch, seed_everything, get_device
+    import itertools
     check_profile(profile)
     prep = prepare("shapes", profile)
     seed_everything(0); dev = get_device()
@@ -273,12 +282,15 @@ def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     trained = ck.exists()
     if trained: model.load_state_dict(load_torch(ck)["model"])
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    batches = prep.train.batches(64, epoch=0, seed=0)
+    objective = objective_for(model)
+    def forever():                                  # as many batches as asked for, epoch after epoch
+        for epoch in itertools.count(): yield from prep.train.batches(64, epoch=epoch, seed=0)
+    batches = forever()
     model.train()
-    for _ in range(3): train_step(model, model, opt, next(batches), dev, clip=5.0)     # warm-up
+    for _ in range(3): train_step(model, model, objective, opt, next(batches), dev, clip=5.0)     # warm-up
     t0, n = time.time(), 0
     for _ in range(train_batches):
-        b = next(batches); train_step(model, model, opt, b, dev, clip=5.0); n += len(b["caps"])
+        b = next(batches); train_step(model, model, objective, opt, b, dev, clip=5.0); n += len(b["caps"])
     train_cps = n / (time.time() - t0)
     if trained: model.load_state_dict(load_torch(ck)["model"])
     model.eval()
@@ -311,7 +323,7 @@ def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
 def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: int = 0, batch_size: int = 64,
               seed: int = 0) -> dict:
     "Train a registered model on shapes at `profile` into `run_dir/ckpt`; return the fit summary (rank 0 prints it)."
-    from capbook.data import prepare
+    from capbook.prepare import prepare
     from capbook.models import build
     from capbook.train import TrainConfig, fit
     from capbook.core import seed_everything
@@ -320,13 +332,13 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
     m = build(model, len(prep.vocab), prep.feat_shape[1], prep.grid)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
                       max_len=prep.max_len, patience=epochs)
-    res = fit(m, prep, cfg, Path(run_dir) / "ckpt", meta={"model": model}, log=lambda s: print(s, file=sys.stderr))
+    res = fit(m, prep, cfg, Path(run_dir) / "ckpt", log=lambda s: print(s, file=sys.stderr))
     checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
 
 def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `bench` and `train` subcommands."
+    "The `capbook` command: `book`, `bench`, `train`, `params` and `readme` subcommands."
     ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
@@ -340,9 +352,21 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--run-dir", required=True); t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--ckpt-every", type=int, default=0); t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--seed", type=int, default=0)
+    pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
+    pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
+    rd = sub.add_parser("readme", help="regenerate the README's chapter table")
+    rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs)
+        elif a.cmd == "params":
+            changed = sync_parameters(write=not a.check)
+            print("\n".join(changed) or "parameters cells are current")
+            return int(a.check and bool(changed))
+        elif a.cmd == "readme":
+            changed = sync_readme(write=not a.check)
+            print("README chapter table " + ("changed" if changed else "is current"))
+            return int(a.check and changed)
         elif a.cmd == "bench": print(json.dumps(bench(a.profile)))
         else:
             out = train_cli(a.model, a.profile, a.run_dir, a.epochs, a.ckpt_every, a.batch_size, a.seed)

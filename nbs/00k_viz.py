@@ -42,7 +42,7 @@ from capbook.core import atomic_write
 # > "in order to visualize the attention weights for the soft model, we upsample the weights by a factor of
 # > $2^4 = 16$ and apply a Gaussian filter to emulate the large receptive field size."
 #
-# *capbook's choice:* the upsampling factor is the image size over the grid size (16 for 224-pixel images and a 14×14
+# *capbook:* the upsampling factor is the image size over the grid size (16 for 224-pixel images and a 14×14
 # grid, as in the paper; 8 for the 112-pixel shapes images). The paper gives no filter width; the authors' released
 # code used `pyramid_expand(upscale=16, sigma=20)`, i.e. σ = 1.25 × the factor, which we keep. The map is normalised
 # to [0, 1] for display.

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # decode
 #
-# > Greedy and beam search for every model, batched over images and beams, returning per-step attention.
+# > Greedy search, beam search and sampling for every model, batched over images, beams and samples, returning per-step attention.
 
 # %%
 #| default_exp decode
@@ -25,13 +25,17 @@
 #| export
 from __future__ import annotations
 from dataclasses import dataclass
+from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
-from capbook.models import CaptionModel
+from capbook.models import CaptionModel, batch_size as _n_images, check_inputs
+from capbook.data import to_device
 
 
 # %% [markdown]
-# Both searches talk to a model only through `init_state` / `step` (see `capbook.models`). A result per image is a
+# Every decoder talks to a model only through `init_state` / `step` (see `capbook.models`) and takes a batch of named
+# inputs (a `dict` with `feats` and whatever else the model declares; a bare feature tensor is accepted as
+# `{"feats": tensor}`). A result per image is a
 # `Caption`: the word ids without `<start>`/`<end>`, the summed log-probability, and, for models with attention, the
 # weights of every emitted step (T, L) — the step that emitted word t is row t, and the `<end>` step is dropped.
 
@@ -57,6 +61,13 @@ def _mask(lp: torch.Tensor, done: torch.Tensor, model: CaptionModel, last: bool)
     lp[done] = float("-inf"); lp[done, model.pad] = 0
     return lp
 
+def as_batch(x: torch.Tensor | Mapping[str, Any]) -> dict:
+    "A batch mapping; a bare tensor is taken as the features."
+    return {"feats": x} if isinstance(x, torch.Tensor) else dict(x)
+
+def _device(model: CaptionModel, batch: dict) -> torch.device:
+    return batch[model.inputs[0]].device
+
 def _finish(tokens: torch.Tensor, logprob: float, alpha: torch.Tensor | None, end: int) -> Caption:
     toks = tokens.tolist()
     n = toks.index(end) if end in toks else len(toks)
@@ -70,13 +81,14 @@ def _finish(tokens: torch.Tensor, logprob: float, alpha: torch.Tensor | None, en
 # %%
 #| export
 @torch.no_grad()
-def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[Caption]:
-    "Greedy decoding of a batch of images `feats` (B, L, D)."
-    B = feats.shape[0]
-    memory, state = model.init_state(feats)
-    tok = torch.full((B,), model.start, dtype=torch.long, device=feats.device)
-    done = torch.zeros(B, dtype=torch.bool, device=feats.device)
-    logp = torch.zeros(B, device=feats.device)
+def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len: int = 20) -> list[Caption]:
+    "Greedy decoding of a batch of B images."
+    batch = as_batch(batch); check_inputs(model, batch)
+    B, dev = _n_images(model, batch), _device(model, batch)
+    memory, state = model.init_state(batch)
+    tok = torch.full((B,), model.start, dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    logp = torch.zeros(B, device=dev)
     words, alphas = [], []
     for t in range(max_len + 1):
         logits, state, aux = model.step(tok, memory, state)
@@ -107,10 +119,12 @@ def greedy(model: CaptionModel, feats: torch.Tensor, max_len: int = 20) -> list[
 # %%
 #| export
 @torch.no_grad()
-def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, max_len: int = 20) -> list[Caption]:
-    "Beam search for a batch of images `feats` (B, L, D): the best of `beam_size` beams for each image."
-    B, K, dev = feats.shape[0], beam_size, feats.device
-    memory, state = model.init_state(feats)                                    # memory: (B, ...), state: (B, ...)
+def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3,
+                max_len: int = 20) -> list[Caption]:
+    "Beam search for a batch of B images: the best of `beam_size` beams for each image."
+    batch = as_batch(batch); check_inputs(model, batch)
+    B, K, dev = _n_images(model, batch), beam_size, _device(model, batch)
+    memory, state = model.init_state(batch)                                    # memory: (B, ...), state: (B, ...)
     state = _repeat(state, K)                                                  # (B*K, ...)
     tok = torch.full((B * K,), model.start, dtype=torch.long, device=dev)
     score = torch.full((B, K), float("-inf"), device=dev); score[:, 0] = 0    # (B, K)
@@ -144,6 +158,85 @@ def beam_search(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, ma
             if alphas is not None: alphas = alphas[r]
     return out
 
+
+# %% [markdown]
+# A small soft-attention decoder, untrained, on three images of 2×2 locations: beam search with one beam is greedy
+# search, whether the batch is a mapping or a bare feature tensor.
+
+# %%
+from capbook.models import build
+_m = build("sat_soft", 12, 8, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8).eval()
+_f = torch.randn(3, 4, 8)
+_g, _b = greedy(_m, _f, 6), beam_search(_m, {"feats": _f}, beam_size=1, max_len=6)
+assert [c.tokens for c in _g] == [c.tokens for c in _b] and all(c.alpha.shape == (len(c.tokens), 4) for c in _g)
+assert all(b.logprob >= g.logprob - 1e-5 for g, b in zip(_g, beam_search(_m, _f, beam_size=3, max_len=6)))
+
+# %% [markdown]
+# ## Sampling, for reinforcement learning
+#
+# `sample` draws `n` captions per image from the model, batched like beam search (R = B·n rows, the rows of an image
+# adjacent, `memory` at B rows). At every step the next word is drawn from the model's distribution at temperature τ,
+# $w_t \sim \mathrm{softmax}(\log p(\cdot \mid w_{<t}, I) / \tau)$, after the same masks as the searches (no `<start>`
+# or `<pad>` while a caption is live, only `<end>` after `max_len` words, only `<pad>` at no cost once it has ended);
+# τ = 0 takes the most probable word, which is greedy search. It returns, per row, the sampled words, their
+# log-probabilities **under the model** $\log p(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the
+# usual choice for self-critical training, they are the same), a mask of the words up to and including `<end>`, and the
+# attention of every step. Unlike the searches it runs with gradients, so $\sum_t \log p(w_t)$ is what a REINFORCE
+# objective differentiates (`capbook.objectives.SelfCritical`); wrap it in `torch.no_grad()` for a baseline.
+
+# %%
+#| export
+@dataclass
+class Samples:
+    "Sampled captions: words (R, T) incl. <end> then <pad>, log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    mask: torch.Tensor
+    alpha: torch.Tensor | None = None
+    n: int = 1                      # samples per image: row r belongs to image r // n
+
+    def captions(self, end: int = CaptionModel.end) -> list[Caption]:
+        "As `Caption`s (words before <end>, summed log-probability, attention of the emitted words)."
+        lp = (self.logprobs * self.mask).sum(1).tolist()
+        return [_finish(self.tokens[r], lp[r], None if self.alpha is None else self.alpha[r], end) for r in range(len(lp))]
+
+def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
+           max_len: int = 20) -> Samples:
+    "Draw `n` captions per image at `temperature` (0: greedy), with the model's log-probabilities of the drawn words."
+    batch = as_batch(batch); check_inputs(model, batch)
+    if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
+    B, dev = _n_images(model, batch), _device(model, batch)
+    memory, state = model.init_state(batch)                                    # memory: (B, ...)
+    state = _repeat(state, n)                                                  # (B*n, ...)
+    tok = torch.full((B * n,), model.start, dtype=torch.long, device=dev)
+    done = torch.zeros(B * n, dtype=torch.bool, device=dev)
+    words, logps, masks, alphas = [], [], [], []
+    for t in range(max_len + 1):
+        logits, state, aux = model.step(tok, memory, state)
+        # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
+        lp = _mask(F.log_softmax(logits.float(), -1).clone(), done, model, t == max_len)
+        if temperature == 0: tok = lp.detach().argmax(-1)
+        # w_t ~ softmax(log p / tau): (R,)
+        else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
+        masks.append((~done).float())                                          # the word counts until <end> is out
+        # log p(w_t | w_<t, I): (R,), 0 on finished rows
+        logps.append(lp.gather(1, tok[:, None]).squeeze(1).masked_fill(done, 0.0))
+        words.append(tok); alphas.append(aux.get("alpha"))
+        done = done | (tok == model.end)
+        if done.all(): break
+    A = torch.stack(alphas, 1) if alphas[0] is not None else None
+    return Samples(torch.stack(words, 1), torch.stack(logps, 1), torch.stack(masks, 1), A, n)
+
+
+# %% [markdown]
+# At temperature 0 sampling is greedy search, `n` rows per image; at temperature 1 the draws differ and carry gradients.
+
+# %%
+_s = sample(_m, _f, n=2, temperature=0.0, max_len=6)
+assert [c.tokens for c in _s.captions()[::2]] == [c.tokens for c in _g] and _s.tokens.shape[0] == 6
+_s = sample(_m, _f, n=4, temperature=1.0, max_len=6)
+assert _s.logprobs.requires_grad and (_s.logprobs <= 0).all() and _s.mask[:, 0].eq(1).all()
+
 # %% [markdown]
 # ## Teacher forcing: a given caption's attention
 # To compare where two models look *for the same words*, both read the same caption: `teacher_forced` feeds the words
@@ -157,13 +250,15 @@ def pad_captions(seqs: list[list[int]], length: int, pad: int = 0) -> torch.Tens
     for i, s in enumerate(seqs): out[i, :len(s)] = torch.tensor(s[:length], dtype=torch.long)
     return out
 
+
 # %%
 #| export
 @torch.no_grad()
-def teacher_forced(model: CaptionModel, feats: torch.Tensor, caps: torch.Tensor) -> list[Caption]:
-    "Per-word attention and log-probability of the given captions `caps` (B, T: <start> words <end> <pad>...)."
+def teacher_forced(model: CaptionModel, batch: Mapping[str, Any]) -> list[Caption]:
+    "Per-word attention and log-probability of the batch's captions `caps` (B, T: <start> words <end> <pad>...)."
     model.eval()
-    out = model(feats, caps)
+    batch = dict(batch); check_inputs(model, batch); caps = batch["caps"]
+    out = model(batch)
     lp = F.log_softmax(out["logits"].float(), -1).gather(2, caps[:, 1:, None])[..., 0]   # log p(y_t | ...): (B, T-1)
     res = []
     for b, row in enumerate(caps[:, 1:].tolist()):
@@ -183,8 +278,8 @@ def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 2
     "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search, in image order."
     model.eval(); out = []
     for b in data.image_batches(batch_size):
-        f = b["feats"].to(device)
-        out += greedy(model, f, max_len) if beam_size == 1 else beam_search(model, f, beam_size, max_len)
+        b = to_device(b, device)
+        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len)
     return out
 
 
@@ -195,16 +290,21 @@ def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 2
 
 # %%
 #| export
-def ms_per_image(model: CaptionModel, feats: torch.Tensor, beam_size: int = 3, batch_size: int = 20, max_len: int = 20,
-                 repeats: int = 3) -> tuple[float, float]:
-    "Beam-search time per image in milliseconds over `feats` (N, L, D): (mean, std over `repeats`)."
+def slice_batch(batch: Mapping[str, Any], i: int, j: int) -> dict:
+    "Rows i..j-1 of every entry of a batch."
+    return {k: v[i:j] for k, v in batch.items()}
+
+def ms_per_image(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3, batch_size: int = 20,
+                 max_len: int = 20, repeats: int = 3) -> tuple[float, float]:
+    "Beam-search time per image in milliseconds over a batch of N images: (mean, std over `repeats`)."
     import time
-    model.eval(); sync = torch.cuda.synchronize if feats.is_cuda else (lambda: None)
-    beam_search(model, feats[:batch_size], beam_size, max_len); sync()                   # warm-up
+    batch = as_batch(batch); N = _n_images(model, batch)
+    model.eval(); sync = torch.cuda.synchronize if _device(model, batch).type == "cuda" else (lambda: None)
+    beam_search(model, slice_batch(batch, 0, batch_size), beam_size, max_len); sync()    # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        for i in range(0, len(feats), batch_size): beam_search(model, feats[i:i + batch_size], beam_size, max_len)
-        sync(); times.append(1000 * (time.perf_counter() - t0) / len(feats))
+        for i in range(0, N, batch_size): beam_search(model, slice_batch(batch, i, i + batch_size), beam_size, max_len)
+        sync(); times.append(1000 * (time.perf_counter() - t0) / N)
     t = torch.tensor(times)
     return float(t.mean()), float(t.std()) if repeats > 1 else 0.0

@@ -72,7 +72,6 @@ _t = sat_table1()
 assert len(_t) == 15 and _t.query("dataset == 'COCO' and model == 'Soft-Attention'")["BLEU-4"].item() == 24.3
 _t.tail(2)
 
-
 # %% [markdown]
 # ## SPCA, Tables 1–4
 # Table 1: "The parameters and speed results ... Speed results based on beam size 3, batch size 20 on an NVIDIA Titan X

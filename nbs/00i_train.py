@@ -16,8 +16,7 @@
 # %% [markdown]
 # # train
 #
-# > One trainer for every model: teacher-forced cross-entropy, Adam with step decay, clipping, early stopping,
-# > exact resume after a kill, autocast on GPU and DistributedDataParallel under `torchrun`.
+# > One trainer for every model and objective: Adam with step decay, clipping, early stopping, exact resume after a kill, autocast on GPU and DistributedDataParallel under `torchrun`.
 
 # %%
 #| default_exp train
@@ -34,7 +33,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
 from capbook.core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything, package_hash
-from capbook.models import CaptionModel
+from capbook.models import CaptionModel, check_inputs, hparams
+from capbook.data import to_device
+from capbook.objectives import Objective, objective_for
 from capbook.decode import decode_split
 
 
@@ -74,7 +75,7 @@ class TrainConfig:
 # scorers on the dataset's own tokens (the Java tokenizer and METEOR are kept for the final evaluation in
 # `capbook.metrics`, where they cost seconds rather than per-epoch minutes).
 #
-# *capbook's note:* greedy decoding makes a poor validation signal here. As training goes on, the single most likely
+# *capbook:* greedy decoding makes a poor validation signal here. As training goes on, the single most likely
 # next word leads greedy search into the shortest frequent caption ("there are two yellow objects"), so greedy BLEU
 # falls (brevity penalty) while the likelihood and the beam-search captions keep improving; on shapes we measured
 # greedy validation BLEU-4 dropping from 0.44 to 0.15 over three epochs while the training NLL went from 1.96 to 1.17.
@@ -147,17 +148,23 @@ def dist_info() -> tuple[int, int, int]:
 
 # %% [markdown]
 # ## One step
-# The step every model trains with (and `capbook bench` times): forward under autocast, the model's own loss, backward,
-# gradient-norm clipping, Adam.
+# The step every model trains with (and `capbook bench` times): the batch (a mapping of named inputs) moves to the
+# device, the objective runs the model under autocast (`objective.outputs`) and scores its outputs against the batch
+# in float32 (`objective.loss`), then backward, gradient-norm clipping, Adam. The objective is not part of the model
+# (`capbook.objectives`): cross-entropy, hard attention's rule and self-critical training all take this step.
 
 # %%
 #| export
-def train_step(net, model: CaptionModel, opt, batch: dict, device, clip: float = 0.0, scaler=None) -> dict:
-    "One optimisation step on `batch`; `net` is the model or its DDP wrapper. Returns the loss and the model's terms."
-    feats, caps = batch["feats"].to(device, non_blocking=True), batch["caps"].to(device, non_blocking=True)
+def train_step(net, model: CaptionModel, objective: Objective, opt, batch: dict, device, clip: float = 0.0,
+               scaler=None) -> dict:
+    "One optimisation step on `batch`; `net` is the model or its DDP wrapper. Returns the loss and the objective's terms."
+    batch = to_device(batch, device)
     with autocast(device):
-        out = net(feats, caps)
-    loss, stats = model.loss(out, caps)
+        out = objective.outputs(net, batch)
+    loss, stats = objective.loss(out, batch)
+    if not torch.isfinite(loss):
+        raise CapbookError(f"loss is {loss.item()} ({', '.join(f'{k} {v:.4g}' for k, v in stats.items())}): "
+                           f"lower the learning rate or check the features for non-finite values")
     opt.zero_grad(set_to_none=True)
     if scaler is not None and scaler.is_enabled():
         scaler.scale(loss).backward(); scaler.unscale_(opt)
@@ -185,14 +192,17 @@ class FitResult:
     world_size: int = 1
 
 def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
-        log: Callable[[str], None] = print) -> FitResult:
-    "Train `model` on `data` (a `Prepared`: train/val splits and vocab); resume from `ckpt_dir/last.pt` if present; load the best weights at the end."
+        log: Callable[[str], None] = print, objective: Objective | None = None) -> FitResult:
+    "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end."
+    objective = objective_for(model) if objective is None else objective
+    if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
+    check_inputs(model, next(data.train.image_batches(1)))
     rank, world, local = dist_info()
     device = get_device(cfg.device)
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
     ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
     seed_everything(cfg.seed)
-    model.to(device)
+    model.to(device); objective.to(device)
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
@@ -207,6 +217,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     if ck is not None:
         check_vocab(ck, data.vocab, last)
         model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); sched.load_state_dict(ck["scheduler"])
+        objective.load_state_dict(ck["objective"])
         epoch, skip, bad, step = ck["epoch"], ck["batches_done"], ck["bad_epochs"], ck["step"]
         tot, n = ck["epoch_sums"], ck["epoch_batches"]
         res.history, res.best_epoch, res.best_score = ck["history"], ck["best_epoch"], ck["best_score"]
@@ -218,6 +229,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     def save_last(finished=False):
         if rank: return
         save_torch(last, {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                          "objective": objective.state_dict(),
                           "epoch": epoch, "batches_done": skip, "step": step, "epoch_sums": tot, "epoch_batches": n,
                           "bad_epochs": bad, "history": res.history,
                           "best_epoch": res.best_epoch, "best_score": res.best_score, "train_seconds": res.train_seconds,
@@ -227,12 +239,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     n_batches = data.train.num_batches(cfg.batch_size, world)
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
     while epoch < cfg.epochs:
-        net.train(); t0 = time.time()
+        net.train(); objective.train(); t0 = time.time()
         it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip)
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
                    mininterval=10, leave=False)
         for b in bar:
-            stats = train_step(net, model, opt, b, device, cfg.clip, scaler)
+            stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler)
             skip += 1; step += 1; n += 1
             for k, v in stats.items(): tot[k] = tot.get(k, 0.0) + v
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:

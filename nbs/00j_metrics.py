@@ -16,8 +16,7 @@
 # %% [markdown]
 # # metrics
 #
-# > One evaluator for every model: the COCO caption metrics through pycocoevalcap, exact semantic scores on shapes,
-# > and attention correctness.
+# > One evaluator for every model: the COCO caption metrics through pycocoevalcap, exact semantic scores on shapes, and attention correctness.
 
 # %%
 #| default_exp metrics
@@ -30,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from collections import Counter, defaultdict
+from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
 
@@ -186,12 +187,79 @@ def attention_on_references(model, prep, split: str = "test", device: torch.devi
     refs = [prep.vocab.encode(r[0], prep.max_len) for r in data.refs]
     caps = pad_captions(refs, prep.max_len + 2)
     out = []
-    for i in range(0, len(refs), batch_size):
-        feats = torch.tensor(np.asarray(data.feats[i:i + batch_size]), dtype=torch.float32, device=device)
-        out += teacher_forced(model, feats, caps[i:i + batch_size].to(device))
+    for b in data.image_batches(batch_size):
+        b["caps"] = caps[b["img"]]
+        out += teacher_forced(model, to_device(b, device))
     grid = getattr(model, "att_grid", prep.grid)
     scores = attention_correctness(out, data.keys, prep.gt, prep.vocab, grid, prep.image_size) if prep.gt is not None else {"n": 0}
     return out, scores
+
+
+# %% [markdown]
+# ## CIDEr-D as a reward
+#
+# Self-critical training (`capbook.objectives.SelfCritical`) scores every sampled caption of every batch, so it needs
+# CIDEr-D fast and with document frequencies from a fixed corpus — the training references, as in Rennie et al. —
+# rather than from the handful of images in a batch, which is what pycocoevalcap's `Cider` would use. `CiderD`
+# computes the same formula as pycocoevalcap's scorer (Vedantam et al. 2015, the variant the COCO server reports):
+# per n-gram order $n = 1..4$, TF-IDF vectors $g^n$ with $\mathrm{idf} = \log N_{images} - \log \max(1, df)$,
+# the candidate's vector clipped by the reference's, a Gaussian length penalty with σ = 6,
+# $$\mathrm{CIDEr	ext{-}D}_n(c, S) = 
+# rac{10}{m} \sum_{j=1}^m e^{-
+# rac{(l_c - l_{s_j})^2}{2\sigma^2}}
+#   
+# rac{\min(g^n(c), g^n(s_j)) \cdot g^n(s_j)}{\lVert g^n(c)
+# Vert \lVert g^n(s_j)
+# Vert}, \qquad
+#   \mathrm{CIDEr	ext{-}D}(c, S) = 
+# rac14 \sum_{n=1}^4 \mathrm{CIDEr	ext{-}D}_n(c, S),$$
+# and caches each reference set's vectors. (Like pycocoevalcap, the length $l$ is counted in bigrams, one less than
+# the words.) `tests/test_metrics.py` checks it against pycocoevalcap on the same
+# corpus.
+
+# %%
+#| export
+def _ngrams(words: list[str], n: int = 4) -> Counter:
+    return Counter(tuple(words[i:i + k]) for k in range(1, n + 1) for i in range(len(words) - k + 1))
+
+class CiderD:
+    "CIDEr-D with document frequencies from a fixed reference `corpus` (a list of images, each a list of token lists)."
+    def __init__(self, corpus: list[list[list[str]]], n: int = 4, sigma: float = 6.0):
+        self.n, self.sigma, self.df = n, sigma, defaultdict(float)
+        for refs in corpus:
+            for g in set(g for r in refs for g in _ngrams(list(r), n)): self.df[g] += 1
+        self.log_n = float(np.log(len(corpus)))
+        self._cache: dict = {}
+
+    def _vec(self, words: list[str]):
+        vec, norm = [dict() for _ in range(self.n)], np.zeros(self.n)
+        for g, tf in _ngrams(words, self.n).items():
+            k = len(g) - 1
+            # g_k(w) = tf(w) * (log N - log max(1, df(w)))
+            vec[k][g] = tf * (self.log_n - np.log(max(1.0, self.df.get(g, 0.0))))
+            norm[k] += vec[k][g] ** 2
+        return vec, np.sqrt(norm), max(len(words) - 1, 0)   # the length pycocoevalcap compares: its bigram count
+
+    def _refs(self, refs: list[list[str]]):
+        key = tuple(" ".join(r) for r in refs)
+        if key not in self._cache: self._cache[key] = [self._vec(list(r)) for r in refs]
+        return self._cache[key]
+
+    def score(self, cands: list[list[str]], refs: list[list[list[str]]]) -> np.ndarray:
+        "CIDEr-D of each candidate (token list) against its references: (len(cands),)."
+        out = np.zeros(len(cands))
+        for i, (c, rs) in enumerate(zip(cands, refs)):
+            vc, nc, lc = self._vec(list(c))
+            total = np.zeros(self.n)
+            for vr, nr, lr in self._refs(rs):
+                for k in range(self.n):
+                    # min(g_k(c), g_k(s)) . g_k(s), the candidate clipped by the reference
+                    v = sum(min(x, vr[k][g]) * vr[k][g] for g, x in vc[k].items() if g in vr[k])
+                    if nc[k] and nr[k]: v /= nc[k] * nr[k]
+                    total[k] += v * np.exp(-((lc - lr) ** 2) / (2 * self.sigma ** 2))
+            out[i] = 10.0 * total.mean() / len(rs)
+        return out
+
 
 # %% [markdown]
 # ## One row of a results table
@@ -212,6 +280,7 @@ def results_row(m: dict) -> dict:
     if m.get("attention", {}).get("n"):
         row.update({"att. mass": 100 * m["attention"]["mass"], "att. hit": 100 * m["attention"]["hit"]})
     return row
+
 
 # %%
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},

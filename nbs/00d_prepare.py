@@ -1,0 +1,148 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # prepare
+#
+# > `prepare`: from a dataset name to ready-to-train splits — the one data entry point every chapter calls.
+#
+# This module sits above `capbook.data` (readers, vocabulary, feature stores, caption datasets) and
+# `capbook.encoders` (the frozen CNNs), which builds on `capbook.data`; keeping `prepare` here means no module of the
+# data layer imports another that imports it back.
+
+# %%
+#| default_exp prepare
+
+# %%
+#| export
+from __future__ import annotations
+from dataclasses import dataclass, field
+from pathlib import Path
+import numpy as np
+from capbook.core import CapbookError, check_choice, check_int, load_json
+from capbook.data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, features_ready, open_features,
+                          read_karpathy)
+from capbook import encoders, shapes
+
+# %% [markdown]
+# ## From a dataset name to ready-to-train splits
+#
+# Every paper notebook starts with `prepare(...)`. It builds whatever is missing and caches it under `data_dir()`:
+#
+# - **shapes** (default): generates the synthetic set for the profile and seed (`capbook.shapes.ensure_shapes`),
+#   pretrains and freezes the small shapes CNN on its training split (`capbook.encoders.shapes_encoder`) and extracts
+#   its 14×14 annotation vectors for train/val/test;
+# - **coco / flickr8k / flickr30k**: reads `data_path/dataset_<name>.json` with the images under `data_path`, builds
+#   the torchvision backbone (`encoder`: `vgg16` by default as in Show-Attend-Tell, `vgg11` for the spatial
+#   transformer, `resnet101` for SPCA) and extracts its features.
+#
+# The vocabulary comes from the training captions (`min_count`); `max_len` defaults to the 95th percentile of the
+# training caption lengths for shapes, and to 20 words for real data. For real data, `weights` picks the backbone's
+# weights (`'imagenet'`, a state-dict file, or `'random'` for plumbing tests; see `encoders.build_backbone`), and
+# `batch_size` the extraction batch. A second call with the same arguments only opens the cached stores: it builds no
+# backbone and reads no image.
+
+# %%
+#| export
+DATASETS = ("shapes", "coco", "flickr8k", "flickr30k")
+
+@dataclass
+class Prepared:
+    "Everything a paper notebook trains and evaluates on: three `CaptionData` splits, the vocabulary and provenance."
+    train: CaptionData
+    val: CaptionData
+    test: CaptionData
+    vocab: Vocab
+    gt: dict | None          # shapes ground truth (boxes, attributes, relations), None for real data
+    dataset: str             # e.g. 'shapes-default-s0' or 'coco'
+    encoder: str             # encoder key, e.g. 'vgg16-224px-imagenet1k_v1'
+    feat_shape: tuple[int, int]  # (L regions, D channels)
+    grid: tuple[int, int]    # (h, w) of the feature map, L = h*w
+    image_size: int
+    max_len: int             # words kept per training caption
+    kdata: KarpathyData = field(repr=False)
+
+    def split(self, s: str) -> CaptionData:
+        "The `CaptionData` of split `s`."
+        return getattr(self, check_choice("split", s, SPLITS))
+
+    def image_paths(self, split: str) -> list[Path]:
+        "Image files of a split, in the order of its `CaptionData` rows (for figures)."
+        return [r.path for r in self.kdata.split(split)]
+
+
+# %%
+#| export
+def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
+            encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
+            weights: str = "imagenet", batch_size: int = 32) -> Prepared:
+    "Build (or open the cached) features, vocabulary and caption splits of `dataset`; see the text above."
+    check_choice("dataset", dataset, DATASETS)
+    seed = check_int("seed", seed, lo=0); check_int("min_count", min_count, lo=1)
+    if max_len is not None: check_int("max_len", max_len, lo=1)
+    gt = None
+    if dataset == "shapes":
+        check_choice("profile", profile, list(shapes.PROFILES))
+        if data_path is not None: raise CapbookError("data_path is only used with dataset='coco', 'flickr8k' or 'flickr30k'")
+        if encoder not in (None, "shapes"):
+            raise CapbookError(f"parameter encoder={encoder!r} is invalid: the shapes set uses its own encoder ('shapes' or None)")
+        root = shapes.ensure_shapes(profile, seed)
+        kdata = read_karpathy(root / "dataset_shapes.json", root)
+        gt = load_json(root / "shapes_gt.json", "shapes ground truth")
+        shapes_net = encoders.shapes_encoder(kdata, gt, profile=profile, seed=seed, device=device)
+        name, size = f"shapes-{profile}-s{seed}", int(gt["image_size"])
+        key, make_net = shapes_net.encoder_key(size), lambda: shapes_net
+    else:
+        if data_path is None:
+            raise CapbookError(f"dataset={dataset!r} needs data_path=<folder> holding dataset_{dataset}.json (Karpathy split) "
+                               f"and the images at <folder>/<filepath>/<filename>"
+                               + (" (<folder>/train2014/ and <folder>/val2014/)" if dataset == "coco" else ""))
+        encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
+        kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
+        name, size = dataset, encoders.BACKBONES[encoder].image_size
+        key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
+        def make_net():
+            missing = [r.path for r in kdata.records if not r.path.is_file()]
+            if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of {kdata.json_path.name} are missing)")
+            return encoders.build_backbone(encoder, weights=weights, seed=seed)
+    splits, net = {}, None
+    for s in SPLITS:
+        recs = kdata.split(s)
+        if not recs: raise CapbookError(f"{kdata.json_path}: split {s!r} has no images")
+        path, keys = feature_path(name, key, s), [r.key for r in recs]
+        if not features_ready(path, keys):
+            if net is None: net = make_net()  # the backbone is built only when a store is missing
+            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size, device=device)
+        feats, meta = open_features(path)
+        splits[s] = (feats, recs)
+    train_caps = [c for r in splits["train"][1] for c in r.captions]
+    if max_len is None:
+        max_len = max(1, int(np.ceil(np.percentile([len(c) for c in train_caps], 95)))) if dataset == "shapes" else 20
+    vocab = Vocab.build(train_caps, min_count)
+    data = {s: CaptionData(f, [r.key for r in recs], [r.captions for r in recs], vocab, max_len, s)
+            for s, (f, recs) in splits.items()}
+    L, D = data["train"].feats.shape[1:]
+    return Prepared(data["train"], data["val"], data["test"], vocab, gt, name, key, (L, D), tuple(meta["grid"]), size,
+                    max_len, kdata)
+
+# %% [markdown]
+# Usage (not run here: the first call trains the shapes encoder and extracts features, about a minute on a CPU):
+#
+# ```python
+# P = prepare()                                   # shapes, default profile
+# P = prepare(profile="smoke")                    # the CI-sized set
+# P = prepare("coco", data_path="/data/coco", encoder="resnet101", device="cuda")
+# for batch in P.train.batches(64, epoch=0, seed=0): ...
+# ```

@@ -1,0 +1,244 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # models
+#
+# > The one decoding interface every captioning model implements, its batch of named inputs, one config dataclass per model, and the registry that names them.
+
+# %%
+#| default_exp models
+
+# %%
+#| export
+from __future__ import annotations
+import dataclasses, importlib, pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+import torch
+from torch import nn
+import torch.nn.functional as F
+from capbook.core import CapbookError
+
+
+# %% [markdown]
+# ## The step interface
+#
+# Every decoder in the book — Show-Attend-Tell's LSTMs, SPCA's 1D and 2D-latent-state LSTMs, the spatial transformer,
+# GLIED — is a `CaptionModel`. It implements two methods and inherits the rest:
+#
+# - `init_state(batch) -> (memory, state)`: `batch` is a mapping of named inputs (below). `memory` holds what stays
+#   fixed while a caption is generated (the features and their attention projections, a transformer's encoder
+#   output); `state` holds what changes at every step (LSTM h and c, a transformer's key/value cache). Both are dicts
+#   of tensors whose first dimension is the batch.
+# - `step(tokens, memory, state) -> (logits, state, aux)`: one word; `tokens` (R,) are the previous words, `logits`
+#   (R, V) the unnormalised scores of the next, `aux` a dict of per-step extras (`alpha`: (R, L) attention weights).
+#
+# Training (teacher forcing), greedy decoding, beam search and sampling (`capbook.decode`), attention figures and
+# timings are written once, against this interface. `memory` always has one row per image (B); `state`, `tokens` and
+# the outputs have R = B·K rows, K ≥ 1 rows per image with the rows of an image adjacent (K = 1 in training and greedy
+# search, the beam size in beam search, the number of samples in sampling), so a model's `step` broadcasts `memory`
+# over the K rows of each image (`K = len(tokens) // len(memory tensor)`). Beam search reorders `state` along its
+# first dimension and never copies `memory`, so a model must keep everything that depends on the history in `state`.
+#
+# **The batch.** A batch is a `dict` of named inputs: `feats` (B, L, D) annotation vectors, `caps` (B, T) captions
+# (`<start> w_1 ... <end> <pad>...`, training only), `img` (B,) image rows, `refs` (the images' reference captions,
+# token lists), and whatever else the data carries (`capbook.data.CaptionData.with_inputs`: attribute words, region
+# masks). A model lists the inputs it reads in its class attribute `inputs`; `check_inputs` stops with one line when a
+# batch lacks one. The trainer, the decoders and the evaluator pass the batch through untouched, so a model with a new
+# input needs no change to any of them.
+#
+# `forward(batch)` is teacher forcing; `forward(batch, mode="sample", ...)` draws captions (`capbook.decode.sample`),
+# so an objective that samples — self-critical training — still calls the model through its DistributedDataParallel
+# wrapper, which is what keeps the gradients of all processes in step.
+
+# %%
+#| export
+class CaptionModel(nn.Module):
+    "Base class of every decoder: implement `init_state` and `step`; teacher forcing and sampling come for free."
+    pad, start, end = 0, 1, 2
+    inputs: tuple[str, ...] = ("feats",)     # the batch entries the model reads (besides `caps` in training)
+    name: str = ""                          # its registry name, set by `build`
+    config: Any = None                      # its config dataclass, set by `build`
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def init_state(self, batch: Mapping[str, Any]) -> tuple[dict, dict]:
+        "Return `(memory, state)` for a batch of B images."
+        raise NotImplementedError
+
+    def step(self, tokens: torch.Tensor, memory: dict, state: dict) -> tuple[torch.Tensor, dict, dict]:
+        "One decoding step: previous words (R,) -> next-word logits (R, V), new state, extras such as `alpha` (R, L)."
+        raise NotImplementedError
+
+    def forward(self, batch: Mapping[str, Any], mode: str = "teacher", **kw) -> dict:
+        "`mode='teacher'`: `teacher_forcing(batch)`; `mode='sample'`: `capbook.decode.sample(self, batch, **kw)`."
+        if mode == "sample":
+            from capbook.decode import sample
+            return sample(self, batch, **kw)
+        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'sample'")
+        return self.teacher_forcing(batch)
+
+    def teacher_forcing(self, batch: Mapping[str, Any]) -> dict:
+        "Teacher forcing over `batch['caps']` (B, T) starting with `<start>`: logits (B, T-1, V) and stacked extras (B, T-1, ...)."
+        memory, state = self.init_state(batch)
+        return unroll(self.step, batch["caps"][:, :-1], memory, state)
+
+    @property
+    def n_params(self) -> int:
+        "Number of trainable parameters."
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+def unroll(step: Callable, xs: torch.Tensor, memory: dict, state: dict) -> dict:
+    "Run `step(xs[:, t], memory, state)` for every t: logits (B, T, V) and every extra stacked (B, T, ...)."
+    logits, extras = [], {}
+    for t in range(xs.shape[1]):
+        lg, state, aux = step(xs[:, t], memory, state)
+        logits.append(lg)
+        for k, v in aux.items(): extras.setdefault(k, []).append(v)
+    return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
+
+def check_inputs(model: CaptionModel, batch: Mapping[str, Any]) -> None:
+    "Stop with one line if `batch` lacks an input the model declares."
+    missing = [k for k in model.inputs if k not in batch]
+    if missing:
+        raise CapbookError(f"model {model.name or type(model).__name__} needs batch input(s) {', '.join(missing)}; "
+                           f"the batch has {', '.join(sorted(batch))} (add per-image inputs with CaptionData.with_inputs)")
+
+def batch_size(model: CaptionModel, batch: Mapping[str, Any]) -> int:
+    "The number of images B of a batch: the length of the model's first input."
+    return len(batch[model.inputs[0]])
+
+def repeat_batch(batch: Mapping[str, Any], n: int) -> dict:
+    "Every row of the batch repeated `n` times, copies adjacent (tensors and lists alike)."
+    if n == 1: return dict(batch)
+    return {k: v.repeat_interleave(n, 0) if isinstance(v, torch.Tensor) else [x for x in v for _ in range(n)]
+            for k, v in batch.items()}
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    "Mean negative log-likelihood of `targets` (B, T) under `logits` (B, T, V), ignoring `pad` positions."
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad)
+
+
+# %% [markdown]
+# ## Configs and the registry
+#
+# A model is a module plus a registry entry. Its hyperparameters live in **one config dataclass**, each field with its
+# default and a comment, declared once (as nanoGPT's `GPTConfig`): the model's constructor reads the config, the
+# chapter's papermill `parameters` cell is generated from it (`capbook.runner`), and `build` fills it from keyword
+# arguments, stopping with one line on a name the config does not have. A config may define `check()` to validate
+# its values (an even kernel, an unknown structure) with one line naming the parameter and what is allowed.
+#
+# `@register(name, Config, objective=..., **preset)` on a factory `f(cfg, vocab_size, feat_dim, grid)` registers it.
+# `preset` fixes fields for that name (`sat_hard` is `ShowAttendTell` with `attention='hard'`); `objective` builds
+# the model's training objective from its config (`capbook.objectives`: cross-entropy when not given), so the
+# objective lives outside the model and the trainer takes it from the registry. The paper modules register their
+# models on import; `build` imports every capbook module on first use, so `capbook.models.build("sat_soft", ...)`
+# works from a plain `import capbook`, and a new paper adds nothing to any list.
+
+# %%
+#| export
+@dataclass
+class ModelSpec:
+    "A registry entry: the factory, its config class, fixed config values, and the objective the paper trains it with."
+    name: str
+    factory: Callable[..., CaptionModel]
+    config: type
+    preset: dict = field(default_factory=dict)
+    objective: Callable[[Any], Any] | None = None
+    doc: str = ""
+
+REGISTRY: dict[str, ModelSpec] = {}
+
+def register(name: str, config: type, objective: Callable[[Any], Any] | None = None, **preset):
+    "Decorator: register a model factory `f(cfg, vocab_size, feat_dim, grid)` under `name` with its config class."
+    def deco(factory):
+        REGISTRY[name] = ModelSpec(name, factory, config, preset, objective, (factory.__doc__ or "").strip())
+        return factory
+    return deco
+
+def _load_all():
+    import capbook
+    for m in pkgutil.iter_modules(capbook.__path__):
+        if not m.name.startswith("_"): importlib.import_module(f"capbook.{m.name}")
+
+def available() -> list[str]:
+    "Names of all registered models."
+    _load_all(); return sorted(REGISTRY)
+
+def spec(name: str) -> ModelSpec:
+    "The registry entry of `name`, or one line naming the registered models."
+    if name not in REGISTRY: _load_all()
+    if name not in REGISTRY:
+        raise CapbookError(f"parameter model={name!r} is invalid: allowed values are {', '.join(map(repr, sorted(REGISTRY)))}")
+    return REGISTRY[name]
+
+def make_config(name: str, **hparams):
+    "The config of model `name` with `hparams` over its defaults and preset, checked."
+    s = spec(name)
+    known = {f.name for f in dataclasses.fields(s.config)}
+    unknown = sorted(set(hparams) - known)
+    if unknown:
+        raise CapbookError(f"parameter {unknown[0]} is unknown for model {name}: known parameters are {', '.join(sorted(known))}")
+    fixed = {k: v for k, v in hparams.items() if k in s.preset and v != s.preset[k]}
+    if fixed:
+        k = next(iter(fixed))
+        raise CapbookError(f"parameter {k}={fixed[k]!r} is invalid for model {name}, which fixes {k}={s.preset[k]!r}")
+    cfg = s.config(**{**hparams, **s.preset})
+    if hasattr(cfg, "check"): cfg.check()
+    return cfg
+
+def build(name: str, vocab_size: int, feat_dim: int, grid: tuple[int, int], **hparams) -> CaptionModel:
+    "Build the registered model `name` for a vocabulary, feature size D and feature grid (h, w); `hparams` set config fields."
+    cfg = make_config(name, **hparams)
+    model = spec(name).factory(cfg, vocab_size=vocab_size, feat_dim=feat_dim, grid=tuple(grid))
+    model.name, model.config = name, cfg
+    return model
+
+def hparams(model: CaptionModel) -> dict:
+    "The config fields of a built model that differ from its preset (what `build` needs to rebuild it)."
+    preset = spec(model.name).preset
+    return {k: v for k, v in dataclasses.asdict(model.config).items() if k not in preset}
+
+
+# %% [markdown]
+# A toy model shows the whole interface: it reads the mean of its features and predicts the next word from it and the
+# previous word.
+
+# %%
+@dataclass
+class _ToyConfig:
+    emb_dim: int = 8          # word embedding size
+    def check(self):
+        if self.emb_dim < 1: raise CapbookError(f"parameter emb_dim={self.emb_dim!r} is invalid: expected an integer >= 1")
+
+class _Toy(CaptionModel):
+    def __init__(self, cfg, vocab_size, feat_dim, grid):
+        super().__init__(vocab_size)
+        self.E, self.W = nn.Embedding(vocab_size, cfg.emb_dim), nn.Linear(feat_dim + cfg.emb_dim, vocab_size)
+    def init_state(self, batch): return {"mean": batch["feats"].mean(1)}, {}
+    def step(self, tokens, memory, state):
+        m = memory["mean"].repeat_interleave(len(tokens) // len(memory["mean"]), 0)
+        return self.W(torch.cat([m, self.E(tokens)], 1)), state, {}
+
+register("_toy", _ToyConfig)(_Toy)
+_m = build("_toy", 7, 3, (2, 2), emb_dim=4)
+_b = {"feats": torch.randn(2, 4, 3), "caps": torch.tensor([[1, 4, 5, 2], [1, 6, 2, 0]])}
+assert _m(_b)["logits"].shape == (2, 3, 7) and _m.config.emb_dim == 4 and hparams(_m) == {"emb_dim": 4}
+try: build("_toy", 7, 3, (2, 2), emb_dimm=4); raise AssertionError
+except CapbookError as e: assert "emb_dimm is unknown" in str(e)
+del REGISTRY["_toy"]

@@ -1,0 +1,281 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # objectives
+#
+# > The training objectives, outside the models: cross-entropy, Show-Attend-Tell's doubly stochastic penalty and hard-attention learning rule, and self-critical sequence training — one trainer runs them all.
+#
+# An objective is what the trainer minimises. It sees the model's outputs **and the batch** — the captions, the
+# images' references, any other input — so a loss that needs the references (self-critical training's CIDEr-D
+# reward) is written as easily as cross-entropy, and every objective runs in the one training loop of `capbook.train`,
+# as in ruotianluo's `LossWrapper`:
+#
+# ```python
+# out = objective.outputs(net, batch)        # run the model: teacher forcing (default) or sampling
+# loss, stats = objective.loss(out, batch)   # a scalar to minimise and the terms to log
+# ```
+#
+# `outputs` runs under the trainer's autocast, `loss` in float32. An objective is an `nn.Module`, so state it keeps
+# (hard attention's moving-average baseline) is saved in every checkpoint and restored on resume. A registered model
+# names the objective its paper trains it with (`capbook.models.register(..., objective=...)`); `objective_for(model)`
+# builds it from the model's config, and `fit` takes any other.
+
+# %%
+#| default_exp objectives
+
+# %%
+#| export
+from __future__ import annotations
+from typing import Any, Mapping
+import numpy as np
+import torch
+from torch import nn
+import torch.nn.functional as F
+from capbook.models import CaptionModel, spec, token_nll, repeat_batch
+
+
+# %%
+#| export
+class Objective(nn.Module):
+    "Base class: `outputs(net, batch)` runs the model (teacher forcing by default), `loss(out, batch) -> (loss, stats)`."
+    pad = CaptionModel.pad
+
+    def outputs(self, net: nn.Module, batch: Mapping[str, Any]) -> dict:
+        "The model's outputs for this objective: teacher forcing over `batch['caps']`."
+        return net(batch)
+
+    def loss(self, out: dict, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def forward(self, net: nn.Module, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict]:
+        return self.loss(self.outputs(net, batch), batch)
+
+def targets(out: dict, batch: Mapping[str, Any]) -> torch.Tensor:
+    "The next-word targets `caps[:, 1:]`, repeated when the model ran several rows per caption (hard attention's N samples)."
+    caps = batch["caps"]
+    k = len(out["logits"]) // len(caps)
+    return (caps if k == 1 else caps.repeat_interleave(k, 0))[:, 1:]
+
+
+# %% [markdown]
+# ## Cross-entropy
+#
+# The negative log-likelihood of the next word, averaged over the real (non-pad) target words of the batch:
+# $-\frac{1}{\sum_j C_j} \sum_j \sum_{t=1}^{C_j} \log p(y_{j,t} \mid y_{j,<t}, I_j)$.
+
+# %%
+#| export
+class CrossEntropy(Objective):
+    "Teacher-forced cross-entropy of the next word, per real target word."
+    def loss(self, out, batch):
+        # -sum_j log p(y_j | I_j) / sum_j C_j
+        nll = token_nll(out["logits"], targets(out, batch), self.pad)
+        return nll, {"nll": nll.item()}
+
+
+# %% [markdown]
+# ## The doubly stochastic penalty — Show, Attend and Tell Eq. 9
+#
+# $$L_d = -\log p(y \mid a) + \lambda \sum_i^L \Big(1 - \sum_t^C \alpha_{ti}\Big)^2$$
+#
+# "encouraging the model to pay equal attention to every part of the image over the course of generation". *capbook's
+# choice:* Eq. 9 is written per caption; we average it over the batch and divide both terms by the mean caption length,
+# so the NLL term is the usual per-word cross-entropy and λ keeps the paper's meaning relative to $-\log p(y|a)$. The
+# penalty is computed (and logged) whenever the model returns attention weights, and weighted by λ.
+
+# %%
+#| export
+def doubly_stochastic(alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    "sum_i (1 - sum_t alpha_ti)^2 averaged over captions, per word: alpha (B, T, L), mask (B, T) of real words."
+    # sum_t alpha_ti over the real words: (B, L)
+    att = (alpha * mask[..., None]).sum(1)
+    # sum_i (1 - sum_t alpha_ti)^2 / C  (Eq. 9)
+    return ((1 - att) ** 2).sum(1).mean() / mask.sum(1).mean()
+
+class DoublyStochastic(CrossEntropy):
+    "Cross-entropy plus λ times the doubly stochastic attention penalty (Eq. 9)."
+    def __init__(self, penalty: float = 1.0):
+        super().__init__()
+        self.penalty = penalty
+    def loss(self, out, batch):
+        loss, stats = super().loss(out, batch)
+        if "alpha" in out:
+            mask = (targets(out, batch) != self.pad).float()                # real target words: (B, T)
+            ds = doubly_stochastic(out["alpha"], mask)
+            loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
+        return loss, stats
+
+
+# %% [markdown]
+# Cross-entropy and the doubly stochastic penalty on a small batch: with uniform attention over L = 4 locations and 2
+# words per caption, $\sum_t \alpha_{ti} = 1/2$, so the penalty is $4 \cdot (1/2)^2 / 2 = 0.5$ per word.
+
+# %%
+_out = {"logits": torch.zeros(2, 3, 5), "alpha": torch.full((2, 3, 4), 0.25)}
+_b = {"caps": torch.tensor([[1, 3, 2, 0], [1, 4, 2, 0]])}
+_l, _st = DoublyStochastic(2.0).loss(_out, _b)
+assert abs(_st["nll"] - np.log(5)) < 1e-6 and abs(_st["doubly_stochastic"] - 0.5) < 1e-6
+assert abs(_l.item() - (np.log(5) + 2.0 * 0.5)) < 1e-6
+
+
+# %% [markdown]
+# ## Hard attention's learning rule — Show, Attend and Tell §4.1
+#
+# The objective is the variational lower bound $L_s = \sum_s p(s \mid a) \log p(y \mid s, a) \le \log p(y \mid a)$
+# (Eq. 5), whose gradient is estimated from sampled location sequences $\tilde s$, with a moving-average baseline and
+# an entropy term:
+# $$\frac{\partial L_s}{\partial W} \approx \frac1N \sum_{n=1}^N \Big[\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W}
+#   + \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big) \frac{\partial \log p(\tilde s^n \mid a)}{\partial W}
+#   + \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big], \qquad b_k = 0.9\, b_{k-1} + 0.1 \log p(y \mid \tilde s_k, a).$$
+#
+# The model (`capbook.attention.HardAttention` inside `capbook.sat.ShowAttendTell`) returns, per step, $\log
+# \alpha_{t,\tilde s_t}$ (`logp_s`), the entropy $H_t$ (`entropy`) and which captions used a sample rather than the
+# expected context (`sampled`); the objective minimises the surrogate whose gradient is the rule's right-hand side
+# (the reward is detached, which is what makes its gradient the REINFORCE term):
+# $$\mathcal L = -\log p(y \mid \tilde s, a) - \lambda_r\, \mathrm{sg}\big[\log p(y \mid \tilde s, a) - b\big] \log p(\tilde s \mid a) - \lambda_e H[\tilde s].$$
+#
+# The choices (per-word baseline, its timing, the 50 % switch, λ values) are explained in the Show-Attend-Tell chapter;
+# `tests/test_sat_hard.py` enumerates every location sequence of a tiny model and checks that the expectation of this
+# estimator is exactly the gradient of $L_s$. The baseline $b$ is a buffer of the objective, so checkpoints carry it
+# and an exact resume restores it. Without sampled captions in the outputs (a model in eval mode, or soft attention)
+# the objective is the doubly stochastic one. Under DistributedDataParallel each process keeps its own baseline, computed from its own
+# share of the batch (when the baseline was a model buffer, DDP overwrote it with rank 0's at every step); the weights
+# stay identical across processes because the gradients are averaged.
+
+# %%
+#| export
+class HardAttentionRule(DoublyStochastic):
+    "Show-Attend-Tell §4.1: NLL under the sampled locations + REINFORCE with a per-word moving-average baseline + entropy."
+    def __init__(self, lambda_r: float = 0.1, lambda_e: float = 0.002, penalty: float = 0.0):
+        super().__init__(penalty)
+        self.lambda_r, self.lambda_e = lambda_r, lambda_e
+        self.register_buffer("baseline", torch.zeros(()))   # b_k (per word)
+
+    def loss(self, out, batch):
+        if "sampled" not in out: return super().loss(out, batch)
+        y = targets(out, batch)
+        mask = (y != self.pad).float()                               # real target words: (B, T)
+        words = mask.sum()                                           # sum_j C_j
+        # log p(y_jt | s~, a) of every real word: (B, T)
+        lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), y, reduction="none") * mask
+        # -sum_j log p(y_j | s~, a) / sum_j C_j
+        nll = -lp_tok.sum() / words
+        loss, stats = nll, {"nll": nll.item()}
+        ds = doubly_stochastic(out["alpha"], mask)
+        loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
+        # log p(y | s~, a): (B,)
+        ll = lp_tok.sum(1)
+        # log p(s~ | a) = sum_t log alpha_{t,s_t}: (B,)
+        logp_s = (out["logp_s"] * mask).sum(1)
+        # H[s~] = sum_t H_t: (B,)
+        H = (out["entropy"] * mask).sum(1)
+        sampled, C = out["sampled"][:, 0], mask.sum(1)               # (B,), C_j: (B,)
+        # log p(y | s~, a) - b, with b per word: (B,)
+        adv = (ll - self.baseline * C).detach() * sampled
+        # -lambda_r (log p(y|s~,a) - b) d log p(s~|a), per word
+        reinforce = -(adv * logp_s).sum() / words
+        # -lambda_e dH[s~], per word
+        ent = -H.sum() / words
+        loss = loss + self.lambda_r * reinforce + self.lambda_e * ent
+        stats.update(reinforce=reinforce.item(), entropy=-ent.item(), baseline=self.baseline.item(),
+                     sampled=sampled.mean().item())
+        if self.training and sampled.any():
+            # b_k = 0.9 b_{k-1} + 0.1 log p(y | s~_k, a), per word
+            self.baseline.mul_(0.9).add_(0.1 * (ll.detach() * sampled).sum() / (C * sampled).sum())
+        return loss, stats
+
+
+# %% [markdown]
+# With λ_r = λ_e = 0 and no penalty the rule is the NLL under the sampled locations, and the baseline moves a tenth of
+# the way towards the batch's log-likelihood per word: two captions of two words at uniform logits over 5 words give
+# $\log p = -\log 5$ per word.
+
+# %%
+_r = HardAttentionRule(lambda_r=0.0, lambda_e=0.0).train()
+_o = {**_out, "logp_s": torch.full((2, 3), -1.0), "entropy": torch.ones(2, 3), "sampled": torch.ones(2, 3)}
+_l, _st = _r.loss(_o, _b)
+assert abs(_l.item() - np.log(5)) < 1e-6 and abs(_r.baseline.item() + 0.1 * np.log(5)) < 1e-6
+assert set(_st) == {"nll", "doubly_stochastic", "reinforce", "entropy", "baseline", "sampled"}
+
+
+# %% [markdown]
+# ## Self-critical sequence training — Rennie et al. 2017 ([arXiv:1612.00563](https://arxiv.org/abs/1612.00563))
+#
+# SCST optimises the test metric directly: for each image it samples captions $w^s$ from the model and decodes the
+# greedy caption $\hat w$; the greedy caption's reward is the baseline, so
+# $$\nabla_\theta L(\theta) \approx -\big(r(w^s) - r(\hat w)\big) \nabla_\theta \log p_\theta(w^s),$$
+# with $r$ the CIDEr-D score against the image's references (`capbook.metrics.CiderD`, its document frequencies from
+# the training references). GLIED (§3.4) trains this way after cross-entropy; `outputs` draws the samples through the
+# model (`net(batch, mode="sample")`, so DistributedDataParallel still synchronises the gradients) and `loss` is the
+# surrogate whose gradient is the right-hand side.
+#
+# *capbook:* the trainer's batches hold captions, several per image; SCST takes each image of a batch once
+# (its references are all of the image's captions). Following ruotianluo's `self-critical.pytorch`, the surrogate is
+# averaged over the sampled words (`mask`), and the greedy caption is decoded in eval mode (no dropout).
+
+# %%
+#| export
+class SelfCritical(Objective):
+    "SCST: -(r(w^s) - r(greedy)) log p(w^s), r = CIDEr-D against the image's references, `n` samples per image."
+    def __init__(self, vocab, corpus: list[list[list[str]]], n: int = 5, temperature: float = 1.0, max_len: int = 16):
+        super().__init__()
+        from capbook.metrics import CiderD
+        self.vocab, self.n, self.temperature, self.max_len = vocab, n, temperature, max_len
+        self.cider = CiderD(corpus)
+
+    def _words(self, tokens: torch.Tensor) -> list[list[str]]:
+        out = []
+        for row in tokens.tolist():
+            n = row.index(CaptionModel.end) if CaptionModel.end in row else len(row)
+            out.append(self.vocab.decode(row[:n]))
+        return out
+
+    def outputs(self, net, batch):
+        img = batch["img"].tolist()
+        first = sorted({v: i for i, v in reversed(list(enumerate(img)))}.values())   # one row per image
+        keep = torch.tensor(first, device=batch["caps"].device)
+        b = {k: v.index_select(0, keep) if isinstance(v, torch.Tensor) else [v[i] for i in first] for k, v in batch.items()}
+        was = net.training
+        net.eval()
+        with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^: baseline
+        net.train(was)
+        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len)      # w^s ~ p(w | I)
+        refs = repeat_batch({"refs": b["refs"]}, self.n)["refs"]
+        r_s = self.cider.score(self._words(s.tokens), refs)                  # r(w^s): (B*n,)
+        r_g = np.repeat(self.cider.score(self._words(greedy.tokens), b["refs"]), self.n)   # r(w^): (B*n,)
+        dev = s.logprobs.device
+        return {"samples": s, "advantage": torch.tensor(r_s - r_g, dtype=torch.float32, device=dev),
+                "reward": float(r_s.mean()), "greedy_reward": float(r_g.mean())}
+
+    def loss(self, out, batch):
+        s = out["samples"]
+        # -(r(w^s) - r(w^)) sum_t log p(w^s_t), per sampled word
+        loss = -(out["advantage"][:, None] * s.logprobs * s.mask).sum() / s.mask.sum()
+        return loss, {"scst": loss.item(), "reward": out["reward"], "greedy_reward": out["greedy_reward"]}
+
+
+# %% [markdown]
+# ## The objective a model trains with
+#
+# The registry entry of a model names its paper's objective (built from the model's config); models that name none
+# train with cross-entropy.
+
+# %%
+#| export
+def objective_for(model: CaptionModel) -> Objective:
+    "The objective the model's registry entry names, built from its config; cross-entropy if it names none."
+    make = spec(model.name).objective if model.name else None
+    return make(model.config) if make else CrossEntropy()

@@ -1,0 +1,364 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # runner
+#
+# > Profiles, run folders and results records; the parameters every chapter run shares; the registry in which each paper chapter declares its runs, tables and figures; and `run_chapter`, the one call a chapter's run cell makes.
+
+# %%
+#| default_exp runner
+
+# %%
+#| export
+from __future__ import annotations
+import ast, dataclasses, inspect, os, platform, re, time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+import torch
+from capbook.core import (CapbookError, check_choice, check_float, check_int, code_version, get_device, load_json,
+                          project_root, runs_dir, save_json, save_torch, seed_everything, stable_hash)
+
+# %% [markdown]
+# ## Profiles
+#
+# A profile sets the sizes of everything: `smoke` is a minutes-long run for CI, `default` the book as published on a
+# 2-core CPU, `paper` the papers' own settings for real data on a GPU. A profile means the same thing everywhere.
+
+# %%
+#| export
+PROFILES = ("smoke", "default", "paper")
+
+def check_profile(profile: str) -> str:
+    "Stop unless `profile` is a known profile."
+    return check_choice("profile", profile, PROFILES)
+
+def out_dir(profile: str) -> Path:
+    "Where a profile's tables and figures are published: `figures/` for the default profile, else inside its run folder."
+    check_profile(profile)
+    return project_root() / "figures" if profile == "default" else runs_dir() / profile / "figures"
+
+
+# %% [markdown]
+# ## Runs and results records
+#
+# Every runnable notebook calls `start_run(name, params)` after validating its parameters. The run folder is the one
+# the book runner passed (`run_dir`), or, for a notebook run by hand with papermill,
+# `runs/<profile>/adhoc/<name>-<hash of its parameters>` — so a hand-run with other parameters never overwrites the
+# book's results. `Run.record(...)` writes the run's results record, `record.json`: parameters, seed, code version,
+# metrics, timings, parameter count, machine. Tables are assembled from records.
+
+# %%
+#| export
+@dataclass
+class Run:
+    "A notebook run: its name, parameters, folder and start time."
+    name: str
+    params: dict
+    dir: Path
+    t0: float = field(default_factory=time.time)
+
+    def path(self, name: str) -> Path:
+        "A file inside the run folder."
+        return self.dir / name
+
+    def record(self, metrics: dict, timings: dict | None = None, n_params: int | None = None, **extra) -> dict:
+        "Write this run's results record `record.json` (atomically) and return it."
+        rec = {"notebook": self.name, "params": self.params, "seed": self.params.get("seed"),
+               "profile": self.params.get("profile"), "code_version": code_version(), "metrics": metrics,
+               "timings": {**(timings or {}), "wall_s": time.time() - self.t0}, "n_params": n_params,
+               "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                           "device": "cuda" if torch.cuda.is_available() else "cpu",
+                           "threads": torch.get_num_threads(), "cpus": os.cpu_count()},
+               "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+        save_json(self.dir / "record.json", rec)
+        return rec
+
+def start_run(name: str, params: dict) -> Run:
+    "Validate the profile, create the run folder (the book's `run_dir` parameter, or an ad-hoc one) and return the `Run`."
+    check_profile(params.get("profile"))
+    p = {k: v for k, v in params.items() if k != "run_dir"}
+    d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(p, 8)}"
+    d = Path(d); d.mkdir(parents=True, exist_ok=True)
+    return Run(name, p, d)
+
+def records(profile: str, notebook: str | None = None) -> list[dict]:
+    "Every results record of a profile (book runs and ad-hoc runs), optionally of one notebook."
+    out = []
+    for f in sorted((runs_dir() / profile).rglob("record.json")):
+        r = load_json(f, "results record"); r["_dir"] = str(f.parent)
+        if notebook is None or r.get("notebook") == notebook: out.append(r)
+    return out
+
+
+# %% [markdown]
+# ## Notebook parameters: declared once, checked by name
+#
+# A chapter's parameters are a dataclass: the run's own (`RunConfig` below: data, seed, budget, decoding, device)
+# followed by its model's config (`capbook.sat.SATConfig`, ...), each field with its default and a comment. The
+# chapter's papermill `parameters` cell is **generated** from that dataclass (`parameters_source`; `make sync`
+# rewrites it, and `tests/test_notebooks.py` fails when a cell and its dataclass disagree), so every default is
+# declared once, in the library, where `import capbook` users see the same values, and papermill still sees a
+# literal cell it can inspect and override (`papermill --help-notebook`, `-p kernel 5`).
+#
+# papermill passes an unknown name (`-p epoch 5`, a typo for `epochs`) into its injected cell with only a warning,
+# and the run would silently train the default number of epochs. `read_params` therefore reads the sources of the
+# cells the kernel has run (IPython's `In`), finds papermill's injected cell (it starts with `# Parameters`), and stops
+# with one line naming any name it assigns that the dataclass does not have.
+
+# %%
+#| export
+def _train_default(name: str):
+    from capbook.train import TrainConfig
+    return getattr(TrainConfig, name)
+
+@dataclass
+class RunConfig:
+    "The parameters every chapter run takes, besides its model's."
+    profile: str = "default"        # smoke | default | paper: sizes and epochs
+    dataset: str = "shapes"         # shapes | coco | flickr8k | flickr30k
+    data_path: str | None = None    # folder with dataset_<name>.json and its images (real datasets)
+    encoder: str | None = None      # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+    seed: int = 0
+    epochs: int | None = None       # None: the chapter's default for the profile
+    batch_size: int = _train_default("batch_size")   # captions per training step
+    lr: float = _train_default("lr")                 # Adam's learning rate
+    beam_size: int = 3              # beam of the validation and test decodes
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
+
+    def check(self):
+        "Stop with one line on an invalid run parameter."
+        from capbook.prepare import DATASETS
+        check_profile(self.profile); check_choice("dataset", self.dataset, DATASETS)
+        check_int("seed", self.seed, lo=0); check_int("batch_size", self.batch_size, lo=1)
+        check_int("beam_size", self.beam_size, lo=1)
+        if self.epochs is not None: check_int("epochs", self.epochs, lo=1)
+        check_float("lr", self.lr, lo=1e-7, hi=1.0)
+        get_device(self.device)
+
+def _injected_names(namespace: Mapping[str, Any]) -> list[str]:
+    "Names assigned by papermill's injected parameters cell(s), read from the kernel's input history."
+    names = []
+    for src in namespace.get("In", []) or []:
+        if not isinstance(src, str) or not src.lstrip().startswith("# Parameters"): continue
+        try: tree = ast.parse(src)
+        except SyntaxError: continue
+        names += [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+def read_params(spec: type | list[str], namespace: Mapping[str, Any]) -> Any:
+    "The parameters a notebook was run with: a `spec` dataclass (or name list) filled from `namespace`; unknown injected names stop."
+    known = [f.name for f in dataclasses.fields(spec)] if dataclasses.is_dataclass(spec) else list(spec)
+    unknown = [n for n in _injected_names(namespace) if n not in known]
+    if unknown:
+        raise CapbookError(f"parameter {unknown[0]} is unknown: known parameters are {', '.join(known)}")
+    values = {n: namespace[n] for n in known if n in namespace}
+    return spec(**values) if dataclasses.is_dataclass(spec) else values
+
+_FIELD = re.compile(r"^\s+(\w+)\s*:[^=#]*=\s*(?P<value>[^#]*?)\s*(?:#\s*(?P<doc>.*))?$")
+
+def _field_docs(cls: type) -> dict[str, str]:
+    "The trailing comment of each field's line in the class bodies of `cls` and its bases."
+    docs = {}
+    for c in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(c): continue
+        try: lines = inspect.getsource(c).splitlines()
+        except (OSError, TypeError): continue
+        for line in lines:
+            m = _FIELD.match(line)
+            if m and m.group("doc"): docs[m.group(1)] = m.group("doc")
+    return docs
+
+def parameters_source(cls: type) -> str:
+    "The papermill `parameters` cell of a parameters dataclass: one `name = default  # doc` line per field."
+    docs, lines = _field_docs(cls), []
+    fields = dataclasses.fields(cls)
+    width = max(len(f"{f.name} = {f.default!r}") for f in fields)
+    for f in fields:
+        code = f"{f.name} = {f.default!r}"
+        lines.append(f"{code:<{width}}  # {docs[f.name]}" if f.name in docs else code)
+    return "\n".join(lines)
+
+
+# %% [markdown]
+# A typo in a papermill parameter stops the run; the generated cell renders every default:
+
+# %%
+_ns = {"In": ["", "# Parameters\nepoch = 5\nseed = 1\n"], "epoch": 5, "seed": 1}
+try: read_params(RunConfig, _ns); raise AssertionError("a typo must stop the run")
+except CapbookError as e: assert str(e).startswith("parameter epoch is unknown: known parameters are profile, dataset")
+assert read_params(RunConfig, {"In": [], "seed": 1}).seed == 1
+assert parameters_source(RunConfig).splitlines()[0].startswith("profile = 'default'") and "batch_size = 64" in parameters_source(RunConfig)
+
+
+# %% [markdown]
+# ## Chapters register themselves
+#
+# A paper chapter declares, in its own module, everything the book needs to run it (`Chapter` below): its notebook,
+# the paper, its parameters dataclass, which registered model a parameter set trains, the runs the book executes (the
+# paper's ablations, each a set of parameters over the defaults), its training schedule, what it measures beyond the
+# common metrics, its attention figure, and the published tables and figures its assembly notebook regenerates. The
+# book's plan, the docs site's chapter list, the notebook tests and the README's chapter table are derived from the
+# notebooks and these declarations (`capbook.book`); adding a chapter touches no list anywhere else.
+
+# %%
+#| export
+@dataclass
+class Chapter:
+    "A paper chapter's declaration: how to run it, which runs the book executes, what it publishes."
+    notebook: str                               # the notebook's file stem, e.g. '03_spca'
+    paper: str                                  # the paper, cited
+    url: str                                    # its public identifier (arXiv / DOI link)
+    params: type                                # the parameters dataclass (RunConfig + the model's config)
+    model: Callable[[Any], str]                 # parameters -> registered model name
+    runs: dict[str, dict]                       # tag -> parameters over the defaults; '' is the chapter's own run
+    epochs: dict[str, int]                      # default epochs per profile
+    label: Callable[[Any], str]                 # parameters -> the row label of its attention figure
+    figure: Callable[[Any], str]                # parameters -> the attention figure's file name
+    train: dict = field(default_factory=dict)   # TrainConfig fields the paper fixes (schedule, selection metric)
+    encoder: str = "vgg16"                      # the paper's backbone for real data
+    check: Callable[[Any], None] | None = None  # extra parameter checks (combinations)
+    measure: Callable[[Any], dict] | None = None   # ChapterRun -> extra measurements for its results record
+    tables: dict[str, Callable] = field(default_factory=dict)   # published tables (capbook.papers), by name
+    figures: tuple[str, ...] = ()               # the figures its assembly notebook publishes
+
+CHAPTERS: dict[str, Chapter] = {}
+
+def register_chapter(ch: Chapter) -> Chapter:
+    "Declare a paper chapter (called by the paper's module on import)."
+    CHAPTERS[ch.notebook] = ch
+    return ch
+
+def chapters() -> dict[str, Chapter]:
+    "Every declared chapter, by notebook (imports every capbook module, so each paper's declaration is made)."
+    from capbook.models import _load_all
+    _load_all()
+    return dict(sorted(CHAPTERS.items()))
+
+def chapter(notebook: str) -> Chapter:
+    "The declaration of chapter `notebook`."
+    chs = chapters()
+    if notebook not in chs:
+        raise CapbookError(f"chapter {notebook!r} is not declared: declared chapters are {', '.join(chs)}")
+    return chs[notebook]
+
+def model_hparams(name: str, params: Any) -> dict:
+    "The fields of model `name`'s config taken from chapter parameters `params` (its preset fields left out)."
+    from capbook.models import spec
+    s = spec(name)
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(s.config)
+            if f.name not in s.preset and hasattr(params, f.name)}
+
+
+# %% [markdown]
+# Show-Attend-Tell's chapter, for instance: its parameters dataclass renders its parameters cell, and a run's model
+# takes the config fields from the parameters (the field its registry name fixes, `attention`, left out).
+
+# %%
+from capbook.sat import SATParams
+_sat = chapter("02_show_attend_tell")
+assert _sat.params is SATParams and _sat.model(SATParams(attention="hard")) == "sat_hard" and "" in _sat.runs
+assert model_hparams("sat_hard", SATParams(attention="hard", lambda_r=1.0))["lambda_r"] == 1.0
+assert "attention" not in model_hparams("sat_soft", SATParams()) and "lambda_r = 0.1" in parameters_source(SATParams)
+
+
+# %% [markdown]
+# ## One chapter run
+#
+# Every paper chapter's run cell is one call, `run_chapter(notebook, globals())`: it reads and checks the parameters,
+# then prepares the data (`capbook.prepare`), builds the registered model (`capbook.models.build`), trains it with
+# its objective (`capbook.train.fit`), decodes and scores the test split (`capbook.metrics.evaluate`), adds the
+# chapter's own measurements, saves every test caption with its attention (`test_captions.pt`, for the assembly
+# notebooks' figures), writes the results record, and draws the attention of the first test image whose caption names
+# two of its objects (one plotting path for every model, `capbook.viz.attention_figure`). It returns a `ChapterRun`
+# with all of it, for the chapter's own analysis cells.
+
+# %%
+#| export
+@dataclass
+class ChapterRun:
+    "What `run_chapter` made: parameters, run folder, data, model, fit result, test evaluation, record, device."
+    chapter: Chapter
+    params: Any
+    run: Run
+    prep: Any
+    model: Any
+    fitted: Any
+    ev: dict
+    record: dict
+    device: torch.device
+    figure: Path | None = None
+
+    def measured(self) -> dict:
+        "The metrics as a results record keeps them (caption metrics, semantic scores, attention correctness)."
+        return measured(self.ev)
+
+def measured(ev: dict) -> dict:
+    "An evaluation's metrics as a results record keeps them."
+    return {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
+
+def figure_pick(ev: dict, gt: dict | None) -> int:
+    "The first test image whose caption names at least two objects of the image (0 without ground truth)."
+    if gt is None: return 0
+    from capbook.shapes import object_mentions
+    return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
+                 if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
+
+def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
+    "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
+    from capbook.prepare import prepare
+    from capbook.models import build, make_config
+    from capbook.train import TrainConfig, fit
+    from capbook.metrics import evaluate
+    from capbook.viz import attention_figure
+    ch = chapter(notebook)
+    p = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
+    RunConfig.check(p)
+    if ch.check: ch.check(p)
+    name = ch.model(p)
+    hp = model_hparams(name, p)
+    make_config(name, **hp)                       # a wrong model parameter stops here, before any work
+    run = start_run(notebook, dataclasses.asdict(p))
+    encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
+    prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device)
+    seed_everything(p.seed)
+    model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
+    cfg = TrainConfig(**{**ch.train, "epochs": p.epochs or ch.epochs[p.profile], "batch_size": p.batch_size,
+                         "lr": p.lr, "seed": p.seed, "max_len": prep.max_len, "val_beam": p.beam_size,
+                         "device": p.device})
+    log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {len(prep.train):,} training "
+        f"captions; {cfg.epochs} epochs at most")
+    fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
+    dev = get_device(p.device)
+    model.to(dev)
+    ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev)
+    ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
+    extra = ch.measure(ctx) if ch.measure else {}
+    grid = list(getattr(model, "att_grid", prep.grid))
+    save_torch(run.path("test_captions.pt"), {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
+               "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": grid})
+    ctx.record = run.record(measured(ev), timings={"train_s": fitted.train_seconds,
+                            "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
+                            n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,
+                            history=fitted.history, model=name, hparams=hp,
+                            samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
+                            **extra)
+    if ev["captions"] and ev["captions"][0].alpha is not None:
+        i = figure_pick(ev, prep.gt)
+        ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
+                                        "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
+    return ctx

@@ -1,0 +1,174 @@
+"""The engine's extension points: a model with an extra batch input and its own objective trained by `fit`, sampling,
+self-critical training as one more objective, CIDEr-D against pycocoevalcap, and configs that stop on unknown names."""
+import copy, dataclasses
+from dataclasses import dataclass
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from capbook.core import CapbookError
+from capbook.data import to_device
+from capbook.decode import greedy, sample, teacher_forced, pad_captions
+from capbook.models import CaptionModel, REGISTRY, build, register, make_config
+from capbook.objectives import CrossEntropy, SelfCritical, objective_for
+from capbook.train import TrainConfig, fit, load_trained
+
+
+# --- a test-only model that needs an input besides the features, trained with a custom objective -----------------
+
+@dataclass
+class AttrConfig:
+    emb_dim: int = 16           # word and attribute embedding size
+    weight: float = 0.1         # weight of the objective's extra term
+
+class AttrModel(CaptionModel):
+    "Mean features plus the embedding of one attribute id per image (`attrs`), then a GRU cell."
+    inputs = ("feats", "attrs")
+    def __init__(self, cfg, vocab_size, feat_dim, grid):
+        super().__init__(vocab_size)
+        self.E, self.A = nn.Embedding(vocab_size, cfg.emb_dim), nn.Embedding(8, cfg.emb_dim)
+        self.init = nn.Linear(feat_dim + cfg.emb_dim, cfg.emb_dim)
+        self.cell, self.out = nn.GRUCell(cfg.emb_dim, cfg.emb_dim), nn.Linear(cfg.emb_dim, vocab_size)
+        self.seen = []
+    def init_state(self, batch):
+        self.seen.append(batch["attrs"][:, 0].tolist())
+        a = self.A(batch["attrs"][:, 0])                                  # the extra input: (B, emb)
+        return {"a": a}, {"h": torch.tanh(self.init(torch.cat([batch["feats"].mean(1), a], 1)))}
+    def step(self, tokens, memory, state):
+        h = self.cell(self.E(tokens), state["h"])
+        return self.out(h), {"h": h}, {}
+
+class AttrNorm(CrossEntropy):
+    "Cross-entropy plus a penalty on the attribute embedding of the batch's images; records what it saw of the batch."
+    def __init__(self, model, weight):
+        super().__init__(); self.model, self.weight, self.saw = [model], weight, []
+    def loss(self, out, batch):
+        nll, stats = super().loss(out, batch)
+        self.saw.append({"keys": set(batch), "n_refs": len(batch["refs"])})
+        pen = self.model[0].A(batch["attrs"][:, 0]).pow(2).mean()
+        return nll + self.weight * pen, {**stats, "attr_norm": pen.item()}
+
+
+@pytest.fixture
+def attr_prep(smoke):
+    "The smoke data with one attribute id per image (its number of objects, from the ground truth) as `attrs`."
+    prep = copy.copy(smoke)
+    for s in ("train", "val", "test"):
+        d = copy.copy(getattr(smoke, s)); d.inputs = dict(d.inputs)
+        n = [len(smoke.gt["images"][k]["objects"]) for k in d.keys]
+        setattr(prep, s, d.with_inputs(attrs=np.array(n, dtype=np.int64)[:, None]))
+    return prep
+
+
+def test_model_with_extra_input_and_custom_objective_trains_through_fit(attr_prep, tmp_path):
+    register("_attr", AttrConfig, objective=None)(AttrModel)
+    try:
+        torch.manual_seed(0)
+        m = build("_attr", len(attr_prep.vocab), attr_prep.feat_shape[1], attr_prep.grid, emb_dim=12)
+        obj = AttrNorm(m, m.config.weight)
+        cfg = TrainConfig(epochs=1, progress=False, max_len=attr_prep.max_len, batch_size=128)
+        res = fit(m, attr_prep, cfg, tmp_path / "ckpt", log=lambda s: None, objective=obj)
+        assert "attr_norm" in res.history[0] and np.isfinite(res.history[0]["loss"])
+        assert obj.saw and all({"feats", "attrs", "caps", "refs", "img"} <= s["keys"] for s in obj.saw)
+        n_obj = {len(attr_prep.gt["images"][k]["objects"]) for k in attr_prep.train.keys}
+        assert set(sum(m.seen, [])) <= n_obj and len(set(sum(m.seen, []))) > 1     # the model read the real attribute
+        # rebuilt from its checkpoint by name and config, and decoded through the evaluator's path
+        again = load_trained(tmp_path, attr_prep)
+        assert isinstance(again, AttrModel) and again.config.emb_dim == 12
+        b = next(attr_prep.test.image_batches(4))
+        assert [c.tokens for c in greedy(again, b, 6)] == [c.tokens for c in greedy(m.eval(), b, 6)]
+        with pytest.raises(CapbookError, match="needs batch input.*attrs"):
+            greedy(m, {"feats": b["feats"]}, 4)
+    finally:
+        REGISTRY.pop("_attr", None)
+
+
+# --- sampling -----------------------------------------------------------------------------------------------------
+
+def sat(seed=0, V=13):
+    torch.manual_seed(seed)
+    m = build("sat_soft", vocab_size=V, feat_dim=8, grid=(3, 3), emb_dim=8, hidden_dim=16, att_dim=8)
+    with torch.no_grad(): m.L_o.bias[2] += 0.3          # captions of several lengths
+    return m.eval()
+
+
+def test_sample_logprobs_equal_teacher_forcing():
+    m, f = sat(), torch.randn(5, 9, 8)
+    torch.manual_seed(1)
+    s = sample(m, f, n=3, temperature=1.0, max_len=7)
+    assert s.tokens.shape[0] == 15 and s.logprobs.requires_grad
+    caps = [c.tokens for c in s.captions()]
+    assert len({tuple(c) for c in caps}) > 3                            # real draws, not one caption repeated
+    t = pad_captions([[m.start, *c, m.end] for c in caps], 9)
+    tf = teacher_forced(m, {"feats": f.repeat_interleave(3, 0), "caps": t})
+    summed = (s.logprobs * s.mask).sum(1)
+    for r, (a, b) in enumerate(zip(tf, summed.tolist())):
+        assert a.tokens == caps[r] and abs(a.logprob - b) < 1e-4
+        assert torch.allclose(a.alpha, s.alpha[r, :len(caps[r])], atol=1e-6)
+    summed.sum().backward()                                             # gradients reach the model for REINFORCE
+    assert m.L_o.weight.grad is not None and m.L_o.weight.grad.abs().sum() > 0
+
+
+def test_sample_at_temperature_zero_is_greedy():
+    m, f = sat(2), 2 * torch.randn(6, 9, 8)
+    g = greedy(m, f, max_len=8)
+    for temp in (0.0, 1e-6):
+        s = sample(m, f, n=2, temperature=temp, max_len=8)
+        for i, c in enumerate(s.captions()):
+            assert c.tokens == g[i // 2].tokens and abs(c.logprob - g[i // 2].logprob) < 1e-4
+    with pytest.raises(ValueError): sample(m, f, temperature=-1)
+
+
+def test_sampling_through_forward():
+    m, f = sat(3), torch.randn(2, 9, 8)
+    s = m({"feats": f}, mode="sample", n=4, temperature=0.0, max_len=5)
+    assert s.tokens.shape[0] == 8 and s.n == 4
+    with pytest.raises(CapbookError, match="mode='beam' is invalid"): m({"feats": f}, mode="beam")
+
+
+# --- self-critical training and CIDEr-D ---------------------------------------------------------------------------
+
+def test_cider_d_matches_pycocoevalcap(smoke):
+    from pycocoevalcap.cider.cider import Cider
+    from capbook.metrics import CiderD
+    refs = smoke.test.refs
+    rng = np.random.default_rng(0)
+    cands = [list(refs[(i + 1) % len(refs)][0][: rng.integers(3, 10)]) if i % 3 else list(r[1]) for i, r in enumerate(refs)]
+    cands[4] = []                                                        # an empty caption scores 0 on both
+    ours = CiderD(refs).score(cands, refs)
+    mean, theirs = Cider().compute_score({i: [" ".join(x) for x in r] for i, r in enumerate(refs)},
+                                         {i: [" ".join(c)] for i, c in enumerate(cands)})
+    assert np.allclose(ours, theirs, atol=1e-6) and abs(ours.mean() - mean) < 1e-6
+    assert ours[0] > ours[1]                                             # a reference scores above a wrong caption
+
+
+def test_self_critical_is_an_objective_of_the_one_trainer(smoke, tmp_path):
+    torch.manual_seed(0)
+    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid, emb_dim=16, hidden_dim=32, att_dim=16)
+    scst = SelfCritical(smoke.vocab, smoke.train.refs, n=3, max_len=smoke.max_len)
+    b = to_device(next(smoke.train.batches(32, epoch=0, seed=0)), "cpu")
+    m.train()
+    out = scst.outputs(m, b)
+    n_img = len(set(b["img"].tolist()))
+    s = out["samples"]
+    assert s.tokens.shape[0] == 3 * n_img and out["advantage"].shape == (3 * n_img,)
+    loss, stats = scst.loss(out, b)
+    manual = -(out["advantage"][:, None] * s.logprobs * s.mask).sum() / s.mask.sum()
+    assert torch.allclose(loss, manual) and {"reward", "greedy_reward"} <= set(stats)
+    cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len, batch_size=256)
+    res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None, objective=scst)
+    assert {"scst", "reward", "greedy_reward"} <= set(res.history[0]) and np.isfinite(res.history[0]["scst"])
+
+
+# --- configs: one place for defaults, one line for a wrong name ---------------------------------------------------
+
+def test_configs_stop_on_unknown_or_fixed_names():
+    with pytest.raises(CapbookError, match="parameter kernel is unknown for model sat_soft: known parameters are"):
+        build("sat_soft", 10, 8, (3, 3), kernel=3)
+    with pytest.raises(CapbookError, match="parameter attention='soft' is invalid for model sat_hard"):
+        build("sat_hard", 10, 8, (3, 3), attention="soft")
+    with pytest.raises(CapbookError, match="parameter kernel=4 is invalid: expected an odd integer"):
+        build("lstm2d_spca", 10, 8, (3, 3), kernel=4)
+    assert make_config("lstm1d_spca").kernel == make_config("lstm2d_spca").kernel == 3   # SPCA's default, declared once
+    assert isinstance(objective_for(build("lstm2d", 10, 8, (3, 3))), CrossEntropy)
+    assert dataclasses.asdict(make_config("sat_none"))["attention"] == "none"
