@@ -1,6 +1,7 @@
 # capbook: two commands for a newcomer (see README.md).
-#   make book   regenerate the book (PROFILE=default|smoke)
-#   make test   run the test suite
+#   make book        regenerate the book (PROFILE=default|smoke)
+#   make test        lint, then the whole test suite (smoke book, docs site in a browser, DDP included)
+#   make test-fast   lint, then everything but the slow end-to-end tests (about 2 minutes)
 # Both create .venv and install capbook into it first.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 PROFILE ?= default
 STAMP := $(VENV)/.capbook-installed
 
-.PHONY: book test venv browser sync
+.PHONY: book test test-fast lint hooks venv browser sync
 
 venv: $(STAMP)
 
@@ -27,11 +28,29 @@ browser:
 book: venv
 	$(BIN)/capbook book --profile $(PROFILE)
 
-test: venv browser
+LINTED := capbook nbs/*.py tests
+
+lint: venv
+	$(BIN)/ruff check $(LINTED)
+
+test: lint browser
 	$(BIN)/python -m pytest -q
 
-# After editing a notebook's paired .py (or the .ipynb): sync the pair, clean, export.
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# nbdev's habits as git pre-commit hooks: clean notebooks, export, lint (.pre-commit-config.yaml).
+hooks: venv
+	$(BIN)/pip install -q pre-commit
+	$(BIN)/pre-commit install
+
+# After editing a notebook's paired .py (or the .ipynb): sync the pair, export, regenerate what is derived
+# (the chapters' parameters cells from their dataclasses, the README's chapter table), clean.
 sync: venv
+	$(BIN)/jupytext --sync nbs/*.ipynb
+	$(BIN)/nbdev_export
+	$(BIN)/capbook params
+	$(BIN)/capbook readme
 	$(BIN)/jupytext --sync nbs/*.ipynb
 	$(BIN)/nbdev_clean
 	$(BIN)/nbdev_export
