@@ -46,6 +46,10 @@ class CapbookError(Exception):
         super().__init__(" ".join(str(msg).split()))
 
 
+# %%
+assert str(CapbookError("line one\n   line two")) == "line one line two"   # always one line
+
+
 # %% [markdown]
 # ## Paths
 #
@@ -70,6 +74,15 @@ def data_dir() -> Path:
 def runs_dir() -> Path:
     "Where executed notebooks and results records go, one folder per profile."
     return project_root() / "runs"
+
+
+# %%
+import os as _os
+_old = _os.environ.get("CAPBOOK_HOME"); _os.environ["CAPBOOK_HOME"] = "/tmp/capbook-home-example"
+assert project_root() == Path("/tmp/capbook-home-example") and runs_dir() == project_root() / "runs"
+assert data_dir() == Path(_os.environ.get("CAPBOOK_DATA", project_root() / "data"))
+if _old is None: del _os.environ["CAPBOOK_HOME"]
+else: _os.environ["CAPBOOK_HOME"] = _old
 
 
 # %% [markdown]
@@ -174,6 +187,12 @@ def code_version() -> dict:
     return out
 
 
+# %%
+assert stable_hash({"a": 1, "b": [2, 3]}) == stable_hash({"b": [2, 3], "a": 1}) != stable_hash({"a": 2, "b": [2, 3]})
+import capbook.core as _core                          # the installed module (a notebook has no __file__)
+assert len(_core.package_hash()) == 12 and set(_core.code_version()) == {"package", "commit", "dirty"}
+
+
 # %% [markdown]
 # ## Seeds and devices
 #
@@ -198,6 +217,13 @@ def autocast(device: torch.device):
         dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.autocast("cuda", dtype=dt)
     return contextlib.nullcontext()
+
+
+# %%
+seed_everything(3); _x = torch.rand(2)
+seed_everything(3); assert torch.equal(_x, torch.rand(2))                       # one seed, the same draws
+assert get_device("cpu").type == "cpu" and get_device().type in ("cpu", "cuda")
+with autocast(torch.device("cpu")): assert (torch.ones(2) @ torch.ones(2)).dtype == torch.float32   # no-op on the CPU
 
 
 # %% [markdown]

@@ -171,6 +171,7 @@ _g, _b = greedy(_m, _f, 6), beam_search(_m, {"feats": _f}, beam_size=1, max_len=
 assert [c.tokens for c in _g] == [c.tokens for c in _b] and all(c.alpha.shape == (len(c.tokens), 4) for c in _g)
 assert all(b.logprob >= g.logprob - 1e-5 for g, b in zip(_g, beam_search(_m, _f, beam_size=3, max_len=6)))
 
+
 # %% [markdown]
 # ## Sampling, for reinforcement learning
 #
@@ -236,6 +237,7 @@ _s = sample(_m, _f, n=2, temperature=0.0, max_len=6)
 assert [c.tokens for c in _s.captions()[::2]] == [c.tokens for c in _g] and _s.tokens.shape[0] == 6
 _s = sample(_m, _f, n=4, temperature=1.0, max_len=6)
 assert _s.logprobs.requires_grad and (_s.logprobs <= 0).all() and _s.mask[:, 0].eq(1).all()
+
 
 # %% [markdown]
 # ## Teacher forcing: a given caption's attention

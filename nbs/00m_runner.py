@@ -269,11 +269,12 @@ def model_hparams(name: str, params: Any) -> dict:
 # takes the config fields from the parameters (the field its registry name fixes, `attention`, left out).
 
 # %%
+import capbook.runner as _runner                          # the installed module, where the chapters register
 from capbook.sat import SATParams
-_sat = chapter("02_show_attend_tell")
+_sat = _runner.chapter("02_show_attend_tell")
 assert _sat.params is SATParams and _sat.model(SATParams(attention="hard")) == "sat_hard" and "" in _sat.runs
-assert model_hparams("sat_hard", SATParams(attention="hard", lambda_r=1.0))["lambda_r"] == 1.0
-assert "attention" not in model_hparams("sat_soft", SATParams()) and "lambda_r = 0.1" in parameters_source(SATParams)
+assert _runner.model_hparams("sat_hard", SATParams(attention="hard", lambda_r=1.0))["lambda_r"] == 1.0
+assert "attention" not in _runner.model_hparams("sat_soft", SATParams()) and "lambda_r = 0.1" in parameters_source(SATParams)
 
 
 # %% [markdown]

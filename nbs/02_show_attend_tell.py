@@ -98,8 +98,10 @@ from capbook.viz import soft_hard_figure
 # (`entropy`), and the loss is the surrogate whose gradient is the rule's right-hand side (the reward is detached,
 # which is what makes its gradient the REINFORCE term):
 # $$\mathcal L = -\log p(y \mid \tilde s, a) - \lambda_r\, \mathrm{sg}\big[\log p(y \mid \tilde s, a) - b\big] \log p(\tilde s \mid a) - \lambda_e H[\tilde s].$$
-# `tests/test_sat.py` enumerates every location sequence of a tiny model and checks that the expectation of this
-# estimator is exactly the gradient of $L_s$.
+# `tests/test_sat_hard.py` enumerates every location sequence of a tiny model and checks that the expectation of
+# this estimator is exactly the gradient of $L_s$. Both losses are objectives outside the model, written next to these
+# equations in `capbook.objectives` (`DoublyStochastic` for Eq. 9, `HardAttentionRule` for §4.1); the model's registry
+# entry below names them, and the one trainer applies them.
 #
 # *capbook:* where the paper is silent, $f_{init,c}$ and $f_{init,h}$ are one-layer tanh MLPs and $f_\beta$ a linear
 # layer (as in the authors' released code); the deep output follows the paper's equation exactly (linear, no extra
@@ -117,7 +119,7 @@ from capbook.viz import soft_hard_figure
 #   batch's log-likelihood per word. A single baseline for whole-caption log-likelihoods would mostly track caption
 #   length (8 to 18 words here), which adds variance and no information.
 # - **Baseline timing.** A batch's rule uses $b_{k-1}$, and $b_k$ is updated afterwards, so $b$ never depends on the
-#   samples it is subtracted from (the estimator stays unbiased); $b_0 = 0$. $b$ is a buffer of the model, so it is
+#   samples it is subtracted from (the estimator stays unbiased); $b_0 = 0$. $b$ is a buffer of the objective, so it is
 #   saved in checkpoints and an exact resume restores it.
 # - **The 50% switch** is drawn per caption (each training row), once for the whole caption. Switched captions train
 #   exactly as soft attention (without gate or penalty): no REINFORCE or entropy term, and the baseline is updated from
