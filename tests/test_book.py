@@ -159,3 +159,16 @@ def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
         assert "| `04_toy` | **Toy: a chapter added for a test" in B.chapter_table() and "[Toy et al. 2026](https://arxiv.org/abs/0000.00000)" in B.chapter_table()
     finally:
         CHAPTERS.pop("04_toy")
+
+
+@pytest.mark.slow
+def test_every_chapter_publishes_what_it_declares(book):
+    "Each chapter's declared figures are published by the smoke book; its declared published tables are quoted data."
+    from capbook.runner import chapters
+    home, _ = book
+    figs = home / "runs" / "smoke" / "figures"
+    for name, ch in chapters().items():
+        for f in ch.figures: assert (figs / f).stat().st_size > 10_000, (name, f)
+        for t, table in ch.tables.items():
+            df = table()
+            assert len(df) and (df["source"] == "paper (quoted)").all(), (name, t)
