@@ -91,6 +91,15 @@ def scene_relations(objects: list[dict]) -> list[list]:
 
 
 # %% [markdown]
+# A box at the top left and one lower right of it: two relations each way, in the order of `RELATIONS`.
+
+# %%
+_a, _b = [0, 0, 9, 9], [20, 30, 29, 39]
+assert relation_holds("left of", _a, _b) and relation_holds("above", _a, _b) and not relation_holds("below", _a, _b)
+assert scene_relations([dict(box=_a), dict(box=_b)]) == [[0, "left of", 1], [0, "above", 1], [1, "right of", 0], [1, "below", 0]]
+
+
+# %% [markdown]
 # ## Scenes and images
 #
 # Every image is drawn from its own generator, seeded by `(seed, index)`, so an image does not depend on the ones

@@ -383,3 +383,23 @@ def extract_features(images: Sequence[str | Path], backbone: nn.Module, image_si
         meta = {"keys": list(keys), "encoder": key, "image_size": image_size, "grid": [h, w]}
         rows = (m.flatten(2).transpose(1, 2) for m in itertools.chain([first], it))
         return write_features(out_path, len(images), (h * w, D), rows, meta)
+
+
+# %% [markdown]
+# Three small images through an untrained shapes CNN: the store holds, row for row, what the backbone computes on the
+# same normalised pixels, flattened row-major over the 14×14 grid, with the keys and grid in its meta.
+
+# %%
+import tempfile
+from PIL import Image
+from capbook.data import open_features
+_d = Path(tempfile.mkdtemp())
+for i, c in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+    Image.new("RGB", (112, 112), c).save(_d / f"{i}.png")
+_paths = sorted(_d.glob("*.png"))
+_net = ShapesCNN(3).eval()
+_p = extract_features(_paths, _net.features, 112, _d / "f.npy", [p.name for p in _paths], batch_size=2, device="cpu")
+_F, _meta = open_features(_p)
+with torch.no_grad(): _ref = _net.features(torch.stack([load_image(p, 112) for p in _paths]))
+assert _F.shape == (3, 196, 128) and _meta["keys"] == ["0.png", "1.png", "2.png"] and _meta["grid"] == [14, 14]
+assert np.allclose(_F[:, 14 * 3 + 5], _ref[:, :, 3, 5].numpy(), atol=1e-2, rtol=1e-2)   # region l = row·w + col (float16)

@@ -270,6 +270,16 @@ def teacher_forced(model: CaptionModel, batch: Mapping[str, Any]) -> list[Captio
 
 
 # %% [markdown]
+# Teacher-forcing greedy search's own captions gives back their log-probabilities and attention.
+
+# %%
+_caps = pad_captions([[_m.start, *c.tokens, _m.end] for c in _g], 8)
+assert _caps.shape == (3, 8) and _caps[0, 0] == _m.start
+for _tf, _gc in zip(teacher_forced(_m, {"feats": _f, "caps": _caps}), _g):
+    assert _tf.tokens == _gc.tokens and abs(_tf.logprob - _gc.logprob) < 1e-4 and torch.allclose(_tf.alpha, _gc.alpha, atol=1e-5)
+
+
+# %% [markdown]
 # ## Decoding a whole split
 # `decode_split` runs either search over a split's images in batches and returns the captions in image order.
 
@@ -283,6 +293,18 @@ def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 2
         b = to_device(b, device)
         out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len)
     return out
+
+
+# %% [markdown]
+# A split of five images decoded in batches of two comes back in image order, equal to decoding all at once.
+
+# %%
+import numpy as np
+from capbook.data import CaptionData, Vocab
+_cd = CaptionData(np.random.default_rng(0).standard_normal((5, 4, 8)).astype(np.float16), [f"{i}.png" for i in range(5)],
+                  [[["a", "circle"]]] * 5, Vocab.build([["a", "circle"]]), max_len=5)
+_all = greedy(_m, torch.from_numpy(_cd.feats.astype(np.float32)), 20)
+assert [c.tokens for c in decode_split(_m, _cd, beam_size=1, batch_size=2)] == [c.tokens for c in _all]
 
 
 # %% [markdown]
@@ -310,3 +332,8 @@ def ms_per_image(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, b
         sync(); times.append(1000 * (time.perf_counter() - t0) / N)
     t = torch.tensor(times)
     return float(t.mean()), float(t.std()) if repeats > 1 else 0.0
+
+
+# %%
+_ms, _sd = ms_per_image(_m, _f, beam_size=2, batch_size=2, max_len=4, repeats=2)
+print(f"{_ms:.2f} ± {_sd:.2f} ms/image"); assert _ms > 0 and _sd >= 0

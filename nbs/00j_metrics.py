@@ -204,15 +204,9 @@ def attention_on_references(model, prep, split: str = "test", device: torch.devi
 # computes the same formula as pycocoevalcap's scorer (Vedantam et al. 2015, the variant the COCO server reports):
 # per n-gram order $n = 1..4$, TF-IDF vectors $g^n$ with $\mathrm{idf} = \log N_{images} - \log \max(1, df)$,
 # the candidate's vector clipped by the reference's, a Gaussian length penalty with σ = 6,
-# $$\mathrm{CIDEr	ext{-}D}_n(c, S) = 
-# rac{10}{m} \sum_{j=1}^m e^{-
-# rac{(l_c - l_{s_j})^2}{2\sigma^2}}
-#   
-# rac{\min(g^n(c), g^n(s_j)) \cdot g^n(s_j)}{\lVert g^n(c)
-# Vert \lVert g^n(s_j)
-# Vert}, \qquad
-#   \mathrm{CIDEr	ext{-}D}(c, S) = 
-# rac14 \sum_{n=1}^4 \mathrm{CIDEr	ext{-}D}_n(c, S),$$
+# $$\mathrm{CIDEr\text{-}D}_n(c, S) = \frac{10}{m} \sum_{j=1}^m e^{-\frac{(l_c - l_{s_j})^2}{2\sigma^2}}
+#   \frac{\min(g^n(c), g^n(s_j)) \cdot g^n(s_j)}{\lVert g^n(c)\rVert \lVert g^n(s_j)\rVert}, \qquad
+#   \mathrm{CIDEr\text{-}D}(c, S) = \frac14 \sum_{n=1}^4 \mathrm{CIDEr\text{-}D}_n(c, S),$$
 # and caches each reference set's vectors. (Like pycocoevalcap, the length $l$ is counted in bigrams, one less than
 # the words.) `tests/test_metrics.py` checks it against pycocoevalcap on the same
 # corpus.
@@ -267,6 +261,17 @@ class CiderD:
 # Every results table of the book flattens a run's measured metrics the same way: the captioning metrics ×100, and on
 # shapes the semantic F1s and attention correctness (mass on the named object and peak-hit rate, ×100). A metric that
 # was not measured (METEOR without Java, attention for a model without attention) is left out, and tables show it as —.
+
+# %% [markdown]
+# The reference itself scores highest; a caption sharing only "a" and "circle" less; an empty one zero. "a" is in
+# two of the three images' references, so it weighs less than "circle", which is in one.
+
+# %%
+_cd = CiderD([[["a", "red", "circle"]], [["two", "green", "stars"]], [["a", "blue", "square"]]])
+_sc = _cd.score([["a", "red", "circle"], ["a", "green", "circle"], []], [[["a", "red", "circle"]]] * 3)
+assert _sc[0] > _sc[1] > _sc[2] == 0 and _cd.df[("a",)] == 2 and _cd.df[("circle",)] == 1
+print(_sc.round(3))
+
 
 # %%
 #| export

@@ -95,6 +95,17 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
 
 
 # %% [markdown]
+# A red square in the top-left quarter of a grey image, and a caption whose second word looks at it:
+
+# %%
+_img = np.full((64, 64, 3), 128, np.uint8); _img[4:28, 4:28] = (220, 40, 40)
+_alpha = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.97, 0.01, 0.01, 0.01]])
+_fig = attention_figure([{"label": "a square", "image": _img, "words": ["a", "square"], "alpha": _alpha, "grid": (2, 2)}])
+assert len(_fig.axes) == 3 and [a.get_title() for a in _fig.axes[1:]] == ["a", "square"]
+assert smooth_attention(_alpha[1], (2, 2), 64)[:32, :32].mean() > 0.8 > smooth_attention(_alpha[1], (2, 2), 64)[32:, 32:].mean()
+
+
+# %% [markdown]
 # ## Soft vs hard attention on a 2×2 split (the explainer's worked example)
 #
 # `soft_hard_figure` draws the result of `capbook.sat.worked_example` the way the explainer pictures it: the image cut
@@ -138,6 +149,13 @@ def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None,
     return Path(path)
 
 
+# %%
+_ex = {"alpha": torch.tensor([0.7, 0.1, 0.1, 0.1]), "scores": torch.tensor([2.0, 0.1, 0.1, 0.1]), "sample": 0,
+       "freq": np.array([0.69, 0.1, 0.11, 0.1]), "draws": 1000}
+_fig = soft_hard_figure(_img, _ex, "square")
+assert len(_fig.axes) == 4 and "s$ = 1" in _fig.axes[2].get_title()
+
+
 # %% [markdown]
 # ## Tables
 # Results tables are pandas DataFrames written side by side as Markdown (for reading) and CSV (for reuse).
@@ -156,3 +174,8 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
 # %%
 _m = smooth_attention(torch.eye(1, 196).flatten(), (14, 14), 112)
 assert _m.shape == (112, 112) and _m.max() == 1 and np.unravel_index(_m.argmax(), _m.shape)[0] < 16
+
+# %%
+import tempfile
+_md = save_table(pd.DataFrame({"model": ["soft", "hard"], "BLEU-4": [21.3, None]}), Path(tempfile.mkdtemp()) / "t")
+print(_md); assert "—" in _md and "21.3" in _md

@@ -52,6 +52,13 @@ def out_dir(profile: str) -> Path:
     return project_root() / "figures" if profile == "default" else runs_dir() / profile / "figures"
 
 
+# %%
+from capbook.core import CapbookError
+try: check_profile("fast")
+except CapbookError as e: print(e); assert "'smoke', 'default', 'paper'" in str(e)
+assert out_dir("default").name == "figures" and out_dir("smoke").parts[-3:] == ("runs", "smoke", "figures")
+
+
 # %% [markdown]
 # ## Runs and results records
 #
@@ -102,6 +109,17 @@ def records(profile: str, notebook: str | None = None) -> list[dict]:
         r = load_json(f, "results record"); r["_dir"] = str(f.parent)
         if notebook is None or r.get("notebook") == notebook: out.append(r)
     return out
+
+
+# %% [markdown]
+# A run in a folder the book would pass: its record carries the parameters (not `run_dir`), the metrics and the time.
+
+# %%
+import tempfile
+_run = start_run("demo", {"profile": "smoke", "seed": 3, "run_dir": tempfile.mkdtemp()})
+_rec = _run.record({"BLEU-4": 0.2}, {"train_s": 1.5}, n_params=10)
+assert load_json(_run.path("record.json"))["metrics"] == {"BLEU-4": 0.2} and _rec["params"] == {"profile": "smoke", "seed": 3}
+assert _rec["seed"] == 3 and _rec["timings"]["train_s"] == 1.5 and _rec["timings"]["wall_s"] >= 0
 
 
 # %% [markdown]
