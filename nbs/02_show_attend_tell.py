@@ -367,6 +367,7 @@ profile = 'default'      # smoke | default | paper: sizes and epochs
 dataset = 'shapes'       # shapes | coco | flickr8k | flickr30k
 data_path = None         # folder with dataset_<name>.json and its images (real datasets)
 encoder = None           # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+weights = 'imagenet'     # real data: the encoder's weights, imagenet | random | /path/file.pth
 seed = 0
 epochs = None            # None: the chapter's default for the profile
 batch_size = 64          # captions per training step
