@@ -256,11 +256,16 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
     from capbook.models import build
     from capbook.train import TrainConfig, fit
     from capbook.core import seed_everything
+    from capbook.models import spec
+    spec(model)                                                # every argument is checked before any work
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
+                      patience=max(epochs, 1)).check()
+    try: (Path(run_dir) / "ckpt").mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise io_error(Path(run_dir) / "ckpt", e, "create the run folder") from None
     prep = prepare("shapes", profile, seed=0)
     seed_everything(seed)
     m = build(model, len(prep.vocab), prep.feat_shape[1], prep.grid)
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
-                      max_len=prep.max_len, patience=epochs)
+    cfg.max_len = prep.max_len
     res = fit(m, prep, cfg, Path(run_dir) / "ckpt", log=lambda s: print(s, file=sys.stderr))
     checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,

@@ -12,9 +12,9 @@ import torch
 
 # %% auto 0
 __all__ = ['CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'io_error',
-           'atomic_write', 'save_json', 'load_json', 'save_torch', 'load_torch', 'stable_hash', 'package_hash',
-           'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast', 'check_choice',
-           'check_int', 'check_float']
+           'io_errors_as_lines', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'load_torch', 'stable_hash',
+           'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
+           'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -95,6 +95,16 @@ def io_error(path: str | Path, e: OSError, doing: str = "write") -> CapbookError
            122: "disk quota exceeded", 2: "no such file or folder", 20: "a path component is a file, not a folder",
            21: "it is a folder", 17: "a path component is a file, not a folder"}.get(e.errno, e.strerror or str(e))
     return CapbookError(f"{path}: cannot {doing} ({why}); nothing already written was changed")
+
+def io_errors_as_lines(fn: Callable) -> Callable:
+    "Decorate an entry point so that an `OSError` from the environment (a file as a folder, a full disk) becomes one line."
+    import functools
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        try: return fn(*a, **k)
+        except OSError as e:
+            raise io_error(e.filename or "(unnamed file)", e, "write" if e.errno in (28, 30, 122) else "use") from None
+    return wrapper
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."

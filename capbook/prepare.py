@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from .core import CapbookError, check_choice, check_int, load_json, stable_hash
+from .core import CapbookError, check_choice, check_int, io_errors_as_lines, load_json, stable_hash
 from .data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, open_features, read_karpathy,
                           store_outdated)
 from . import encoders, shapes
@@ -50,6 +50,7 @@ class Prepared:
         return [r.path for r in self.kdata.split(split)]
 
 # %% ../nbs/00d_prepare.ipynb
+@io_errors_as_lines
 def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
             encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
             weights: str = "imagenet", batch_size: int = 32) -> Prepared:

@@ -264,7 +264,6 @@ assert _v.itos == ["<pad>", "<start>", "<end>", "<unk>", "a", "circle", "red"]
 assert _v.encode(["a", "blue", "circle"]) == [1, 4, 3, 5, 2] and _v.encode(["a", "red", "circle"], max_len=2) == [1, 4, 6, 2]
 assert _v.decode([1, 4, 3, 5, 2, 0, 0]) == ["a", "<unk>", "circle"] and Vocab(_v.to_list()) == _v
 
-
 # %% [markdown]
 # ## The feature store
 #

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from capbook.core import CapbookError, check_choice, check_int, load_json, stable_hash
+from capbook.core import CapbookError, check_choice, check_int, io_errors_as_lines, load_json, stable_hash
 from capbook.data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, open_features, read_karpathy,
                           store_outdated)
 from capbook import encoders, shapes
@@ -99,6 +99,7 @@ class Prepared:
 
 # %%
 #| export
+@io_errors_as_lines
 def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
             encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
             weights: str = "imagenet", batch_size: int = 32) -> Prepared:
@@ -157,6 +158,7 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
     return Prepared(data["train"], data["val"], data["test"], vocab, gt, name, key, (L, D), tuple(meta["grid"]), size,
                     max_len, fingerprint, kdata)
 
+
 # %% [markdown]
 # Usage (not run here: the first call trains the shapes encoder and extracts features, about a minute on a CPU):
 #
@@ -166,7 +168,6 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
 # P = prepare("coco", data_path="/data/coco", encoder="resnet101", device="cuda")
 # for batch in P.train.batches(64, epoch=0, seed=0): ...
 # ```
-
 
 # %% [markdown]
 # ## What a run's inputs are, without preparing them

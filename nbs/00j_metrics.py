@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from collections import Counter, defaultdict
+from capbook.core import check_choice
 from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
@@ -149,7 +150,7 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
 def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int | None = None,
              device: torch.device | str = "cpu", batch_size: int = 100) -> dict:
     "Decode `split` of a `Prepared` dataset with beam search and compute every metric that applies."
-    data = getattr(prep, split)
+    data = getattr(prep, check_choice("split", split, ("train", "val", "test")))
     max_len = max_len or prep.max_len
     t0 = time.time()
     caps = decode_split(model, data, beam_size, max_len, batch_size, device)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 import torch
-from capbook.core import (CapbookError, check_choice, check_float, check_int, code_version, get_device, load_json,
-                          project_root, runs_dir, save_json, save_torch, seed_everything, stable_hash)
+from capbook.core import (CapbookError, check_choice, check_float, check_int, code_version, get_device, io_errors_as_lines,
+                          load_json, project_root, runs_dir, save_json, save_torch, seed_everything, stable_hash)
 
 # %% [markdown]
 # ## Profiles
@@ -320,6 +320,7 @@ def figure_pick(ev: dict, gt: dict | None) -> int:
     return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
                  if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
 
+@io_errors_as_lines
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
     from capbook.prepare import prepare
