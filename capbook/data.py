@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_data.ipynb 2
 from __future__ import annotations
-import os
+import errno, os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,8 +183,16 @@ def feature_path(dataset: str, encoder_key: str, split: str) -> Path:
 def _meta_path(path: Path) -> Path: return Path(path).with_suffix(".json")
 
 def _open_tmp(path: Path, tmp: Path, shape: tuple, dtype) -> np.memmap:
-    try: return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-    except OSError as e: raise io_error(path, e) from None
+    "A new memory-mapped .npy file, its blocks reserved first: a full disk fails here, not as SIGBUS mid-write."
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        with open(tmp, "r+b") as f:
+            try: os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS): raise
+        return arr
+    except OSError as e:
+        tmp.unlink(missing_ok=True); raise io_error(path, e) from None
 
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
     "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe."
@@ -206,7 +214,7 @@ def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iter
                 raise CapbookError(f"{path}: the encoder produced {bad} non-finite values in images {i}..{i + len(b) - 1} "
                                    f"(check its weights); nothing was stored")
             if arr.dtype == np.float16 and len(b) and float(np.abs(b).max()) > F16_MAX:   # would become inf: float32
-                wide = np.lib.format.open_memmap(tmp.with_suffix(".f32.tmp"), mode="w+", dtype=np.float32, shape=full)
+                wide = _open_tmp(path, tmp.with_suffix(".f32.tmp"), full, np.float32)
                 wide[:i] = arr[:i]; del arr
                 os.replace(tmp.with_suffix(".f32.tmp"), tmp); arr = wide
             arr[i:i + len(b)] = b; i += len(b)

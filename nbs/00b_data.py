@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import os
+import errno, os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,7 +289,8 @@ assert _v.decode([1, 4, 3, 5, 2, 0, 0]) == ["a", "<unk>", "circle"] and Vocab(_v
 # flushed and renamed; only then is its meta file `<split>.json` written, atomically. A store is valid only when its
 # meta exists, says complete and matches the array's shape, so an extraction killed at any moment leaves nothing that a
 # later run reads as valid: the next run simply extracts again. Temporary files left by a killed process are removed by
-# the next writer.
+# the next writer. The file's blocks are reserved before the first row is written, so a disk too small for the store
+# stops at once with one line, instead of killing the process (a memory-mapped write to a full disk is a SIGBUS).
 
 # %%
 #| export
@@ -302,8 +303,16 @@ def feature_path(dataset: str, encoder_key: str, split: str) -> Path:
 def _meta_path(path: Path) -> Path: return Path(path).with_suffix(".json")
 
 def _open_tmp(path: Path, tmp: Path, shape: tuple, dtype) -> np.memmap:
-    try: return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-    except OSError as e: raise io_error(path, e) from None
+    "A new memory-mapped .npy file, its blocks reserved first: a full disk fails here, not as SIGBUS mid-write."
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        with open(tmp, "r+b") as f:
+            try: os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS): raise
+        return arr
+    except OSError as e:
+        tmp.unlink(missing_ok=True); raise io_error(path, e) from None
 
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
     "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe."
@@ -325,7 +334,7 @@ def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iter
                 raise CapbookError(f"{path}: the encoder produced {bad} non-finite values in images {i}..{i + len(b) - 1} "
                                    f"(check its weights); nothing was stored")
             if arr.dtype == np.float16 and len(b) and float(np.abs(b).max()) > F16_MAX:   # would become inf: float32
-                wide = np.lib.format.open_memmap(tmp.with_suffix(".f32.tmp"), mode="w+", dtype=np.float32, shape=full)
+                wide = _open_tmp(path, tmp.with_suffix(".f32.tmp"), full, np.float32)
                 wide[:i] = arr[:i]; del arr
                 os.replace(tmp.with_suffix(".f32.tmp"), tmp); arr = wide
             arr[i:i + len(b)] = b; i += len(b)
@@ -393,7 +402,7 @@ _arr, _meta = open_features(_p)
 assert _arr.dtype == np.float32 and _meta["dtype"] == "float32" and _arr[1, 0, 0] == 7e4 and np.isfinite(_arr).all()
 try: write_features(_p, 3, (4, 2), (np.full((1, 4, 2), v) for v in (1.0, np.nan, 2.5)), {"keys": ["a", "b", "c"]}); raise AssertionError
 except CapbookError as e: print(e); assert "8 non-finite values in images 1..1" in str(e)
-assert not features_ready(_p) and list(_p.parent.iterdir()) == []
+assert not features_ready(_p) and not list(_p.parent.glob(".*.tmp"))   # the old store stopped being valid first
 
 
 

@@ -116,3 +116,23 @@ def test_figures_show_what_the_encoder_saw(photos, tmp_path):
     out = attention_figure([{"label": "ribbons", "image": ribbons, "words": ["a", "row"], "grid": (2, 2),
                              "alpha": torch.tensor([[0.25] * 4, [1.0, 0, 0, 0]])}], tmp_path / "fig.png")
     assert Image.open(out).size[0] > 200
+
+
+@pytest.mark.slow
+def test_real_photo_chapter_end_to_end_with_the_papers_encoder(home, tmp_path):
+    "The real-data path of a paper chapter, run by papermill as a user would, with a weights file of the paper's encoder."
+    import subprocess, sys
+    root = make_photo_set(tmp_path / "photos")
+    w = weights_file(tmp_path / "vgg16.pth", encoder="vgg16")
+    out = tmp_path / "out.ipynb"
+    nbs = Path(__file__).parent.parent / "nbs"
+    p = subprocess.run([str(Path(sys.executable).parent / "papermill"), str(nbs / "02_show_attend_tell.ipynb"), str(out),
+                        "-p", "dataset", "flickr8k", "-p", "data_path", str(root), "-p", "weights", str(w),
+                        "-p", "profile", "smoke", "-p", "epochs", "1", "-p", "run_dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=900, cwd=nbs)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    text = out.read_text()
+    assert "encoder vgg16-224px-file-" in text                              # the paper's encoder, said in the output
+    rec = json.loads((tmp_path / "run" / "record.json").read_text())
+    assert rec["data"]["encoder"].startswith("vgg16-224px-file-") and rec["metrics"]["BLEU-1"] >= 0
+    assert rec["data"]["fingerprint"] in text
