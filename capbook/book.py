@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 import torch
-from .core import CapbookError, load_json, runs_dir, save_json, stable_hash, package_hash
+from .core import CapbookError, error_line, io_error, load_json, package_hash, runs_dir, save_json, stable_hash
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
 __all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'sync_parameters',
-           'api_modules', 'chapter_table', 'sync_readme', 'run_step', 'publish', 'run_book', 'bench', 'train_cli',
-           'main']
+           'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish', 'run_book', 'bench',
+           'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -132,16 +132,25 @@ def sync_readme(path: Path | None = None, write: bool = True) -> bool:
     return new != src
 
 # %% ../nbs/00n_book.ipynb
-def _key(step: Step, src: Path) -> str:
-    return stable_hash({"nb": stable_hash(src.read_text(), 16), "params": step.params, "code": package_hash()}, 16)
+def _key(step: Step, src: Path, upstream: dict | None = None) -> str:
+    from capbook.prepare import inputs_digest
+    data = inputs_digest(**step.params) if "profile" in step.params else None
+    return stable_hash({"nb": stable_hash(src.read_text(), 16), "params": step.params, "code": package_hash(),
+                        "data": data, "upstream": upstream or {}}, 16)
 
-def run_step(step: Step, profile: str, force: bool = False, log=print) -> tuple[Path, bool]:
+def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
+    "The earlier runs of `step`'s chapter made by another notebook (`02a_...` tabulates the records of `02_...`)."
+    chapter_no = lambda s: re.match(r"\d*", s.notebook).group()
+    before = steps[:[s.name for s in steps].index(step.name)]
+    return [s for s in before if s.params and s.notebook != step.notebook and chapter_no(s) == chapter_no(step)]
+
+def run_step(step: Step, profile: str, force: bool = False, log=print, upstream: dict | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless unchanged; return (executed notebook path, whether it ran)."
     import papermill as pm
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
-    out, done, key = d / f"{step.notebook}.ipynb", d / "done.json", _key(step, src)
+    out, done, key = d / f"{step.notebook}.ipynb", d / "done.json", _key(step, src, upstream)
     if not force and done.exists() and out.exists() and load_json(done).get("key") == key:
         log(f"  {step.name}: unchanged, skipped"); return out, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
@@ -153,7 +162,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print) -> tuple[
     except pm.PapermillExecutionError as e:
         raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
                            f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
-    save_json(done, {"key": key, "seconds": time.time() - t0})
+    save_json(done, {"key": _key(step, src, upstream), "seconds": time.time() - t0})   # inputs as the run left them
     log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
     return out, True
 
@@ -173,8 +182,11 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps, executed = time.time(), plan(profile), []
     log(f"capbook book --profile {profile}: {len(steps)} notebooks -> {runs_dir() / profile}")
+    keys = {}
     for s in steps:
-        out = run_step(s, profile, force, log)[0]
+        up = {u.name: keys[u.name] for u in upstream_of(s, steps)}
+        out = run_step(s, profile, force, log, up)[0]
+        keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
         if not s.tag: executed.append(out)          # the site shows each notebook once: its untagged run
     dst = publish(profile, steps)
     log(f"tables and figures -> {dst}")
@@ -244,11 +256,16 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
     from capbook.models import build
     from capbook.train import TrainConfig, fit
     from capbook.core import seed_everything
+    from capbook.models import spec
+    spec(model)                                                # every argument is checked before any work
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
+                      patience=max(epochs, 1)).check()
+    try: (Path(run_dir) / "ckpt").mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise io_error(Path(run_dir) / "ckpt", e, "create the run folder") from None
     prep = prepare("shapes", profile, seed=0)
     seed_everything(seed)
     m = build(model, len(prep.vocab), prep.feat_shape[1], prep.grid)
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
-                      max_len=prep.max_len, patience=epochs)
+    cfg.max_len = prep.max_len
     res = fit(m, prep, cfg, Path(run_dir) / "ckpt", log=lambda s: print(s, file=sys.stderr))
     checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
@@ -289,5 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             out = train_cli(a.model, a.profile, a.run_dir, a.epochs, a.ckpt_every, a.batch_size, a.seed)
             if int(os.environ.get("RANK", 0)) == 0: print(json.dumps(out))
     except CapbookError as e:
-        print(f"error: {e}", file=sys.stderr); return 2
+        print(error_line(e, "error"), file=sys.stderr); return 2
+    except OSError as e:                            # the environment: read-only or full disk, a file as a folder
+        print(error_line(io_error(e.filename or "capbook", e, "write" if e.errno in (28, 30, 122) else "use"), "error"),
+              file=sys.stderr); return 2
     return 0

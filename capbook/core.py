@@ -4,15 +4,16 @@
 
 # %% ../nbs/00_core.ipynb 2
 from __future__ import annotations
-import hashlib, json, os, random, tempfile, contextlib
+import contextlib, hashlib, json, os, random, tempfile, time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
 # %% auto 0
-__all__ = ['CapbookError', 'project_root', 'data_dir', 'runs_dir', 'atomic_write', 'save_json', 'load_json', 'save_torch',
-           'load_torch', 'stable_hash', 'package_hash', 'code_version', 'seed_everything', 'get_device', 'autocast',
+__all__ = ['CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'io_error',
+           'io_errors_as_lines', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'load_torch', 'stable_hash',
+           'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
            'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
@@ -20,6 +21,37 @@ class CapbookError(Exception):
     "A user-facing error: its message is one line naming the file or parameter and what is allowed."
     def __init__(self, msg: str):
         super().__init__(" ".join(str(msg).split()))
+
+# %% ../nbs/00_core.ipynb
+def save_traceback(exc: BaseException) -> Path | None:
+    "Write `exc`'s full traceback to a log file (runs/errors/, else the temporary folder); return its path."
+    import traceback, datetime
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
+    for folder in (runs_dir() / "errors", Path(tempfile.gettempdir()) / "capbook-errors"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True); (folder / name).write_text(text); return folder / name
+        except OSError: continue
+    return None
+
+def error_line(exc: BaseException, prefix: str = "capbook") -> str:
+    "The one line a user reads for a `CapbookError` (its traceback saved to a log file the line names)."
+    log = save_traceback(exc)
+    return f"{prefix}: {exc}" + (f" (traceback: {log})" if log else "")
+
+def _install_notebook_errors() -> None:
+    "Under IPython, show a `CapbookError` as its one line instead of a traceback."
+    try: ip = get_ipython()  # noqa: F821 (defined inside IPython only)
+    except NameError: return
+    if ip is None or getattr(ip, "_capbook_errors", False): return
+    def handler(shell, etype, value, tb, tb_offset=None):
+        value.__traceback__ = tb
+        line = error_line(value)
+        shell._showtraceback(etype, value, [line])      # the cell's error output: the line, in place of a traceback
+        return [line]
+    ip.set_custom_exc((CapbookError,), handler); ip._capbook_errors = True
+
+_install_notebook_errors()      # every capbook module imports this one: importing capbook in a notebook installs it
 
 # %% ../nbs/00_core.ipynb
 def project_root() -> Path:
@@ -39,15 +71,58 @@ def runs_dir() -> Path:
     return project_root() / "runs"
 
 # %% ../nbs/00_core.ipynb
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except (PermissionError, OverflowError): return True
+    return True
+
+def sweep_tmp(path: str | Path) -> None:
+    "Delete temporary files `.<name>.<pid>.*tmp` beside `path` whose writing process is gone."
+    path = Path(path)
+    for t in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = t.name[len(path.name) + 2:].split(".")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+
+def _umask() -> int:
+    m = os.umask(0o022); os.umask(m); return m
+
+_FILE_MODE = 0o666 & ~_umask()
+
+def io_error(path: str | Path, e: OSError, doing: str = "write") -> CapbookError:
+    "An `OSError` on `path` as one line: what failed, where, and why (read-only, full disk, permission)."
+    why = {30: "the folder is read-only", 28: "no space left on the device", 13: "permission denied",
+           122: "disk quota exceeded", 2: "no such file or folder", 20: "a path component is a file, not a folder",
+           21: "it is a folder", 17: "a path component is a file, not a folder"}.get(e.errno, e.strerror or str(e))
+    return CapbookError(f"{path}: cannot {doing} ({why}); nothing already written was changed")
+
+def io_errors_as_lines(fn: Callable) -> Callable:
+    "Decorate an entry point so that an `OSError` from the environment (a file as a folder, a full disk) becomes one line."
+    import functools
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        try: return fn(*a, **k)
+        except OSError as e:
+            raise io_error(e.filename or "(unnamed file)", e, "write" if e.errno in (28, 30, 122) else "use") from None
+    return wrapper
+
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd); tmp = Path(tmp)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_tmp(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e: raise io_error(path, e) from None
+    tmp = Path(tmp)
     try:
         write(tmp)
         with open(tmp, "rb+") as f: os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True); raise io_error(path, e) from None
     except BaseException:
         tmp.unlink(missing_ok=True); raise
     return path
@@ -110,6 +185,40 @@ def code_version() -> dict:
     return out
 
 # %% ../nbs/00_core.ipynb
+_DIGESTS: dict = {}
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""): h.update(chunk)
+    return h.hexdigest()[:16]
+
+def file_digests(paths: Iterable[str | Path], what: str = "file") -> list[str]:
+    "Content hashes (SHA-256, 16 hex digits) of files, cached by size, mtime and inode in `data_dir()/digests.json`."
+    cache_path = data_dir() / "digests.json"
+    cache = _DIGESTS.setdefault(str(cache_path), {})
+    if not cache and cache_path.exists():
+        with contextlib.suppress(Exception): cache.update(json.loads(cache_path.read_text()))
+    out, new = [], 0
+    for p in paths:
+        p = os.path.abspath(p)
+        try: st = os.stat(p)
+        except FileNotFoundError: raise CapbookError(f"{p}: {what} not found") from None
+        except OSError as e: raise io_error(p, e, "read") from None
+        sig, e = [st.st_size, st.st_mtime_ns, st.st_ino], cache.get(p)
+        if e and e[:3] == sig and e[4] > st.st_mtime_ns + 2_000_000_000: out.append(e[3]); continue
+        try: d, t = _sha256(Path(p)), time.time_ns()
+        except OSError as err: raise io_error(p, err, "read") from None
+        cache[p] = [*sig, d, t]; out.append(d); new += 1
+    if new:
+        with contextlib.suppress(CapbookError): save_json(cache_path, cache)
+    return out
+
+def file_digest(path: str | Path, what: str = "file") -> str:
+    "The content hash of one file (see `file_digests`)."
+    return file_digests([path], what)[0]
+
+# %% ../nbs/00_core.ipynb
 def seed_everything(seed: int) -> None:
     "Seed Python, NumPy and torch (all devices)."
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
@@ -117,8 +226,17 @@ def seed_everything(seed: int) -> None:
 def get_device(device: str = "auto") -> torch.device:
     "`'auto'` picks CUDA when available, else CPU; any torch device string is accepted."
     if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try: return torch.device(device)
-    except RuntimeError: raise CapbookError(f"device={device!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise CapbookError(f"parameter device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0: raise CapbookError(f"parameter device={device!r} is invalid here: no CUDA GPU is visible; use 'auto' or 'cpu'")
+        if dev.index is not None and dev.index >= n:
+            raise CapbookError(f"parameter device={device!r} is invalid here: {n} GPU(s) visible, cuda:0 to cuda:{n - 1}")
+    elif dev.type != "cpu":
+        raise CapbookError(f"parameter device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return dev
 
 def autocast(device: torch.device):
     "Mixed precision on CUDA (bfloat16 where supported); a no-op context on the CPU."

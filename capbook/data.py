@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_data.ipynb 2
 from __future__ import annotations
-import os
+import errno, os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +12,13 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from .core import CapbookError, data_dir, load_json, save_json, check_choice, check_int
+from .core import (CapbookError, check_choice, check_int, data_dir, file_digests, io_error, load_json, save_json,
+                          stable_hash, sweep_tmp)
 
 # %% auto 0
-__all__ = ['SPLITS', 'KARPATHY_SPLITS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'ImageRecord', 'KarpathyData', 'read_karpathy',
-           'load_rgb', 'normalize', 'load_image', 'Vocab', 'feature_path', 'write_features', 'open_features',
-           'features_ready', 'CaptionData', 'to_device']
+__all__ = ['SPLITS', 'KARPATHY_SPLITS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'F16_MAX', 'ImageRecord', 'KarpathyData',
+           'read_karpathy', 'load_rgb', 'normalize', 'load_image', 'Vocab', 'feature_path', 'write_features',
+           'open_features', 'store_outdated', 'features_ready', 'CaptionData', 'to_device']
 
 # %% ../nbs/00b_data.ipynb
 SPLITS = ("train", "val", "test")
@@ -44,6 +45,12 @@ class KarpathyData:
         "The records of split `s` ('train' includes 'restval'), in file order."
         check_choice("split", s, SPLITS)
         return [r for r in self.records if r.split == s]
+
+    def digest(self, split: str | None = None, captions: bool = True) -> str:
+        "Content hash of a split (or all): each image's key and file content, and (if `captions`) its captions."
+        recs = self.records if split is None else self.split(split)
+        files = file_digests([r.path for r in recs], "image")
+        return stable_hash([[r.key, r.split, f, r.captions if captions else None] for r, f in zip(recs, files)], 16)
 
 # %% ../nbs/00b_data.ipynb
 def _image_record(im: Any, i: int, src: Path, root: Path) -> ImageRecord:
@@ -167,46 +174,59 @@ class Vocab:
     def __repr__(self) -> str: return f"Vocab({len(self)} words: {' '.join(self.itos[4:12])} ...)"
 
 # %% ../nbs/00b_data.ipynb
+F16_MAX = float(np.finfo(np.float16).max)    # 65504
+
 def feature_path(dataset: str, encoder_key: str, split: str) -> Path:
     "Where the features of one (dataset, encoder, split) live: `data_dir()/features/<dataset>/<encoder_key>/<split>.npy`."
     return data_dir() / "features" / dataset / encoder_key / f"{split}.npy"
 
 def _meta_path(path: Path) -> Path: return Path(path).with_suffix(".json")
 
-def _pid_alive(pid: int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
-
-def _remove_stale_tmp(path: Path) -> None:
-    "Delete temporary arrays beside `path` whose writing process is gone."
-    for t in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = t.name[len(path.name) + 2:-4]
-        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+def _open_tmp(path: Path, tmp: Path, shape: tuple, dtype) -> np.memmap:
+    "A new memory-mapped .npy file, its blocks reserved first: a full disk fails here, not as SIGBUS mid-write."
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        with open(tmp, "r+b") as f:
+            try: os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS): raise
+        return arr
+    except OSError as e:
+        tmp.unlink(missing_ok=True); raise io_error(path, e) from None
 
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
-    "Fill a float16 (n, *shape) store from `batches` (arrays or tensors, in order), then write its meta; crash-safe."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(path)
+    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe."
+    path = Path(path)
+    try: path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise io_error(path, e) from None
+    sweep_tmp(path)
     _meta_path(path).unlink(missing_ok=True)  # the old store (if any) stops being valid before anything changes
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     full = (int(n), *map(int, shape))
     try:
-        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=full)
-        i = 0
+        arr, i = _open_tmp(path, tmp, full, np.float16), 0
         for b in batches:
-            b = b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
+            b = b.detach().float().cpu().numpy() if isinstance(b, torch.Tensor) else np.asarray(b, dtype=np.float32)
             if b.shape[1:] != full[1:] or i + len(b) > n:
                 raise CapbookError(f"{path}: feature batch of shape {b.shape} does not fit a store of shape {full} at row {i}")
+            bad = int((~np.isfinite(b)).sum())
+            if bad:
+                raise CapbookError(f"{path}: the encoder produced {bad} non-finite values in images {i}..{i + len(b) - 1} "
+                                   f"(check its weights); nothing was stored")
+            if arr.dtype == np.float16 and len(b) and float(np.abs(b).max()) > F16_MAX:   # would become inf: float32
+                wide = _open_tmp(path, tmp.with_suffix(".f32.tmp"), full, np.float32)
+                wide[:i] = arr[:i]; del arr
+                os.replace(tmp.with_suffix(".f32.tmp"), tmp); arr = wide
             arr[i:i + len(b)] = b; i += len(b)
         if i != n: raise CapbookError(f"{path}: got {i} feature rows, expected {n}")
-        arr.flush(); del arr
+        dtype = str(arr.dtype); arr.flush(); del arr
         with open(tmp, "rb+") as f: os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True); tmp.with_suffix(".f32.tmp").unlink(missing_ok=True); raise io_error(path, e) from None
     except BaseException:
-        tmp.unlink(missing_ok=True); raise
-    save_json(_meta_path(path), {**meta, "shape": list(full), "dtype": "float16", "complete": True})
+        tmp.unlink(missing_ok=True); tmp.with_suffix(".f32.tmp").unlink(missing_ok=True); raise
+    save_json(_meta_path(path), {**meta, "shape": list(full), "dtype": dtype, "finite": True, "complete": True})
     return path
 
 def open_features(path: str | Path) -> tuple[np.memmap, dict]:
@@ -221,11 +241,21 @@ def open_features(path: str | Path) -> tuple[np.memmap, dict]:
         raise CapbookError(f"{path}: feature store does not match its meta (shape {list(arr.shape)} vs {meta.get('shape')})")
     return arr, meta
 
-def features_ready(path: str | Path, keys: Sequence[str] | None = None) -> bool:
-    "True when a valid store exists at `path` (and, if given, holds exactly these image `keys` in order)."
+def store_outdated(path: str | Path, keys: Sequence[str] | None = None, source: dict | None = None) -> str | None:
+    "Why the store at `path` cannot be used for these image `keys` computed from `source`, or None when it can."
     try: _, meta = open_features(path)
-    except CapbookError: return False
-    return keys is None or meta["keys"] == list(keys)
+    except CapbookError as e: return str(e).split(": ", 1)[-1]
+    if not meta.get("finite"): return "written without the finite-value check (older capbook)"
+    if keys is not None and meta["keys"] != list(keys): return "it holds other images"
+    if source is not None:
+        old = meta.get("source") or {}
+        changed = [k for k in source if old.get(k) != source[k]]
+        if changed: return f"its {' and '.join(changed)} changed since it was computed ({', '.join(f'{k} {old.get(k)} → {source[k]}' for k in changed)})"
+    return None
+
+def features_ready(path: str | Path, keys: Sequence[str] | None = None, source: dict | None = None) -> bool:
+    "True when a valid store exists at `path` (and, if given, holds exactly these image `keys`, computed from `source`)."
+    return store_outdated(path, keys, source) is None
 
 # %% ../nbs/00b_data.ipynb
 class CaptionData:

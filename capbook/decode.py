@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 from .models import CaptionModel, batch_size as _n_images, check_inputs
+from .core import CapbookError, check_int
 from .data import to_device
 
 # %% auto 0
@@ -75,7 +76,7 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
 def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3,
                 max_len: int = 20) -> list[Caption]:
     "Beam search for a batch of B images: the best of `beam_size` beams for each image."
-    batch = as_batch(batch); check_inputs(model, batch)
+    batch = as_batch(batch); check_inputs(model, batch); check_int("beam_size", beam_size, lo=1)
     B, K, dev = _n_images(model, batch), beam_size, _device(model, batch)
     memory, state = model.init_state(batch)                                    # memory: (B, ...), state: (B, ...)
     state = _repeat(state, K)                                                  # (B*K, ...)
@@ -91,6 +92,9 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
         V = lp.shape[-1]
         score, idx = (score.view(-1, 1) + lp).view(n, K * V).topk(K, dim=-1)  # best K of K*V per image: (n, K)
+        if torch.isnan(score).any():                # NaN would rank above every word and end as a caption
+            raise CapbookError(f"beam search: the model's next-word scores are NaN at step {t} for "
+                               f"{int(torch.isnan(score).any(1).sum())} of {B} images; check its weights and the features")
         rows = (base + idx // V).view(-1)                                      # source row of each new beam
         tok = (idx % V).view(-1)
         state = _select(state, rows)
@@ -109,6 +113,9 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
             images, score, memory = images[keep], score[keep], _select(memory, keep)
             state, tok, words, done = _select(state, r), tok[r], words[r], done[r]
             if alphas is not None: alphas = alphas[r]
+    if any(o is None for o in out):             # only non-finite scores keep a beam from ending by max_len
+        raise CapbookError(f"beam search: {sum(o is None for o in out)} of {B} images got no caption because the model's "
+                           f"scores are not finite; check its weights and the features for NaN or inf")
     return out
 
 # %% ../nbs/00g_decode.ipynb

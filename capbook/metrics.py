@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from collections import Counter, defaultdict
+from .core import check_choice
 from .data import to_device
 from .decode import decode_split, teacher_forced, pad_captions, Caption
 
@@ -64,9 +65,9 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
 
 # %% ../nbs/00j_metrics.ipynb
 def box_fractions(boxes: list, grid: tuple[int, int], image_size: int) -> torch.Tensor:
-    "Fraction of each grid cell (h*w,) covered by the union of pixel `boxes` [x0, y0, x1, y1]."
+    "Fraction of each grid cell (h*w,) covered by the union of `boxes` [x0, y0, x1, y1] of inclusive pixel coordinates."
     m = torch.zeros(1, 1, image_size, image_size)
-    for x0, y0, x1, y1 in boxes: m[..., int(y0):int(np.ceil(y1)), int(x0):int(np.ceil(x1))] = 1
+    for x0, y0, x1, y1 in boxes: m[..., int(y0):int(y1) + 1, int(x0):int(x1) + 1] = 1   # pixel x1 is inside the box
     return F.adaptive_avg_pool2d(m, grid).flatten()
 
 def attention_correctness(captions: list[Caption], keys: list[str], gt: dict, vocab, grid: tuple[int, int],
@@ -90,13 +91,13 @@ def attention_correctness(captions: list[Caption], keys: list[str], gt: dict, vo
 def _peak_in(cell: int, grid, image_size, boxes) -> float:
     h, w = grid
     cy, cx = (cell // w + 0.5) * image_size / h, (cell % w + 0.5) * image_size / w
-    return float(any(x0 <= cx <= x1 and y0 <= cy <= y1 for x0, y0, x1, y1 in boxes))
+    return float(any(x0 <= cx < x1 + 1 and y0 <= cy < y1 + 1 for x0, y0, x1, y1 in boxes))   # pixel x covers [x, x+1)
 
 # %% ../nbs/00j_metrics.ipynb
 def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int | None = None,
              device: torch.device | str = "cpu", batch_size: int = 100) -> dict:
     "Decode `split` of a `Prepared` dataset with beam search and compute every metric that applies."
-    data = getattr(prep, split)
+    data = getattr(prep, check_choice("split", split, ("train", "val", "test")))
     max_len = max_len or prep.max_len
     t0 = time.time()
     caps = decode_split(model, data, beam_size, max_len, batch_size, device)

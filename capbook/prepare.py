@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from .core import CapbookError, check_choice, check_int, load_json
-from .data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, features_ready, open_features,
-                          read_karpathy)
+from .core import CapbookError, check_choice, check_int, io_errors_as_lines, load_json, stable_hash
+from .data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, open_features, read_karpathy,
+                          store_outdated)
 from . import encoders, shapes
 
 # %% auto 0
-__all__ = ['DATASETS', 'Prepared', 'prepare']
+__all__ = ['DATASETS', 'Prepared', 'prepare', 'inputs_digest']
 
 # %% ../nbs/00d_prepare.ipynb
 DATASETS = ("shapes", "coco", "flickr8k", "flickr30k")
@@ -32,7 +32,14 @@ class Prepared:
     grid: tuple[int, int]    # (h, w) of the feature map, L = h*w
     image_size: int
     max_len: int             # words kept per training caption
+    fingerprint: str         # hash of everything a model of this data depends on (see above)
     kdata: KarpathyData = field(repr=False)
+
+    def describe(self) -> str:
+        "One line of provenance: dataset, sizes, encoder, fingerprint."
+        return (f"data: {self.dataset} ({self.train.n_images}/{self.val.n_images}/{self.test.n_images} train/val/test "
+                f"images, {len(self.vocab)} words), encoder {self.encoder}, grid {self.grid[0]}×{self.grid[1]}×"
+                f"{self.feat_shape[1]}, fingerprint {self.fingerprint}")
 
     def split(self, s: str) -> CaptionData:
         "The `CaptionData` of split `s`."
@@ -43,6 +50,7 @@ class Prepared:
         return [r.path for r in self.kdata.split(split)]
 
 # %% ../nbs/00d_prepare.ipynb
+@io_errors_as_lines
 def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
             encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
             weights: str = "imagenet", batch_size: int = 32) -> Prepared:
@@ -71,18 +79,22 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
         kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
         name, size = dataset, encoders.BACKBONES[encoder].image_size
         key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
-        def make_net():
-            missing = [r.path for r in kdata.records if not r.path.is_file()]
-            if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of {kdata.json_path.name} are missing)")
-            return encoders.build_backbone(encoder, weights=weights, seed=seed)
+        make_net = lambda: encoders.build_backbone(encoder, weights=weights, seed=seed)
+    missing = [r.path for r in kdata.records if not r.path.is_file()]
+    if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of "
+                                   f"{kdata.json_path.name} are missing)")
     splits, net = {}, None
     for s in SPLITS:
         recs = kdata.split(s)
         if not recs: raise CapbookError(f"{kdata.json_path}: split {s!r} has no images")
         path, keys = feature_path(name, key, s), [r.key for r in recs]
-        if not features_ready(path, keys):
+        source = {"images": kdata.digest(s, captions=False)}          # what the store is computed from, by content
+        why = store_outdated(path, keys, source)
+        if why is not None:
+            if path.exists(): print(f"{path}: {why}; extracting again")
             if net is None: net = make_net()  # the backbone is built only when a store is missing
-            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size, device=device)
+            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size,
+                                      device=device, source=source)
         feats, meta = open_features(path)
         splits[s] = (feats, recs)
     train_caps = [c for r in splits["train"][1] for c in r.captions]
@@ -92,5 +104,25 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
     data = {s: CaptionData(f, [r.key for r in recs], [r.captions for r in recs], vocab, max_len, s)
             for s, (f, recs) in splits.items()}
     L, D = data["train"].feats.shape[1:]
+    fingerprint = stable_hash({"dataset": name, "data": kdata.digest(), "encoder": key, "vocab": vocab.itos,
+                               "max_len": max_len}, 16)
     return Prepared(data["train"], data["val"], data["test"], vocab, gt, name, key, (L, D), tuple(meta["grid"]), size,
-                    max_len, kdata)
+                    max_len, fingerprint, kdata)
+
+# %% ../nbs/00d_prepare.ipynb
+def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | None = None,
+                  weights: str = "imagenet", **_) -> str | None:
+    "Content hash of the input files a chapter run with these parameters reads; None if they do not exist yet."
+    from capbook.core import file_digests
+    if dataset == "shapes":
+        if profile not in shapes.PROFILES: return None
+        root = shapes.shapes_root(profile, seed)
+        if not (root / "dataset_shapes.json").exists(): return None
+        files = [root / "dataset_shapes.json", root / "shapes_gt.json"]
+    else:
+        if data_path is None or not (Path(data_path) / f"dataset_{dataset}.json").exists(): return None
+        files = [Path(data_path) / f"dataset_{dataset}.json"]
+        if weights not in ("imagenet", "random") and Path(weights).is_file(): files.append(Path(weights))
+    kdata = read_karpathy(files[0], files[0].parent if dataset == "shapes" else data_path)
+    if any(not r.path.is_file() for r in kdata.records): return None
+    return stable_hash([file_digests(files), kdata.digest()], 16)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 import torch
-from .core import (CapbookError, check_choice, check_float, check_int, code_version, get_device, load_json,
-                          project_root, runs_dir, save_json, save_torch, seed_everything, stable_hash)
+from .core import (CapbookError, check_choice, check_float, check_int, code_version, get_device, io_errors_as_lines,
+                          load_json, project_root, runs_dir, save_json, save_torch, seed_everything, stable_hash)
 
 # %% auto 0
 __all__ = ['PROFILES', 'CHAPTERS', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'RunConfig', 'read_params',
@@ -82,6 +82,7 @@ class RunConfig:
     dataset: str = "shapes"         # shapes | coco | flickr8k | flickr30k
     data_path: str | None = None    # folder with dataset_<name>.json and its images (real datasets)
     encoder: str | None = None      # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+    weights: str = "imagenet"       # real data: the encoder's weights, imagenet | random | /path/file.pth
     seed: int = 0
     epochs: int | None = None       # None: the chapter's default for the profile
     batch_size: int = _train_default("batch_size")   # captions per training step
@@ -220,6 +221,7 @@ def figure_pick(ev: dict, gt: dict | None) -> int:
     return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
                  if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
 
+@io_errors_as_lines
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
     from capbook.prepare import prepare
@@ -236,7 +238,9 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
     run = start_run(notebook, dataclasses.asdict(p))
     encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
-    prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device)
+    prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device,
+                   weights=p.weights)
+    log(prep.describe())
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
     cfg = TrainConfig(**{**ch.train, "epochs": p.epochs or ch.epochs[p.profile], "batch_size": p.batch_size,
@@ -257,6 +261,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                             "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,
                             history=fitted.history, model=name, hparams=hp,
+                            data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **extra)
     if ev["captions"] and ev["captions"][0].alpha is not None:

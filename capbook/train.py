@@ -12,14 +12,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
-from .core import CapbookError, save_torch, load_torch, get_device, autocast, seed_everything, package_hash
+from .core import (CapbookError, autocast, check_choice, check_float, check_int, get_device, io_error, load_torch,
+                          package_hash, save_torch, seed_everything)
 from .models import CaptionModel, check_inputs, hparams
 from .data import to_device
 from .objectives import Objective, objective_for
 from .decode import decode_split
 
 # %% auto 0
-__all__ = ['TrainConfig', 'val_score', 'check_vocab', 'dist_info', 'train_step', 'FitResult', 'fit', 'load_trained']
+__all__ = ['VAL_METRICS', 'TrainConfig', 'val_score', 'check_vocab', 'dist_info', 'train_step', 'FitResult', 'fit',
+           'load_trained']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -39,6 +41,19 @@ class TrainConfig:
     ckpt_every: int = 0         # also checkpoint every this many steps (0: at the end of each epoch only)
     device: str = "auto"
     progress: bool = True       # tqdm progress bars
+
+    def check(self) -> TrainConfig:
+        "Stop with one line on a value the trainer cannot use."
+        check_int("epochs", self.epochs, lo=1); check_int("batch_size", self.batch_size, lo=1)
+        check_float("lr", self.lr, lo=1e-9, hi=10.0); check_int("lr_step", self.lr_step, lo=1)
+        check_float("lr_gamma", self.lr_gamma, lo=1e-6, hi=1.0); check_float("clip", self.clip, lo=0.0)
+        check_int("patience", self.patience, lo=1); check_choice("metric", self.metric, VAL_METRICS)
+        check_int("val_beam", self.val_beam, lo=1); check_int("max_len", self.max_len, lo=1)
+        check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0)
+        get_device(self.device)
+        return self
+
+VAL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
 
 # %% ../nbs/00i_train.ipynb
 def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dict:
@@ -63,6 +78,21 @@ def _set_rng_state(st: dict) -> None:
     random.setstate((3, tuple(st["python"]), st["python_gauss"]))
     if "cuda" in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st["cuda"])
 
+def _not_resumable(ck: dict | None, code: str, fp: str | None) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run, as (folder tag, reason), or None."
+    if ck is None: return None
+    if ck.get("code") != code: return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code})"
+    old = (ck.get("meta") or {}).get("data")
+    if fp and old != fp: return f"data-{old}", f"was trained on other data (fingerprint {old}, this run's is {fp})"
+    return None
+
+def _aside(folder: Path, tag: str) -> Path:
+    "Rename `folder` to `<folder>.<tag>` (or `.<tag>-2`, ...), keeping what it holds."
+    stale, k = folder.with_name(f"{folder.name}.{tag}"), 2
+    while stale.exists(): stale, k = folder.with_name(f"{folder.name}.{tag}-{k}"), k + 1
+    os.replace(folder, stale)
+    return stale
+
 def check_vocab(ckpt: dict, vocab, path: Path) -> None:
     "Stop if checkpoint `path` was made with another vocabulary than `vocab`."
     if ckpt.get("vocab") != vocab.itos:
@@ -80,15 +110,18 @@ def dist_info() -> tuple[int, int, int]:
 
 # %% ../nbs/00i_train.ipynb
 def train_step(net, model: CaptionModel, objective: Objective, opt, batch: dict, device, clip: float = 0.0,
-               scaler=None) -> dict:
+               scaler=None, where: str = "") -> dict:
     "One optimisation step on `batch`; `net` is the model or its DDP wrapper. Returns the loss and the objective's terms."
     batch = to_device(batch, device)
     with autocast(device):
         out = objective.outputs(net, batch)
     loss, stats = objective.loss(out, batch)
     if not torch.isfinite(loss):
-        raise CapbookError(f"loss is {loss.item()} ({', '.join(f'{k} {v:.4g}' for k, v in stats.items())}): "
-                           f"lower the learning rate or check the features for non-finite values")
+        feats = batch.get("feats")
+        hint = ("the batch's features are not finite: extract them again" if isinstance(feats, torch.Tensor)
+                and not torch.isfinite(feats).all() else "lower the learning rate (lr) or the gradient clip (clip)")
+        raise CapbookError(f"loss is {loss.item()}{' at ' + where if where else ''} "
+                           f"({', '.join(f'{k} {v:.4g}' for k, v in stats.items())}): {hint}; the last checkpoint is kept")
     opt.zero_grad(set_to_none=True)
     if scaler is not None and scaler.is_enabled():
         scaler.scale(loss).backward(); scaler.unscale_(opt)
@@ -113,6 +146,7 @@ class FitResult:
 def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
         log: Callable[[str], None] = print, objective: Objective | None = None) -> FitResult:
     "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end."
+    cfg.check()
     objective = objective_for(model) if objective is None else objective
     if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
     check_inputs(model, next(data.train.image_batches(1)))
@@ -120,18 +154,21 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     device = get_device(cfg.device)
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
     ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+    try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
+    except OSError as e: raise io_error(ckpt_dir, e, "create the checkpoint folder") from None
     seed_everything(cfg.seed)
     model.to(device); objective.to(device)
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
     res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, {}, 0
-    code, ck = package_hash(), load_torch(last) if last.exists() else None
-    if ck is not None and ck.get("code") != code:
-        stale = ckpt_dir.with_name(f"{ckpt_dir.name}.code-{ck.get('code')}")
-        if rank == 0: os.replace(ckpt_dir, stale)
+    code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
+    if fp: meta = {**(meta or {}), "data": fp}
+    why = _not_resumable(ck, code, fp)
+    if why:
+        stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
         if world > 1: dist.barrier()
-        log(f"{last} was written by other capbook code: moved to {stale}, training from scratch")
+        log(f"{last} {why[1]}: moved to {stale}, training from scratch")
         ck = None
     if ck is not None:
         check_vocab(ck, data.vocab, last)
@@ -143,7 +180,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         res.train_seconds = ck["train_seconds"]; res.resumed_from = (epoch, skip)
         _set_rng_state(ck["rng"])
         if ck.get("finished"): epoch = cfg.epochs
-        log(f"resumed from {last} at epoch {epoch}, batch {skip}")
+        log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
+            f"same vocabulary ({len(data.vocab)} words)")
 
     def save_last(finished=False):
         if rank: return
@@ -163,7 +201,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
                    mininterval=10, leave=False)
         for b in bar:
-            stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler)
+            stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}")
             skip += 1; step += 1; n += 1
             for k, v in stats.items(): tot[k] = tot.get(k, 0.0) + v
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:

@@ -14,9 +14,10 @@ from torchvision.transforms.functional import gaussian_blur
 from PIL import Image
 import matplotlib.pyplot as plt
 from .core import atomic_write
+from .data import load_rgb
 
 # %% auto 0
-__all__ = ['smooth_attention', 'attention_figure', 'save_figure', 'soft_hard_figure', 'save_table']
+__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'soft_hard_figure', 'save_table']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -25,18 +26,28 @@ def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> n
     a = torch.as_tensor(alpha, dtype=torch.float32).reshape(1, 1, h, w)
     up = F.interpolate(a, size=(size, size), mode="nearest")
     sigma = 1.25 * size / max(h, w)
-    k = int(2 * round(3 * sigma) + 1)
+    k = min(int(2 * round(3 * sigma) + 1), 2 * size - 1)   # ±3σ, cut to the image (a coarse grid on a small image)
     sm = gaussian_blur(up, [k, k], [sigma, sigma])[0, 0]
     sm = sm - sm.min()
     return (sm / sm.max().clamp_min(1e-12)).numpy()
 
 # %% ../nbs/00k_viz.ipynb
+def as_seen(image, size: int | None = None) -> np.ndarray:
+    "An image path read as the encoder reads it (8-bit RGB, square `size`: default its own if square, else 224), or an array as given."
+    if not isinstance(image, (str, Path)): return np.asarray(image)
+    if size is None:
+        try:
+            with Image.open(image) as im: w, h = im.size
+        except (OSError, ValueError): w, h = 0, 1          # load_rgb names the file and the problem
+        size = w if w == h and 0 < w <= 448 else 224
+    return load_rgb(image, size)
+
 def attention_figure(rows: list[dict], path: str | Path | None = None, max_words: int = 12, panel: float = 1.6):
     "Rows of {'label', 'image' (path or HxWx3 array), 'words', 'alpha' (T, L), 'grid'}; saved to `path` if given, else returned."
     ncol = 1 + min(max_words, max(len(r["words"]) for r in rows))
     fig, axes = plt.subplots(len(rows), ncol, figsize=(panel * ncol, panel * 1.15 * len(rows)), squeeze=False)
     for r, ax in zip(rows, axes):
-        img = np.asarray(Image.open(r["image"]).convert("RGB")) if isinstance(r["image"], (str, Path)) else r["image"]
+        img = as_seen(r["image"])
         ax[0].imshow(img); ax[0].set_title(textwrap.fill(r["label"], 32), fontsize=9)
         for j, wd in enumerate(r["words"][:ncol - 1]):
             ax[j + 1].imshow(img)
@@ -63,7 +74,7 @@ def _region_boxes(n_rows: int, n_cols: int, H: int, W: int):
 
 def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None, regions: tuple[int, int] = (2, 2)):
     "Four panels for a worked example `ex` (scores, alpha, sample, freq) over `regions` of `image` (path or HxWx3 array)."
-    img = np.asarray(Image.open(image).convert("RGB")) if isinstance(image, (str, Path)) else np.asarray(image)
+    img = as_seen(image)
     H, W = img.shape[:2]
     alpha, scores, freq = (np.asarray(torch.as_tensor(ex[k]).float().cpu()) for k in ("alpha", "scores", "freq"))
     soft, hard = np.zeros_like(img, dtype=float), np.zeros_like(img, dtype=float)

@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import hashlib, json, os, random, tempfile, contextlib
+import contextlib, hashlib, json, os, random, tempfile, time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import numpy as np
@@ -48,6 +48,46 @@ class CapbookError(Exception):
 
 # %%
 assert str(CapbookError("line one\n   line two")) == "line one line two"   # always one line
+
+
+# %% [markdown]
+# A notebook run by papermill would bury that line under two tracebacks (the kernel's and papermill's). Importing
+# any capbook module in IPython therefore installs a handler for `CapbookError` alone: the failing cell's error output is the
+# one line, prefixed `capbook:`, and the full traceback goes to a log file whose path the line names
+# (`runs/errors/`, or the system's temporary folder when that cannot be written). Any other exception — a bug — keeps
+# its full traceback. The CLI does the same on stderr (`error: ...`, exit status 2).
+
+# %%
+#| export
+def save_traceback(exc: BaseException) -> Path | None:
+    "Write `exc`'s full traceback to a log file (runs/errors/, else the temporary folder); return its path."
+    import traceback, datetime
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
+    for folder in (runs_dir() / "errors", Path(tempfile.gettempdir()) / "capbook-errors"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True); (folder / name).write_text(text); return folder / name
+        except OSError: continue
+    return None
+
+def error_line(exc: BaseException, prefix: str = "capbook") -> str:
+    "The one line a user reads for a `CapbookError` (its traceback saved to a log file the line names)."
+    log = save_traceback(exc)
+    return f"{prefix}: {exc}" + (f" (traceback: {log})" if log else "")
+
+def _install_notebook_errors() -> None:
+    "Under IPython, show a `CapbookError` as its one line instead of a traceback."
+    try: ip = get_ipython()  # noqa: F821 (defined inside IPython only)
+    except NameError: return
+    if ip is None or getattr(ip, "_capbook_errors", False): return
+    def handler(shell, etype, value, tb, tb_offset=None):
+        value.__traceback__ = tb
+        line = error_line(value)
+        shell._showtraceback(etype, value, [line])      # the cell's error output: the line, in place of a traceback
+        return [line]
+    ip.set_custom_exc((CapbookError,), handler); ip._capbook_errors = True
+
+_install_notebook_errors()      # every capbook module imports this one: importing capbook in a notebook installs it
 
 
 # %% [markdown]
@@ -89,20 +129,66 @@ else: _os.environ["CAPBOOK_HOME"] = _old
 # ## Atomic writes
 #
 # A checkpoint, a feature store or a results record is first written to a temporary file in the same folder, flushed
-# to disk, and then renamed over its final name. A process killed midway leaves at most a stray `.tmp` file, never a
-# truncated file that a later run would read as valid.
+# to disk, and then renamed over its final name. A process killed midway leaves at most a stray temporary file
+# `.<name>.<pid>.<random>.tmp`, never a truncated file that a later run would read as valid; the next write of the same
+# file deletes the strays whose process is gone. The file gets the permissions of any file the user creates (the
+# temporary file's private 0600 would otherwise stick). A folder that cannot be written (read-only, full disk, no
+# permission) stops with one line naming the file, and the previous version of the file is left as it was.
 
 # %%
 #| export
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except (PermissionError, OverflowError): return True
+    return True
+
+def sweep_tmp(path: str | Path) -> None:
+    "Delete temporary files `.<name>.<pid>.*tmp` beside `path` whose writing process is gone."
+    path = Path(path)
+    for t in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = t.name[len(path.name) + 2:].split(".")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+
+def _umask() -> int:
+    m = os.umask(0o022); os.umask(m); return m
+
+_FILE_MODE = 0o666 & ~_umask()
+
+def io_error(path: str | Path, e: OSError, doing: str = "write") -> CapbookError:
+    "An `OSError` on `path` as one line: what failed, where, and why (read-only, full disk, permission)."
+    why = {30: "the folder is read-only", 28: "no space left on the device", 13: "permission denied",
+           122: "disk quota exceeded", 2: "no such file or folder", 20: "a path component is a file, not a folder",
+           21: "it is a folder", 17: "a path component is a file, not a folder"}.get(e.errno, e.strerror or str(e))
+    return CapbookError(f"{path}: cannot {doing} ({why}); nothing already written was changed")
+
+def io_errors_as_lines(fn: Callable) -> Callable:
+    "Decorate an entry point so that an `OSError` from the environment (a file as a folder, a full disk) becomes one line."
+    import functools
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        try: return fn(*a, **k)
+        except OSError as e:
+            raise io_error(e.filename or "(unnamed file)", e, "write" if e.errno in (28, 30, 122) else "use") from None
+    return wrapper
+
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd); tmp = Path(tmp)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_tmp(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e: raise io_error(path, e) from None
+    tmp = Path(tmp)
     try:
         write(tmp)
         with open(tmp, "rb+") as f: os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True); raise io_error(path, e) from None
     except BaseException:
         tmp.unlink(missing_ok=True); raise
     return path
@@ -152,6 +238,11 @@ def _boom(t): t.write_text("half"); raise KeyboardInterrupt
 try: atomic_write(_d/"x.txt", _boom)
 except KeyboardInterrupt: pass
 assert not (_d/"x.txt").exists() and not list(_d.glob(".x.txt*"))
+assert (_d/"r.json").stat().st_mode & 0o777 == _FILE_MODE                        # readable like any other file
+(_d/".r.json.999999999.abc.tmp").write_text("left by a killed process"); save_json(_d/"r.json", {})
+assert not list(_d.glob(".r.json.*"))                                            # swept on the next write
+try: save_json(_d/"r.json"/"inner.json", {}); raise AssertionError                 # a file where a folder should be
+except CapbookError as e: print(e); assert "r.json/inner.json: cannot write (a path component is a file" in str(e)
 
 
 # %% [markdown]
@@ -187,10 +278,65 @@ def code_version() -> dict:
     return out
 
 
+# %% [markdown]
+# ## Content hashes of input files
+#
+# Caches and runs are keyed by what they were computed from, by content rather than by name: an image replaced
+# under the same file name, or another weights file at the same path, must give a new feature store and a new run.
+# Hashing a dataset's images on every run would cost a pass over all of COCO, so `file_digests` keeps each file's
+# SHA-256 in `data_dir()/digests.json` beside the file's size, modification time (in nanoseconds) and inode, and
+# hashes again only a file whose signature changed — the rule `make` and `rsync` rely on. A file rewritten with new
+# content within one tick of the file system's clock can keep its signature, so, like git's index ("racily clean"
+# entries), a cached hash is trusted only when the file was last modified at least two seconds before the hash was
+# taken. A data folder that cannot be written only makes hashing slower.
+
+# %%
+#| export
+_DIGESTS: dict = {}
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""): h.update(chunk)
+    return h.hexdigest()[:16]
+
+def file_digests(paths: Iterable[str | Path], what: str = "file") -> list[str]:
+    "Content hashes (SHA-256, 16 hex digits) of files, cached by size, mtime and inode in `data_dir()/digests.json`."
+    cache_path = data_dir() / "digests.json"
+    cache = _DIGESTS.setdefault(str(cache_path), {})
+    if not cache and cache_path.exists():
+        with contextlib.suppress(Exception): cache.update(json.loads(cache_path.read_text()))
+    out, new = [], 0
+    for p in paths:
+        p = os.path.abspath(p)
+        try: st = os.stat(p)
+        except FileNotFoundError: raise CapbookError(f"{p}: {what} not found") from None
+        except OSError as e: raise io_error(p, e, "read") from None
+        sig, e = [st.st_size, st.st_mtime_ns, st.st_ino], cache.get(p)
+        if e and e[:3] == sig and e[4] > st.st_mtime_ns + 2_000_000_000: out.append(e[3]); continue
+        try: d, t = _sha256(Path(p)), time.time_ns()
+        except OSError as err: raise io_error(p, err, "read") from None
+        cache[p] = [*sig, d, t]; out.append(d); new += 1
+    if new:
+        with contextlib.suppress(CapbookError): save_json(cache_path, cache)
+    return out
+
+def file_digest(path: str | Path, what: str = "file") -> str:
+    "The content hash of one file (see `file_digests`)."
+    return file_digests([path], what)[0]
+
+
 # %%
 assert stable_hash({"a": 1, "b": [2, 3]}) == stable_hash({"b": [2, 3], "a": 1}) != stable_hash({"a": 2, "b": [2, 3]})
 import capbook.core as _core                          # the installed module (a notebook has no __file__)
 assert len(_core.package_hash()) == 12 and set(_core.code_version()) == {"package", "commit", "dirty"}
+_old = os.environ.get("CAPBOOK_DATA"); os.environ["CAPBOOK_DATA"] = str(_d)      # a private digest cache
+_f = _d / "img.bin"; _f.write_bytes(b"one")
+_h1 = file_digest(_f); _f.write_bytes(b"two")                                   # same name and size, new content
+assert _h1 == hashlib.sha256(b"one").hexdigest()[:16] != file_digest(_f) == file_digests([_f])[0]
+assert str(_f) in load_json(_d / "digests.json")
+if _old is None: del os.environ["CAPBOOK_DATA"]
+else: os.environ["CAPBOOK_DATA"] = _old
 
 
 # %% [markdown]
@@ -208,8 +354,17 @@ def seed_everything(seed: int) -> None:
 def get_device(device: str = "auto") -> torch.device:
     "`'auto'` picks CUDA when available, else CPU; any torch device string is accepted."
     if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try: return torch.device(device)
-    except RuntimeError: raise CapbookError(f"device={device!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise CapbookError(f"parameter device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0: raise CapbookError(f"parameter device={device!r} is invalid here: no CUDA GPU is visible; use 'auto' or 'cpu'")
+        if dev.index is not None and dev.index >= n:
+            raise CapbookError(f"parameter device={device!r} is invalid here: {n} GPU(s) visible, cuda:0 to cuda:{n - 1}")
+    elif dev.type != "cpu":
+        raise CapbookError(f"parameter device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return dev
 
 def autocast(device: torch.device):
     "Mixed precision on CUDA (bfloat16 where supported); a no-op context on the CPU."
@@ -223,6 +378,9 @@ def autocast(device: torch.device):
 seed_everything(3); _x = torch.rand(2)
 seed_everything(3); assert torch.equal(_x, torch.rand(2))                       # one seed, the same draws
 assert get_device("cpu").type == "cpu" and get_device().type in ("cpu", "cuda")
+if not torch.cuda.is_available():
+    try: get_device("cuda"); raise AssertionError
+    except CapbookError as e: print(e)
 with autocast(torch.device("cpu")): assert (torch.ones(2) @ torch.ones(2)).dtype == torch.float32   # no-op on the CPU
 
 

@@ -512,10 +512,14 @@ def generate(root: str | Path, profile: str | dict = "default", seed: int = 0, i
         shutil.rmtree(tmp, ignore_errors=True); raise
     return root
 
+def shapes_root(profile: str = "default", seed: int = 0, image_size: int = 112) -> Path:
+    "Where the shapes data set of a profile lives: `data_dir()/shapes/<profile>-s<seed>-<size>`."
+    check_choice("profile", profile, PROFILES)
+    return data_dir() / "shapes" / f"{profile}-s{seed}-{image_size}"
+
 def ensure_shapes(profile: str = "default", seed: int = 0, image_size: int = 112) -> Path:
     "The shapes data set of a profile under `data_dir()/shapes/`, generated on first use."
-    check_choice("profile", profile, PROFILES)
-    return generate(data_dir() / "shapes" / f"{profile}-s{seed}-{image_size}", profile, seed, image_size)
+    return generate(shapes_root(profile, seed, image_size), profile, seed, image_size)
 
 def load_gt(root: str | Path) -> dict[str, dict]:
     "The per-image ground truth of a generated data set, keyed by image filename."

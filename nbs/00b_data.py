@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import os
+import errno, os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +32,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from capbook.core import CapbookError, data_dir, load_json, save_json, check_choice, check_int
+from capbook.core import (CapbookError, check_choice, check_int, data_dir, file_digests, io_error, load_json, save_json,
+                          stable_hash, sweep_tmp)
 
 # %% [markdown]
 # ## The Karpathy split files
@@ -76,6 +77,12 @@ class KarpathyData:
         "The records of split `s` ('train' includes 'restval'), in file order."
         check_choice("split", s, SPLITS)
         return [r for r in self.records if r.split == s]
+
+    def digest(self, split: str | None = None, captions: bool = True) -> str:
+        "Content hash of a split (or all): each image's key and file content, and (if `captions`) its captions."
+        recs = self.records if split is None else self.split(split)
+        files = file_digests([r.path for r in recs], "image")
+        return stable_hash([[r.key, r.split, f, r.captions if captions else None] for r, f in zip(recs, files)], 16)
 
 
 # %%
@@ -257,64 +264,89 @@ assert _v.itos == ["<pad>", "<start>", "<end>", "<unk>", "a", "circle", "red"]
 assert _v.encode(["a", "blue", "circle"]) == [1, 4, 3, 5, 2] and _v.encode(["a", "red", "circle"], max_len=2) == [1, 4, 6, 2]
 assert _v.decode([1, 4, 3, 5, 2, 0, 0]) == ["a", "<unk>", "circle"] and Vocab(_v.to_list()) == _v
 
-
 # %% [markdown]
 # ## The feature store
 #
 # The papers freeze their CNN and compute its annotation vectors once; so does capbook. Each (dataset, encoder,
-# split) gets one float16 array of shape (N images, L regions, D channels) in NumPy's `.npy` format, read back
+# split) gets one array of shape (N images, L regions, D channels) in NumPy's `.npy` format, read back
 # memory-mapped so that training never holds the whole set in RAM and never decodes an image:
 # `data_dir()/features/<dataset>/<encoder key>/<split>.npy`, where the encoder key names the encoder, the image size
-# and the weights (e.g. `vgg16-224px-imagenet1k_v1`).
+# and the weights *by content* (e.g. `vgg16-224px-imagenet1k_v1-3f0c…`, the last part a hash of the weights file).
+#
+# **What a store was computed from** is in its meta: the image keys in order and `source`, a hash of the split's
+# image *contents* (`KarpathyData.fingerprint`) and of the encoder's weights. A store is reused only when both match
+# what the run would compute now; replacing an image file, or the weights file under the same name, makes the next
+# run extract again (and say why), never train on the old features.
+#
+# **Finite values only.** Stores are float16 (half the disk and memory traffic of float32) as long as every value
+# fits: real backbones can produce activations above float16's largest value, 65504, which would be stored as `inf`
+# and turn training into NaN. The writer checks every batch; the first batch that would overflow switches the store
+# to float32 (the rows already written are copied exactly), and the meta says which dtype it holds. A value that is
+# already non-finite when it leaves the encoder (broken weights) stops the extraction with one line naming the store,
+# the rows and the count. The meta records `finite: true`; a store without it (written by older code) is re-extracted.
 #
 # Writing is crash-safe. The array is filled in a temporary file in the same folder (`np.lib.format.open_memmap`),
-# flushed and renamed; only then is its meta file `<split>.json` (image keys in order, encoder key, shape,
-# `complete: true`) written, atomically. A store is valid only when its meta exists, says complete and matches the
-# array's shape, so an extraction killed at any moment leaves nothing that a later run reads as valid: the next run
-# simply extracts again. Temporary files left by a killed process are removed by the next writer.
+# flushed and renamed; only then is its meta file `<split>.json` written, atomically. A store is valid only when its
+# meta exists, says complete and matches the array's shape, so an extraction killed at any moment leaves nothing that a
+# later run reads as valid: the next run simply extracts again. Temporary files left by a killed process are removed by
+# the next writer. The file's blocks are reserved before the first row is written, so a disk too small for the store
+# stops at once with one line, instead of killing the process (a memory-mapped write to a full disk is a SIGBUS).
 
 # %%
 #| export
+F16_MAX = float(np.finfo(np.float16).max)    # 65504
+
 def feature_path(dataset: str, encoder_key: str, split: str) -> Path:
     "Where the features of one (dataset, encoder, split) live: `data_dir()/features/<dataset>/<encoder_key>/<split>.npy`."
     return data_dir() / "features" / dataset / encoder_key / f"{split}.npy"
 
 def _meta_path(path: Path) -> Path: return Path(path).with_suffix(".json")
 
-def _pid_alive(pid: int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
-
-def _remove_stale_tmp(path: Path) -> None:
-    "Delete temporary arrays beside `path` whose writing process is gone."
-    for t in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = t.name[len(path.name) + 2:-4]
-        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+def _open_tmp(path: Path, tmp: Path, shape: tuple, dtype) -> np.memmap:
+    "A new memory-mapped .npy file, its blocks reserved first: a full disk fails here, not as SIGBUS mid-write."
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        with open(tmp, "r+b") as f:
+            try: os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS): raise
+        return arr
+    except OSError as e:
+        tmp.unlink(missing_ok=True); raise io_error(path, e) from None
 
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
-    "Fill a float16 (n, *shape) store from `batches` (arrays or tensors, in order), then write its meta; crash-safe."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(path)
+    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe."
+    path = Path(path)
+    try: path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise io_error(path, e) from None
+    sweep_tmp(path)
     _meta_path(path).unlink(missing_ok=True)  # the old store (if any) stops being valid before anything changes
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     full = (int(n), *map(int, shape))
     try:
-        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=full)
-        i = 0
+        arr, i = _open_tmp(path, tmp, full, np.float16), 0
         for b in batches:
-            b = b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
+            b = b.detach().float().cpu().numpy() if isinstance(b, torch.Tensor) else np.asarray(b, dtype=np.float32)
             if b.shape[1:] != full[1:] or i + len(b) > n:
                 raise CapbookError(f"{path}: feature batch of shape {b.shape} does not fit a store of shape {full} at row {i}")
+            bad = int((~np.isfinite(b)).sum())
+            if bad:
+                raise CapbookError(f"{path}: the encoder produced {bad} non-finite values in images {i}..{i + len(b) - 1} "
+                                   f"(check its weights); nothing was stored")
+            if arr.dtype == np.float16 and len(b) and float(np.abs(b).max()) > F16_MAX:   # would become inf: float32
+                wide = _open_tmp(path, tmp.with_suffix(".f32.tmp"), full, np.float32)
+                wide[:i] = arr[:i]; del arr
+                os.replace(tmp.with_suffix(".f32.tmp"), tmp); arr = wide
             arr[i:i + len(b)] = b; i += len(b)
         if i != n: raise CapbookError(f"{path}: got {i} feature rows, expected {n}")
-        arr.flush(); del arr
+        dtype = str(arr.dtype); arr.flush(); del arr
         with open(tmp, "rb+") as f: os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True); tmp.with_suffix(".f32.tmp").unlink(missing_ok=True); raise io_error(path, e) from None
     except BaseException:
-        tmp.unlink(missing_ok=True); raise
-    save_json(_meta_path(path), {**meta, "shape": list(full), "dtype": "float16", "complete": True})
+        tmp.unlink(missing_ok=True); tmp.with_suffix(".f32.tmp").unlink(missing_ok=True); raise
+    save_json(_meta_path(path), {**meta, "shape": list(full), "dtype": dtype, "finite": True, "complete": True})
     return path
 
 def open_features(path: str | Path) -> tuple[np.memmap, dict]:
@@ -329,11 +361,21 @@ def open_features(path: str | Path) -> tuple[np.memmap, dict]:
         raise CapbookError(f"{path}: feature store does not match its meta (shape {list(arr.shape)} vs {meta.get('shape')})")
     return arr, meta
 
-def features_ready(path: str | Path, keys: Sequence[str] | None = None) -> bool:
-    "True when a valid store exists at `path` (and, if given, holds exactly these image `keys` in order)."
+def store_outdated(path: str | Path, keys: Sequence[str] | None = None, source: dict | None = None) -> str | None:
+    "Why the store at `path` cannot be used for these image `keys` computed from `source`, or None when it can."
     try: _, meta = open_features(path)
-    except CapbookError: return False
-    return keys is None or meta["keys"] == list(keys)
+    except CapbookError as e: return str(e).split(": ", 1)[-1]
+    if not meta.get("finite"): return "written without the finite-value check (older capbook)"
+    if keys is not None and meta["keys"] != list(keys): return "it holds other images"
+    if source is not None:
+        old = meta.get("source") or {}
+        changed = [k for k in source if old.get(k) != source[k]]
+        if changed: return f"its {' and '.join(changed)} changed since it was computed ({', '.join(f'{k} {old.get(k)} → {source[k]}' for k in changed)})"
+    return None
+
+def features_ready(path: str | Path, keys: Sequence[str] | None = None, source: dict | None = None) -> bool:
+    "True when a valid store exists at `path` (and, if given, holds exactly these image `keys`, computed from `source`)."
+    return store_outdated(path, keys, source) is None
 
 
 # %%
@@ -344,9 +386,24 @@ def _rows(k):
 try: write_features(_p, 3, (4, 2), _rows(2), {"keys": ["a", "b", "c"]})
 except KeyboardInterrupt: pass
 assert not features_ready(_p) and list(_p.parent.iterdir()) == []
-write_features(_p, 3, (4, 2), (np.full((1, 4, 2), i) for i in range(3)), {"keys": ["a", "b", "c"]})
+write_features(_p, 3, (4, 2), (np.full((1, 4, 2), i) for i in range(3)), {"keys": ["a", "b", "c"], "source": {"images": "h1"}})
 _arr, _meta = open_features(_p)
 assert _arr.dtype == np.float16 and _arr.shape == (3, 4, 2) and _arr[2, 0, 0] == 2 and features_ready(_p, ["a", "b", "c"])
+print(store_outdated(_p, ["a", "b", "c"], {"images": "h2"}))
+assert not features_ready(_p, ["a", "b", "c"], {"images": "h2"}) and features_ready(_p, ["a", "b", "c"], {"images": "h1"})
+
+# %% [markdown]
+# A value beyond float16's range turns the store into float32 (nothing becomes `inf`); a non-finite value from the
+# encoder stops with one line and leaves no store.
+
+# %%
+write_features(_p, 3, (4, 2), (np.full((1, 4, 2), v) for v in (1.0, 7e4, 2.5)), {"keys": ["a", "b", "c"]})
+_arr, _meta = open_features(_p)
+assert _arr.dtype == np.float32 and _meta["dtype"] == "float32" and _arr[1, 0, 0] == 7e4 and np.isfinite(_arr).all()
+try: write_features(_p, 3, (4, 2), (np.full((1, 4, 2), v) for v in (1.0, np.nan, 2.5)), {"keys": ["a", "b", "c"]}); raise AssertionError
+except CapbookError as e: print(e); assert "8 non-finite values in images 1..1" in str(e)
+assert not features_ready(_p) and not list(_p.parent.glob(".*.tmp"))   # the old store stopped being valid first
+
 
 
 # %% [markdown]

@@ -37,7 +37,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 from tqdm import tqdm
-from capbook.core import CapbookError, autocast, check_choice, data_dir, get_device, load_torch, save_torch, stable_hash
+from capbook.core import (CapbookError, autocast, check_choice, data_dir, file_digest, get_device, load_torch, save_torch,
+                          stable_hash)
 from capbook.data import KarpathyData, load_image, load_rgb, normalize, write_features
 
 
@@ -119,10 +120,15 @@ class Encoder(nn.Module):
 #
 # `weights="imagenet"` uses torchvision's ImageNet weights: the file in torch hub's checkpoint folder
 # (`$TORCH_HOME/hub/checkpoints`, by default `~/.cache/torch/hub/checkpoints`) when it is there, else a download into
-# that folder. With neither, one line says which file to put where. `weights=<path>` loads a state dict for the
-# torchvision model (only the trunk's entries are needed); `weights="random"` gives torchvision's initialisation
-# drawn from `seed` (for tests and ablations). Models are built on the meta device and only the trunk is
-# materialised, so VGG's 120M-parameter classifier is never allocated.
+# that folder. With neither, one line says which file to put in which folder, or which parameter to pass instead
+# (`-p weights /path/file.pth` to a chapter run by papermill, `weights=` to `prepare`). `weights=<path>` loads
+# a state dict for the torchvision model (only the trunk's entries are needed); `weights="random"` gives torchvision's
+# initialisation drawn from `seed` (for tests and ablations). Models are built on the meta device and only the trunk
+# is materialised, so VGG's 120M-parameter classifier is never allocated.
+#
+# The weights are named **by content** in the encoder key that names the feature stores: `imagenet1k_v1-<hash>` or
+# `file-<hash>` (SHA-256 of the file, `capbook.core.file_digest`), so another file under the same name never reuses
+# features computed with the old one.
 
 # %%
 #| export
@@ -137,7 +143,8 @@ def _imagenet_file(name: str, spec: BackboneSpec) -> Path:
     except Exception as e:
         why = f"{e.__class__.__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         raise CapbookError(f"{name}: ImageNet weights unavailable (download failed: {why}; no {ckpt.name} in "
-                           f"{ckpt.parent}); put that file there or pass weights=/path/to/file.pth") from None
+                           f"{ckpt.parent}); put that file in that folder, or pass another weights file "
+                           f"(a chapter run by papermill: -p weights /path/file.pth; Python: prepare(..., weights='/path/file.pth'))") from None
     finally: socket.setdefaulttimeout(old)
     return ckpt
 
@@ -164,19 +171,16 @@ def _init_random(trunk: nn.Module) -> None:
             if m.bias is not None: nn.init.zeros_(m.bias)
         elif isinstance(m, nn.BatchNorm2d): m.reset_parameters()
 
-def _file_id(file: Path) -> str:
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""): h.update(chunk)
-    return "file-" + h.hexdigest()[:10]
-
 def weights_id(name: str, weights: str | Path = "imagenet", seed: int = 0) -> str:
-    "The weights part of an encoder key, without loading them: 'imagenet1k_v1', 'random-s0' or 'file-<sha256>'."
+    "The weights part of an encoder key, by content: 'imagenet1k_v1-<sha256>', 'file-<sha256>' or 'random-s<seed>'."
     spec = BACKBONES[check_choice("encoder", name, BACKBONES)]
-    if weights == "imagenet": return spec.weights.split(".")[-1].lower()
     if weights == "random": return f"random-s{seed}"
-    if not Path(weights).is_file(): raise CapbookError(f"{weights}: {name} weights not found")
-    return _file_id(Path(weights))
+    if weights == "imagenet":
+        return f"{spec.weights.split('.')[-1].lower()}-{file_digest(_imagenet_file(name, spec), f'{name} weights')[:10]}"
+    if not Path(weights).is_file():
+        raise CapbookError(f"parameter weights={str(weights)!r} is invalid: no such file (expected 'imagenet', 'random' "
+                           f"or the path of a {name} state-dict file)")
+    return f"file-{file_digest(weights, f'{name} weights')[:10]}"
 
 def build_backbone(name: str, weights: str | Path = "imagenet", seed: int = 0) -> Encoder:
     "A frozen torchvision trunk from `BACKBONES` with 'imagenet', 'random' (seeded) or a state-dict file's weights."
@@ -326,8 +330,12 @@ def shapes_encoder(kdata: KarpathyData, gt: dict, profile: str = "default", seed
     "The frozen shapes encoder of (profile, seed): loaded from its cache, or pretrained now and cached."
     path = shapes_encoder_path(profile, seed)
     config = {**SHAPES_CNN, "image_size": int(gt["image_size"]), "seed": seed,
-              "train_images": stable_hash([r.key for r in kdata.split("train")])}
+              "train_images": kdata.digest("train", captions=False),
+              "train_truth": stable_hash([gt["images"].get(r.key) for r in kdata.split("train")])}
     ck = load_torch(path, "shapes encoder") if path.exists() else None
+    if ck is not None and ck.get("config") != config:
+        changed = sorted(k for k in config if ck.get("config", {}).get(k) != config[k])
+        print(f"{path}: the cached shapes encoder was trained with other {', '.join(changed)}; training it again")
     if ck is None or ck.get("config") != config:
         model, labels, scores = train_shapes_encoder(kdata, gt, seed, device)
         print(f"shapes encoder: held-out micro-F1 {scores['micro_f1']:.3f}, colour-shape F1 {scores['pair_f1']:.3f}, "
@@ -361,7 +369,8 @@ def _image_batches(paths: Sequence[Path], size: int, batch_size: int, workers: i
             yield torch.stack([f.result() for f in futures])
 
 def extract_features(images: Sequence[str | Path], backbone: nn.Module, image_size: int, out_path: str | Path,
-                     keys: Sequence[str], batch_size: int = 32, device: str = "auto", workers: int = 2) -> Path:
+                     keys: Sequence[str], batch_size: int = 32, device: str = "auto", workers: int = 2,
+                     source: dict | None = None) -> Path:
     "Encode `images` with the frozen `backbone` into the float16 feature store `out_path` (N, L, D)."
     if len(images) != len(keys) or not images:
         raise CapbookError(f"{out_path}: need one key per image and at least one image ({len(images)} images, {len(keys)} keys)")
@@ -380,7 +389,7 @@ def extract_features(images: Sequence[str | Path], backbone: nn.Module, image_si
         first = next(it)
         D, h, w = first.shape[1:]
         key = backbone.encoder_key(image_size) if isinstance(backbone, Encoder) else type(backbone).__name__
-        meta = {"keys": list(keys), "encoder": key, "image_size": image_size, "grid": [h, w]}
+        meta = {"keys": list(keys), "encoder": key, "image_size": image_size, "grid": [h, w], "source": source or {}}
         rows = (m.flatten(2).transpose(1, 2) for m in itertools.chain([first], it))
         return write_features(out_path, len(images), (h * w, D), rows, meta)
 

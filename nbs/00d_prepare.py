@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from capbook.core import CapbookError, check_choice, check_int, load_json
-from capbook.data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, features_ready, open_features,
-                          read_karpathy)
+from capbook.core import CapbookError, check_choice, check_int, io_errors_as_lines, load_json, stable_hash
+from capbook.data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, open_features, read_karpathy,
+                          store_outdated)
 from capbook import encoders, shapes
 
 # %% [markdown]
@@ -52,7 +52,14 @@ from capbook import encoders, shapes
 # training caption lengths for shapes, and to 20 words for real data. For real data, `weights` picks the backbone's
 # weights (`'imagenet'`, a state-dict file, or `'random'` for plumbing tests; see `encoders.build_backbone`), and
 # `batch_size` the extraction batch. A second call with the same arguments only opens the cached stores: it builds no
-# backbone and reads no image.
+# backbone and decodes no image.
+#
+# **Provenance.** Every image file must be present: its content hash (`capbook.core.file_digests`, cached by file
+# signature, so a second call only stats the files) is part of what the feature stores were computed from, and a store
+# whose images changed is extracted again, saying why. `Prepared.fingerprint` hashes everything a model trained on
+# this data depends on — each image's content and captions, the split it is in, the encoder key (which names the
+# weights by content), the vocabulary and `max_len` — and the trainer keeps it in its checkpoints: a run folder whose
+# checkpoint was trained on other data is never resumed (`capbook.train.fit`).
 
 # %%
 #| export
@@ -72,7 +79,14 @@ class Prepared:
     grid: tuple[int, int]    # (h, w) of the feature map, L = h*w
     image_size: int
     max_len: int             # words kept per training caption
+    fingerprint: str         # hash of everything a model of this data depends on (see above)
     kdata: KarpathyData = field(repr=False)
+
+    def describe(self) -> str:
+        "One line of provenance: dataset, sizes, encoder, fingerprint."
+        return (f"data: {self.dataset} ({self.train.n_images}/{self.val.n_images}/{self.test.n_images} train/val/test "
+                f"images, {len(self.vocab)} words), encoder {self.encoder}, grid {self.grid[0]}×{self.grid[1]}×"
+                f"{self.feat_shape[1]}, fingerprint {self.fingerprint}")
 
     def split(self, s: str) -> CaptionData:
         "The `CaptionData` of split `s`."
@@ -85,6 +99,7 @@ class Prepared:
 
 # %%
 #| export
+@io_errors_as_lines
 def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
             encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
             weights: str = "imagenet", batch_size: int = 32) -> Prepared:
@@ -113,18 +128,22 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
         kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
         name, size = dataset, encoders.BACKBONES[encoder].image_size
         key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
-        def make_net():
-            missing = [r.path for r in kdata.records if not r.path.is_file()]
-            if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of {kdata.json_path.name} are missing)")
-            return encoders.build_backbone(encoder, weights=weights, seed=seed)
+        make_net = lambda: encoders.build_backbone(encoder, weights=weights, seed=seed)
+    missing = [r.path for r in kdata.records if not r.path.is_file()]
+    if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of "
+                                   f"{kdata.json_path.name} are missing)")
     splits, net = {}, None
     for s in SPLITS:
         recs = kdata.split(s)
         if not recs: raise CapbookError(f"{kdata.json_path}: split {s!r} has no images")
         path, keys = feature_path(name, key, s), [r.key for r in recs]
-        if not features_ready(path, keys):
+        source = {"images": kdata.digest(s, captions=False)}          # what the store is computed from, by content
+        why = store_outdated(path, keys, source)
+        if why is not None:
+            if path.exists(): print(f"{path}: {why}; extracting again")
             if net is None: net = make_net()  # the backbone is built only when a store is missing
-            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size, device=device)
+            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size,
+                                      device=device, source=source)
         feats, meta = open_features(path)
         splits[s] = (feats, recs)
     train_caps = [c for r in splits["train"][1] for c in r.captions]
@@ -134,8 +153,11 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
     data = {s: CaptionData(f, [r.key for r in recs], [r.captions for r in recs], vocab, max_len, s)
             for s, (f, recs) in splits.items()}
     L, D = data["train"].feats.shape[1:]
+    fingerprint = stable_hash({"dataset": name, "data": kdata.digest(), "encoder": key, "vocab": vocab.itos,
+                               "max_len": max_len}, 16)
     return Prepared(data["train"], data["val"], data["test"], vocab, gt, name, key, (L, D), tuple(meta["grid"]), size,
-                    max_len, kdata)
+                    max_len, fingerprint, kdata)
+
 
 # %% [markdown]
 # Usage (not run here: the first call trains the shapes encoder and extracts features, about a minute on a CPU):
@@ -146,3 +168,30 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
 # P = prepare("coco", data_path="/data/coco", encoder="resnet101", device="cuda")
 # for batch in P.train.batches(64, epoch=0, seed=0): ...
 # ```
+
+# %% [markdown]
+# ## What a run's inputs are, without preparing them
+#
+# `capbook book` skips a chapter run whose notebook, parameters and code are unchanged — and whose inputs are
+# unchanged: `inputs_digest` hashes, by content, the files a run with these parameters would read (the Karpathy file,
+# every image, the shapes ground truth, a weights file given by path) without building anything. It is `None` while
+# the data does not exist yet (the shapes set of a fresh clone), and the book records the digest after the run.
+
+# %%
+#| export
+def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | None = None,
+                  weights: str = "imagenet", **_) -> str | None:
+    "Content hash of the input files a chapter run with these parameters reads; None if they do not exist yet."
+    from capbook.core import file_digests
+    if dataset == "shapes":
+        if profile not in shapes.PROFILES: return None
+        root = shapes.shapes_root(profile, seed)
+        if not (root / "dataset_shapes.json").exists(): return None
+        files = [root / "dataset_shapes.json", root / "shapes_gt.json"]
+    else:
+        if data_path is None or not (Path(data_path) / f"dataset_{dataset}.json").exists(): return None
+        files = [Path(data_path) / f"dataset_{dataset}.json"]
+        if weights not in ("imagenet", "random") and Path(weights).is_file(): files.append(Path(weights))
+    kdata = read_karpathy(files[0], files[0].parent if dataset == "shapes" else data_path)
+    if any(not r.path.is_file() for r in kdata.records): return None
+    return stable_hash([file_digests(files), kdata.digest()], 16)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from collections import Counter, defaultdict
+from capbook.core import check_choice
 from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
@@ -107,9 +108,9 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
 # %%
 #| export
 def box_fractions(boxes: list, grid: tuple[int, int], image_size: int) -> torch.Tensor:
-    "Fraction of each grid cell (h*w,) covered by the union of pixel `boxes` [x0, y0, x1, y1]."
+    "Fraction of each grid cell (h*w,) covered by the union of `boxes` [x0, y0, x1, y1] of inclusive pixel coordinates."
     m = torch.zeros(1, 1, image_size, image_size)
-    for x0, y0, x1, y1 in boxes: m[..., int(y0):int(np.ceil(y1)), int(x0):int(np.ceil(x1))] = 1
+    for x0, y0, x1, y1 in boxes: m[..., int(y0):int(y1) + 1, int(x0):int(x1) + 1] = 1   # pixel x1 is inside the box
     return F.adaptive_avg_pool2d(m, grid).flatten()
 
 def attention_correctness(captions: list[Caption], keys: list[str], gt: dict, vocab, grid: tuple[int, int],
@@ -133,7 +134,7 @@ def attention_correctness(captions: list[Caption], keys: list[str], gt: dict, vo
 def _peak_in(cell: int, grid, image_size, boxes) -> float:
     h, w = grid
     cy, cx = (cell // w + 0.5) * image_size / h, (cell % w + 0.5) * image_size / w
-    return float(any(x0 <= cx <= x1 and y0 <= cy <= y1 for x0, y0, x1, y1 in boxes))
+    return float(any(x0 <= cx < x1 + 1 and y0 <= cy < y1 + 1 for x0, y0, x1, y1 in boxes))   # pixel x covers [x, x+1)
 
 
 # %% [markdown]
@@ -149,7 +150,7 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
 def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int | None = None,
              device: torch.device | str = "cpu", batch_size: int = 100) -> dict:
     "Decode `split` of a `Prepared` dataset with beam search and compute every metric that applies."
-    data = getattr(prep, split)
+    data = getattr(prep, check_choice("split", split, ("train", "val", "test")))
     max_len = max_len or prep.max_len
     t0 = time.time()
     caps = decode_split(model, data, beam_size, max_len, batch_size, device)
@@ -291,8 +292,22 @@ def results_row(m: dict) -> dict:
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},
                      {1: "a red circle", 2: "two green stars"}, meteor=False, spice=False)
 assert _s["BLEU-1"] > 0.99 and 0 <= _s["CIDEr"]
-_f = box_fractions([[0, 0, 8, 8]], (2, 2), 16)
+_f = box_fractions([[0, 0, 7, 7]], (2, 2), 16)            # pixels 0..7 inclusive: exactly the top-left cell
 assert torch.allclose(_f, torch.tensor([1., 0, 0, 0]))
+assert torch.allclose(box_fractions([[0, 0, 3, 7]], (2, 2), 16), torch.tensor([0.5, 0, 0, 0]))
+
+# %% [markdown]
+# A caption whose object word looks at the object's cell scores a mass of 1 and a hit; uniform attention would score
+# the box's share of the image.
+
+# %%
+from capbook.data import Vocab
+_v = Vocab.build([["a", "red", "circle"]], min_count=1)
+_gt = {"images": {"x.png": {"objects": [{"shape": "circle", "colour": "red", "size": "small", "box": [0, 0, 7, 7]}],
+                            "relations": []}}}
+_alpha = torch.tensor([[0.25] * 4, [0.25] * 4, [1.0, 0, 0, 0]])        # step 2 emits "circle", looking at the top left
+_ac = attention_correctness([Caption(_v.encode(["a", "red", "circle"])[1:-1], 0.0, _alpha)], ["x.png"], _gt, _v, (2, 2), 16)
+assert _ac == {"mass": 1.0, "hit": 1.0, "mass_uniform": 0.25, "n": 1}, _ac
 
 # %%
 _r = results_row({"BLEU-4": 0.25, "semantic": {c: {"f1": 0.5} for c in ["objects", "attributes", "counts", "relations", "all"]},

@@ -20,8 +20,9 @@
 #
 # The paper ([arXiv:1502.03044](https://arxiv.org/abs/1502.03044)) generates a caption one word at a time with an LSTM that,
 # at every step, looks at a different part of the image: "Using attention, we can also visualize what the model sees".
-# The image is encoded once by a frozen CNN into $L$ annotation vectors $a_i \in \mathbb{R}^D$ (the 14×14×512 conv5_4
-# map of VGG-16 on real data; capbook's frozen shapes encoder on the embedded dataset), and the decoder computes, from
+# The image is encoded once by a frozen CNN into $L$ annotation vectors $a_i \in \mathbb{R}^D$ (the paper's 14×14×512
+# "conv5_4" map of VGG; on real data capbook cuts VGG-16 at conv5_3, the last convolution its block 5 has, or VGG-19 at
+# conv5_4 with `-p encoder vgg19`; capbook's frozen shapes encoder on the embedded dataset), and the decoder computes, from
 # its previous hidden state, a weight $\alpha_{ti}$ for every location. The two attention mechanisms differ only in
 # what they do with these weights: **soft** attention feeds the LSTM the weighted average of the annotation vectors,
 # **hard** attention one annotation vector, whose location is *sampled* from the weights. The section
@@ -367,6 +368,7 @@ profile = 'default'      # smoke | default | paper: sizes and epochs
 dataset = 'shapes'       # shapes | coco | flickr8k | flickr30k
 data_path = None         # folder with dataset_<name>.json and its images (real datasets)
 encoder = None           # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+weights = 'imagenet'     # real data: the encoder's weights, imagenet | random | /path/file.pth
 seed = 0
 epochs = None            # None: the chapter's default for the profile
 batch_size = 64          # captions per training step

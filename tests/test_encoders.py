@@ -6,7 +6,7 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from capbook.core import CapbookError
+from capbook.core import CapbookError, file_digest
 from capbook import data as D, encoders as E, shapes as S
 from capbook.prepare import prepare
 
@@ -133,7 +133,7 @@ def test_imagenet_weights_unavailable(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
     with pytest.raises(CapbookError) as e: E.build_backbone("vgg16")
     ckdir = tmp_path / "torch" / "hub" / "checkpoints"
-    one_line(e, "vgg16: ImageNet weights unavailable", "vgg16-397923af.pth", str(ckdir), "weights=/path/to/file.pth")
+    one_line(e, "vgg16: ImageNet weights unavailable", "vgg16-397923af.pth", str(ckdir), "-p weights /path/file.pth")
     assert tried == ["https://download.pytorch.org/models/vgg16-397923af.pth"]
 
 
@@ -149,12 +149,15 @@ def test_weights_files(tmp_path, monkeypatch):
         net = E.build_backbone("vgg11", weights=w)
         assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), src.state_dict().values()))
     assert E.build_backbone("vgg11", weights=hub).weights_id.startswith("file-")
-    assert E.build_backbone("vgg11").encoder_key(224) == "vgg11-224px-imagenet1k_v1"
+    key = E.build_backbone("vgg11").encoder_key(224)                 # the weights named by content, not by name
+    assert key == f"vgg11-224px-imagenet1k_v1-{file_digest(hub)[:10]}"
+    torch.save({k: v + 1 for k, v in sd.items()}, hub)                # another file under the same name
+    assert E.build_backbone("vgg11").encoder_key(224) != key
     torch.save({k.replace("features.", "layer."): v for k, v in sd.items()}, tmp_path / "wrong.pth")
     torch.save(torch.zeros(3), tmp_path / "tensor.pth")
     (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
     for bad, part in [("wrong.pth", "not a vgg11 state dict"), ("tensor.pth", "not a vgg11 state dict"),
-                      ("junk.pth", "unreadable vgg11 weights"), ("none.pth", "not found")]:
+                      ("junk.pth", "unreadable vgg11 weights"), ("none.pth", "weights=")]:
         with pytest.raises(CapbookError) as e: E.build_backbone("vgg11", weights=tmp_path / bad)
         one_line(e, str(tmp_path / bad), part)
     with pytest.raises(CapbookError) as e: E.build_backbone("vgg17")
