@@ -273,7 +273,6 @@ _sc = _cd.score([["a", "red", "circle"], ["a", "green", "circle"], []], [[["a", 
 assert _sc[0] > _sc[1] > _sc[2] == 0 and _cd.df[("a",)] == 2 and _cd.df[("circle",)] == 1
 print(_sc.round(3))
 
-
 # %%
 #| export
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]

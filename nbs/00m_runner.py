@@ -53,7 +53,6 @@ def out_dir(profile: str) -> Path:
 
 
 # %%
-from capbook.core import CapbookError
 try: check_profile("fast")
 except CapbookError as e: print(e); assert "'smoke', 'default', 'paper'" in str(e)
 assert out_dir("default").name == "figures" and out_dir("smoke").parts[-3:] == ("runs", "smoke", "figures")
