@@ -119,7 +119,8 @@ _img = np.full((64, 64, 3), 128, np.uint8); _img[4:28, 4:28] = (220, 40, 40)
 _alpha = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.97, 0.01, 0.01, 0.01]])
 _fig = attention_figure([{"label": "a square", "image": _img, "words": ["a", "square"], "alpha": _alpha, "grid": (2, 2)}])
 assert len(_fig.axes) == 3 and [a.get_title() for a in _fig.axes[1:]] == ["a", "square"]
-assert smooth_attention(_alpha[1], (2, 2), 64)[:32, :32].mean() > 0.8 > smooth_attention(_alpha[1], (2, 2), 64)[32:, 32:].mean()
+_sm = smooth_attention(_alpha[1], (2, 2), 64)                  # the watched quarter is the bright one
+assert _sm[:32, :32].mean() > 0.5 > _sm[32:, 32:].mean() and _sm[:32, :32].mean() > _sm[:32, 32:].mean()
 
 
 # %% [markdown]
