@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
+from .core import check_choice
 
 # %% auto 0
-__all__ = ['Attention', 'SoftAttention', 'HardAttention']
+__all__ = ['TAUS', 'Attention', 'SoftAttention', 'HardAttention', 'MultiHeadAttention']
 
 # %% ../nbs/00e_attention.ipynb
 class Attention(nn.Module):
@@ -99,3 +100,58 @@ class HardAttention(SoftAttention):
             logp_s, ent = logp_s.masked_fill(expected, 0.0), ent.masked_fill(expected, 0.0)
             info.update(logp_s=logp_s, entropy=ent, sampled=(~expected).float())
         return z, alpha, info
+
+# %% ../nbs/00e_attention.ipynb
+TAUS = ("paper", "standard")
+
+class MultiHeadAttention(nn.Module):
+    "Multi-head dot-product attention (Eq. 1–3) with τ = √(d_len + d_attn) ('paper') or √d_attn ('standard')."
+    def __init__(self, d_model: int, heads: int = 8, d_attn: int | None = None, tau: str = "paper", dropout: float = 0.0):
+        super().__init__()
+        check_choice("tau", tau, TAUS)
+        self.h, self.d, self.tau = heads, d_attn or d_model // heads, tau
+        self.W_Q = nn.Linear(d_model, heads * self.d, bias=False)
+        self.W_K = nn.Linear(d_model, heads * self.d, bias=False)
+        self.W_V = nn.Linear(d_model, heads * self.d, bias=False)
+        self.W_O = nn.Linear(heads * self.d, d_model, bias=False)
+        self.drop = nn.Dropout(dropout)      # on the attention weights (Springenberg et al. §3)
+        self.last = None
+
+    def heads(self, x: torch.Tensor, W: nn.Linear) -> torch.Tensor:
+        "x W for every head: (N, T, d_model) -> (N, h, T, d_attn)."
+        N, T, _ = x.shape
+        return W(x).view(N, T, self.h, self.d).transpose(1, 2)
+
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "K = x W_K, V = x W_V (Eq. 1): each (N, h, T, d_attn), to cache."
+        return self.heads(x, self.W_K), self.heads(x, self.W_V)
+
+    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        "Queries x_q (R, T_q, d_model); keys/values from x_kv (B, T_k, d_model) or `kv`; mask True = visible, broadcastable to (R, 1, T_q, T_k)."
+        R, Tq, _ = x_q.shape
+        # Q = Q_input W_Q: (R, h, T_q, d)
+        Q = self.heads(x_q, self.W_Q)
+        # K = K_input W_K, V = V_input W_V: (B, h, T_k, d)
+        K, V = kv if kv is not None else self.keys_values(x_kv)
+        B, Tk = K.shape[0], K.shape[2]
+        G = R // B                                                    # query rows per key row
+        Qg = Q.view(B, G, self.h, Tq, self.d)
+        m = None
+        if mask is not None:
+            m = mask.expand(R, 1, Tq, Tk) if mask.dim() < 4 or mask.shape[0] == R else mask.repeat_interleave(G, 0)
+            m = m.reshape(B, G, 1, Tq, Tk)
+        # d_len: the keys each query sees: (B, G, 1, T_q, 1) or a number
+        n_keys = m.sum(-1, keepdim=True) if m is not None else Tk
+        tau = (n_keys + self.d) ** 0.5 if self.tau == "paper" else self.d ** 0.5
+        # Q K^T / tau: (B, G, h, T_q, T_k)
+        e = Qg @ K[:, None].transpose(-1, -2) / tau
+        if m is not None: e = e.masked_fill(~m, float("-inf"))
+        # a_{Q,K} = softmax(Q K^T / tau) (Eq. 2)
+        a = torch.softmax(e, -1)
+        # Multihead = a_{Q,K} V: (R, h, T_q, d)
+        heads = (self.drop(a) @ V[:, None]).view(R, self.h, Tq, self.d)
+        # Attn = cat(Multihead_1, ..., Multihead_h) W_O (Eq. 3): (R, T_q, d_model)
+        out = self.W_O(heads.transpose(1, 2).reshape(R, Tq, self.h * self.d))
+        self.last = a.detach().view(R, self.h, Tq, Tk)
+        return out, a.view(R, self.h, Tq, Tk)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
+from capbook.core import check_choice
 
 
 # %% [markdown]
@@ -208,3 +209,118 @@ _hard.load_state_dict(_att.state_dict())
 _zh, _alh, _info = _hard(_a, _hard.precompute(_a), _h)
 assert torch.allclose(_alh, _al) and torch.equal(_zh, _a[torch.arange(2), _al.argmax(-1)])
 assert torch.equal(_info['s'], _al.argmax(-1))
+
+
+# %% [markdown]
+# ## Multi-head dot-product attention — Springenberg et al. §2.3, after Vaswani et al.
+#
+# The spatial self-attention transformer (chapter 4) and GLIED (chapter 5) attend with the Transformer's multi-head
+# scaled dot-product attention, with one change in the first of them: the temperature.
+#
+# > "Attention weights between constituents of two representations can be obtained by first projecting both to a new
+# > feature space and then calculating the dot product ... $Q = Q_{input} W_Q$, $K = K_{input} W_K$,
+# > $V = V_{input} W_V$ (1) ... $a_{Q,K} = \mathrm{softmax}(Q K^T / \tau)$, $\tau = \sqrt{d_{len} + d_{attn}}$ (2) ...
+# > $Attn = cat(Multihead_1, \dots, Multihead_h) \cdot W_O$ (3)."
+#
+# "$d_{len}$ ... represents the spatial (in case of an image) or temporal (in case of text) dimensionality of the
+# keys. This is different to the implementation of Vaswani et al. which does not involve adding $d_{len}$ ... We found
+# increasing τ this way to be beneficial ... as it enforces to spread attention instead of focusing only on a single
+# entry."
+#
+# *capbook:* $d_{len}$ is the number of keys **each query may see**: all L = 196 regions for the image, but $t$ words
+# for the $t$-th position of the masked caption self-attention. With the whole padded caption length instead, τ
+# would depend on how a batch happens to be padded, and decoding word by word (where position $t$ has $t$ keys) would
+# compute another function than training; with the visible count, incremental and parallel decoding are the same
+# function (tested in chapter 4). `tau="standard"` gives Vaswani et al.'s $\sqrt{d_{attn}}$.
+#
+# One module serves self-attention ($Q_{input} = K_{input} = V_{input}$), inter-attention (queries from the caption,
+# keys and values from the image) and incremental decoding: keys and values can be passed already projected (a
+# cache), and, as for the attention modules above, keys and values with B rows serve queries with B·G rows (G beams
+# or captions per image, adjacent) without being copied. Residual connections and layer normalisation belong to the
+# layers that use the module. It keeps its last weights (R, h, T_q, T_k) in `.last`.
+
+# %%
+#| export
+TAUS = ("paper", "standard")
+
+class MultiHeadAttention(nn.Module):
+    "Multi-head dot-product attention (Eq. 1–3) with τ = √(d_len + d_attn) ('paper') or √d_attn ('standard')."
+    def __init__(self, d_model: int, heads: int = 8, d_attn: int | None = None, tau: str = "paper", dropout: float = 0.0):
+        super().__init__()
+        check_choice("tau", tau, TAUS)
+        self.h, self.d, self.tau = heads, d_attn or d_model // heads, tau
+        self.W_Q = nn.Linear(d_model, heads * self.d, bias=False)
+        self.W_K = nn.Linear(d_model, heads * self.d, bias=False)
+        self.W_V = nn.Linear(d_model, heads * self.d, bias=False)
+        self.W_O = nn.Linear(heads * self.d, d_model, bias=False)
+        self.drop = nn.Dropout(dropout)      # on the attention weights (Springenberg et al. §3)
+        self.last = None
+
+    def heads(self, x: torch.Tensor, W: nn.Linear) -> torch.Tensor:
+        "x W for every head: (N, T, d_model) -> (N, h, T, d_attn)."
+        N, T, _ = x.shape
+        return W(x).view(N, T, self.h, self.d).transpose(1, 2)
+
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "K = x W_K, V = x W_V (Eq. 1): each (N, h, T, d_attn), to cache."
+        return self.heads(x, self.W_K), self.heads(x, self.W_V)
+
+    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        "Queries x_q (R, T_q, d_model); keys/values from x_kv (B, T_k, d_model) or `kv`; mask True = visible, broadcastable to (R, 1, T_q, T_k)."
+        R, Tq, _ = x_q.shape
+        # Q = Q_input W_Q: (R, h, T_q, d)
+        Q = self.heads(x_q, self.W_Q)
+        # K = K_input W_K, V = V_input W_V: (B, h, T_k, d)
+        K, V = kv if kv is not None else self.keys_values(x_kv)
+        B, Tk = K.shape[0], K.shape[2]
+        G = R // B                                                    # query rows per key row
+        Qg = Q.view(B, G, self.h, Tq, self.d)
+        m = None
+        if mask is not None:
+            m = mask.expand(R, 1, Tq, Tk) if mask.dim() < 4 or mask.shape[0] == R else mask.repeat_interleave(G, 0)
+            m = m.reshape(B, G, 1, Tq, Tk)
+        # d_len: the keys each query sees: (B, G, 1, T_q, 1) or a number
+        n_keys = m.sum(-1, keepdim=True) if m is not None else Tk
+        tau = (n_keys + self.d) ** 0.5 if self.tau == "paper" else self.d ** 0.5
+        # Q K^T / tau: (B, G, h, T_q, T_k)
+        e = Qg @ K[:, None].transpose(-1, -2) / tau
+        if m is not None: e = e.masked_fill(~m, float("-inf"))
+        # a_{Q,K} = softmax(Q K^T / tau) (Eq. 2)
+        a = torch.softmax(e, -1)
+        # Multihead = a_{Q,K} V: (R, h, T_q, d)
+        heads = (self.drop(a) @ V[:, None]).view(R, self.h, Tq, self.d)
+        # Attn = cat(Multihead_1, ..., Multihead_h) W_O (Eq. 3): (R, T_q, d_model)
+        out = self.W_O(heads.transpose(1, 2).reshape(R, Tq, self.h * self.d))
+        self.last = a.detach().view(R, self.h, Tq, Tk)
+        return out, a.view(R, self.h, Tq, Tk)
+
+
+# %% [markdown]
+# Against a direct computation of Eq. 1–3, head by head, for inter-attention of two captions per image over 5 regions
+# (keys shared, not copied), and for masked self-attention, where position $t$ sees $t$ keys and has its own τ:
+
+# %%
+torch.manual_seed(0)
+_mha = MultiHeadAttention(16, heads=4, tau="paper").eval()
+_img, _txt = torch.randn(3, 5, 16), torch.randn(6, 4, 16)              # 3 images; 2 captions each (rows adjacent)
+_out, _w = _mha(_txt, _img)
+def _direct(xq, xkv, W, tau_of, mask=None):
+    outs, ws = [], []
+    for i in range(W.h):
+        sl = slice(i * W.d, (i + 1) * W.d)
+        Q, K, V = xq @ W.W_Q.weight[sl].T, xkv @ W.W_K.weight[sl].T, xkv @ W.W_V.weight[sl].T
+        e = Q @ K.transpose(-1, -2)
+        if mask is not None: e = e.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(e / tau_of(mask), -1)
+        outs.append(a @ V); ws.append(a)
+    return torch.cat(outs, -1) @ W.W_O.weight.T, torch.stack(ws, 1)
+_ref, _rw = _direct(_txt, _img.repeat_interleave(2, 0), _mha, lambda m: (5 + 4) ** 0.5)
+assert torch.allclose(_out, _ref, atol=1e-5) and torch.allclose(_w, _rw, atol=1e-6)
+_causal = torch.ones(4, 4, dtype=torch.bool).tril()
+_out, _w = _mha(_txt, _txt, mask=_causal)
+_ref, _rw = _direct(_txt, _txt, _mha, lambda m: (m.sum(-1, keepdim=True) + 4) ** 0.5, _causal)
+assert torch.allclose(_out, _ref, atol=1e-5) and _w[0, 0, 0, 1:].eq(0).all() and torch.allclose(_w, _rw, atol=1e-6)
+_std = MultiHeadAttention(16, heads=4, tau="standard").eval(); _std.load_state_dict(_mha.state_dict())
+_ent = lambda w: -(w * w.clamp_min(1e-12).log()).sum(-1).mean()
+assert _ent(_mha(_txt, _img)[1]) > _ent(_std(_txt, _img)[1])      # the larger τ spreads attention
