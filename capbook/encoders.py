@@ -22,8 +22,9 @@ from .core import (CapbookError, autocast, check_choice, data_dir, file_digest, 
 from .data import KarpathyData, load_image, load_rgb, normalize, write_features
 
 # %% auto 0
-__all__ = ['BACKBONES', 'SHAPES_CNN', 'BackboneSpec', 'Encoder', 'weights_id', 'build_backbone', 'ShapesCNN', 'shape_labels',
-           'presence_scores', 'train_shapes_encoder', 'shapes_encoder_path', 'shapes_encoder', 'extract_features']
+__all__ = ['BACKBONES', 'SHAPES_CNN', 'BackboneSpec', 'Encoder', 'imagenet_path', 'weights_id', 'build_backbone', 'ShapesCNN',
+           'shape_labels', 'presence_scores', 'train_shapes_encoder', 'shapes_encoder_path', 'shapes_encoder',
+           'extract_features']
 
 # %% ../nbs/00c_encoders.ipynb
 def _resnet_trunk(m: nn.Module) -> nn.Module:
@@ -73,10 +74,15 @@ class Encoder(nn.Module):
         return f"{self.name}-{image_size}px-{self.weights_id}"
 
 # %% ../nbs/00c_encoders.ipynb
+def imagenet_path(name: str) -> Path:
+    "Where torch hub keeps `name`'s ImageNet weights (whether or not the file is there)."
+    url = torchvision.models.get_weight(BACKBONES[check_choice("encoder", name, BACKBONES)].weights).url
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+
 def _imagenet_file(name: str, spec: BackboneSpec) -> Path:
     "The hub checkpoint of `spec`'s ImageNet weights, downloaded if missing."
     url = torchvision.models.get_weight(spec.weights).url
-    ckpt = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+    ckpt = imagenet_path(name)
     if ckpt.is_file(): return ckpt
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     old = socket.getdefaulttimeout(); socket.setdefaulttimeout(30)

@@ -111,7 +111,7 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
 
 # %% ../nbs/00d_prepare.ipynb
 def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | None = None,
-                  weights: str = "imagenet", **_) -> str | None:
+                  weights: str = "imagenet", encoder: str | None = None, **_) -> str | None:
     "Content hash of the input files a chapter run with these parameters reads; None if they do not exist yet."
     from capbook.core import file_digests
     if dataset == "shapes":
@@ -123,6 +123,8 @@ def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int =
         if data_path is None or not (Path(data_path) / f"dataset_{dataset}.json").exists(): return None
         files = [Path(data_path) / f"dataset_{dataset}.json"]
         if weights not in ("imagenet", "random") and Path(weights).is_file(): files.append(Path(weights))
+        if weights == "imagenet" and encoder in encoders.BACKBONES and encoders.imagenet_path(encoder).is_file():
+            files.append(encoders.imagenet_path(encoder))         # the hub's file, by content like any other input
     kdata = read_karpathy(files[0], files[0].parent if dataset == "shapes" else data_path)
     if any(not r.path.is_file() for r in kdata.records): return None
     return stable_hash([file_digests(files), kdata.digest()], 16)

@@ -132,10 +132,15 @@ class Encoder(nn.Module):
 
 # %%
 #| export
+def imagenet_path(name: str) -> Path:
+    "Where torch hub keeps `name`'s ImageNet weights (whether or not the file is there)."
+    url = torchvision.models.get_weight(BACKBONES[check_choice("encoder", name, BACKBONES)].weights).url
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+
 def _imagenet_file(name: str, spec: BackboneSpec) -> Path:
     "The hub checkpoint of `spec`'s ImageNet weights, downloaded if missing."
     url = torchvision.models.get_weight(spec.weights).url
-    ckpt = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+    ckpt = imagenet_path(name)
     if ckpt.is_file(): return ckpt
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     old = socket.getdefaulttimeout(); socket.setdefaulttimeout(30)

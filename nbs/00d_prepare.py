@@ -176,11 +176,13 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
 # unchanged: `inputs_digest` hashes, by content, the files a run with these parameters would read (the Karpathy file,
 # every image, the shapes ground truth, a weights file given by path) without building anything. It is `None` while
 # the data does not exist yet (the shapes set of a fresh clone), and the book records the digest after the run.
+# `encoder` is the backbone the run uses on real data (the book passes the chapter's when the parameters name none),
+# so that the hub's ImageNet weights file counts too.
 
 # %%
 #| export
 def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | None = None,
-                  weights: str = "imagenet", **_) -> str | None:
+                  weights: str = "imagenet", encoder: str | None = None, **_) -> str | None:
     "Content hash of the input files a chapter run with these parameters reads; None if they do not exist yet."
     from capbook.core import file_digests
     if dataset == "shapes":
@@ -192,6 +194,8 @@ def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int =
         if data_path is None or not (Path(data_path) / f"dataset_{dataset}.json").exists(): return None
         files = [Path(data_path) / f"dataset_{dataset}.json"]
         if weights not in ("imagenet", "random") and Path(weights).is_file(): files.append(Path(weights))
+        if weights == "imagenet" and encoder in encoders.BACKBONES and encoders.imagenet_path(encoder).is_file():
+            files.append(encoders.imagenet_path(encoder))         # the hub's file, by content like any other input
     kdata = read_karpathy(files[0], files[0].parent if dataset == "shapes" else data_path)
     if any(not r.path.is_file() for r in kdata.records): return None
     return stable_hash([file_digests(files), kdata.digest()], 16)

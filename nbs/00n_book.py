@@ -202,7 +202,11 @@ def sync_readme(path: Path | None = None, write: bool = True) -> bool:
 #| export
 def _key(step: Step, src: Path, upstream: dict | None = None) -> str:
     from capbook.prepare import inputs_digest
-    data = inputs_digest(**step.params) if "profile" in step.params else None
+    if "profile" in step.params:
+        from capbook.runner import chapters
+        ch = chapters().get(step.notebook)
+        data = inputs_digest(**{"encoder": ch.encoder if ch else None, **step.params})
+    else: data = None
     return stable_hash({"nb": stable_hash(src.read_text(), 16), "params": step.params, "code": package_hash(),
                         "data": data, "upstream": upstream or {}}, 16)
 
