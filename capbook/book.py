@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 import torch
-from .core import CapbookError, error_line, io_error, load_json, package_hash, runs_dir, save_json, stable_hash
+from .core import CapbookError, error_line, io_error, load_json, os_error_line, package_hash, runs_dir, save_json, stable_hash
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
@@ -312,6 +312,5 @@ def main(argv: list[str] | None = None) -> int:
     except CapbookError as e:
         print(error_line(e, "error"), file=sys.stderr); return 2
     except OSError as e:                            # the environment: read-only or full disk, a file as a folder
-        print(error_line(io_error(e.filename or "capbook", e, "write" if e.errno in (28, 30, 122) else "use"), "error"),
-              file=sys.stderr); return 2
+        print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
     return 0

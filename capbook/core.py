@@ -12,9 +12,9 @@ import torch
 
 # %% auto 0
 __all__ = ['CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'io_error',
-           'io_errors_as_lines', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'load_torch', 'stable_hash',
-           'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
-           'check_choice', 'check_int', 'check_float']
+           'os_error_line', 'io_errors_as_lines', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'load_torch',
+           'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
+           'get_device', 'autocast', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -96,14 +96,17 @@ def io_error(path: str | Path, e: OSError, doing: str = "write") -> CapbookError
            21: "it is a folder", 17: "a path component is a file, not a folder"}.get(e.errno, e.strerror or str(e))
     return CapbookError(f"{path}: cannot {doing} ({why}); nothing already written was changed")
 
+def os_error_line(e: OSError) -> CapbookError:
+    "An `OSError` from the environment (a file as a folder, a full disk), named by its file, as one line."
+    return io_error(e.filename or "(unnamed file)", e, "write" if e.errno in (28, 30, 122) else "use")
+
 def io_errors_as_lines(fn: Callable) -> Callable:
-    "Decorate an entry point so that an `OSError` from the environment (a file as a folder, a full disk) becomes one line."
+    "Decorate an entry point so that an `OSError` from the environment becomes one line (`os_error_line`)."
     import functools
     @functools.wraps(fn)
     def wrapper(*a, **k):
         try: return fn(*a, **k)
-        except OSError as e:
-            raise io_error(e.filename or "(unnamed file)", e, "write" if e.errno in (28, 30, 122) else "use") from None
+        except OSError as e: raise os_error_line(e) from None
     return wrapper
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
