@@ -143,10 +143,14 @@ def _key(step: Step, src: Path, upstream: dict | None = None) -> str:
                         "data": data, "upstream": upstream or {}}, 16)
 
 def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
-    "The earlier runs of `step`'s chapter made by another notebook (`02a_...` tabulates the records of `02_...`)."
-    chapter_no = lambda s: re.match(r"\d*", s.notebook).group()
+    "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
+    from capbook.runner import chapters
+    chapter_no = lambda nb: re.match(r"\d*", nb).group()
     before = steps[:[s.name for s in steps].index(step.name)]
-    return [s for s in before if s.params and s.notebook != step.notebook and chapter_no(s) == chapter_no(step)]
+    compared = {c for nb, ch in chapters().items() if chapter_no(nb) == chapter_no(step.notebook) and not step.params
+                for c in ch.compares}
+    return [s for s in before if s.params and s.notebook != step.notebook
+            and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, upstream: dict | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless unchanged; return (executed notebook path, whether it ran)."

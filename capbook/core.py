@@ -64,7 +64,8 @@ def project_root() -> Path:
 
 def data_dir() -> Path:
     "Where datasets, trained encoders and feature stores are cached."
-    return Path(os.environ.get("CAPBOOK_DATA", project_root() / "data"))
+    env = os.environ.get("CAPBOOK_DATA")                    # project_root() only when needed
+    return Path(env) if env else project_root() / "data"
 
 def runs_dir() -> Path:
     "Where executed notebooks and results records go, one folder per profile."

@@ -16,7 +16,7 @@ from .core import (CapbookError, check_choice, check_int, data_dir, file_digests
                           stable_hash, sweep_tmp)
 
 # %% auto 0
-__all__ = ['SPLITS', 'KARPATHY_SPLITS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'F16_MAX', 'ImageRecord', 'KarpathyData',
+__all__ = ['SPLITS', 'KARPATHY_SPLITS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'F16_MAX', 'BATCH_ORDERS', 'ImageRecord', 'KarpathyData',
            'read_karpathy', 'load_rgb', 'normalize', 'load_image', 'Vocab', 'feature_path', 'write_features',
            'open_features', 'store_outdated', 'features_ready', 'CaptionData', 'to_device']
 
@@ -258,6 +258,8 @@ def features_ready(path: str | Path, keys: Sequence[str] | None = None, source: 
     return store_outdated(path, keys, source) is None
 
 # %% ../nbs/00b_data.ipynb
+BATCH_ORDERS = ("length", "image")   # captions bucketed by length (Show-Attend-Tell §4.3) | the captions of an image together
+
 class CaptionData:
     "One split: memory-mapped features (N, L, D), other per-image `inputs`, image `keys`, all references `refs`, and encoded training captions."
 
@@ -273,6 +275,7 @@ class CaptionData:
         for row, (_, ids) in zip(self.caps, enc): row[:len(ids)] = ids
         self.lengths = np.array([len(ids) for _, ids in enc], np.int64)
         self.cap_img = np.array([i for i, _ in enc], np.int64)
+        self.words = np.array([len(c) for cs in self.refs for c in cs], np.int64)   # words of each caption, untruncated
 
     def __len__(self) -> int: return len(self.caps)
 
@@ -303,20 +306,38 @@ class CaptionData:
             out[name] = x.float() if x.is_floating_point() else x
         return out
 
-    def num_batches(self, batch_size: int, world: int = 1) -> int:
-        "Batches per epoch for each of `world` ranks."
-        return -(-len(self) // batch_size) // world
+    def num_batches(self, batch_size: int, world: int = 1, epoch: int = 0, seed: int = 0, order: str = "length",
+                    max_words: int = 0) -> int:
+        "Batches per epoch for each of `world` ranks (`epoch` and `seed` matter only when images have unequal caption counts)."
+        if order == "length" and not max_words: return -(-len(self) // batch_size) // world
+        return len(self._chunks(batch_size, epoch, seed, order, max_words)) // world
+
+    def _chunks(self, batch_size: int, epoch: int, seed: int, order: str, max_words: int) -> list[np.ndarray]:
+        "The epoch's batches as caption indices, in the order they are drawn."
+        check_int("batch_size", batch_size, lo=1); check_choice("order", order, BATCH_ORDERS)
+        check_int("max_words", max_words, lo=0)
+        keep = self.words <= max_words if max_words else None
+        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        if order == "image":                                                  # all captions of an image together
+            caps_of = np.split(np.arange(len(self)), np.flatnonzero(np.diff(self.cap_img)) + 1)   # captions per image row
+            caps_of = [c[keep[c]] if keep is not None else c for c in caps_of]
+            chunks, cur = [], []
+            for i in torch.randperm(len(caps_of), generator=g).tolist():
+                if len(caps_of[i]) == 0: continue
+                cur.append(caps_of[i])
+                if sum(map(len, cur)) >= batch_size: chunks.append(np.concatenate(cur)); cur = []
+            return chunks + ([np.concatenate(cur)] if cur else [])
+        perm = torch.randperm(len(self), generator=g).numpy()
+        if keep is not None: perm = perm[keep[perm]]
+        perm = perm[np.argsort(self.lengths[perm], kind="stable")]           # by length, random within a length
+        chunks = [perm[s:s + batch_size] for s in range(0, len(perm), batch_size)]
+        return [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
 
     def batches(self, batch_size: int, epoch: int, seed: int, rank: int = 0, world: int = 1,
-                skip: int = 0) -> Iterator[dict]:
-        "Length-bucketed, shuffled caption batches {inputs..., caps, lengths, img, refs}, deterministic for (seed, epoch); rank's share when world>1."
-        check_int("batch_size", batch_size, lo=1); check_int("world", world, lo=1)
-        check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
-        g = torch.Generator().manual_seed(seed * 100003 + epoch)
-        order = torch.randperm(len(self), generator=g).numpy()
-        order = order[np.argsort(self.lengths[order], kind="stable")]        # by length, random within a length
-        chunks = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
-        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
+                skip: int = 0, order: str = "length", max_words: int = 0) -> Iterator[dict]:
+        "Shuffled caption batches {inputs..., caps, lengths, img, refs} (bucketed by length, or by image), deterministic for (seed, epoch); rank's share when world>1."
+        check_int("world", world, lo=1); check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
+        chunks = self._chunks(batch_size, epoch, seed, order, max_words)
         chunks = chunks[:len(chunks) // world * world][rank::world]
         for idx in chunks[skip:]:
             lens, img = self.lengths[idx], self.cap_img[idx]

@@ -163,6 +163,13 @@ class Chapter:
     measure: Callable[[Any], dict] | None = None   # ChapterRun -> extra measurements for its results record
     tables: dict[str, Callable] = field(default_factory=dict)   # published tables (capbook.papers), by name
     figures: tuple[str, ...] = ()               # the figures its assembly notebook publishes
+    sizes: dict[str, dict] = field(default_factory=dict)   # profile -> values of the parameters a run leaves None
+    compares: tuple[str, ...] = ()              # other chapters whose runs its assembly notebook tabulates
+
+    def resolve(self, p: Any) -> Any:
+        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`)."
+        fill = {k: v for k, v in self.sizes.get(p.profile, {}).items() if getattr(p, k, 0) is None}
+        return dataclasses.replace(p, **fill) if fill else p
 
 CHAPTERS: dict[str, Chapter] = {}
 
@@ -230,7 +237,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     from capbook.metrics import evaluate
     from capbook.viz import attention_figure
     ch = chapter(notebook)
-    p = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
+    p = ch.resolve(namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace))
     RunConfig.check(p)
     if ch.check: ch.check(p)
     name = ch.model(p)
@@ -243,11 +250,13 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     log(prep.describe())
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
-    cfg = TrainConfig(**{**ch.train, "epochs": p.epochs or ch.epochs[p.profile], "batch_size": p.batch_size,
-                         "lr": p.lr, "seed": p.seed, "max_len": prep.max_len, "val_beam": p.beam_size,
-                         "device": p.device})
-    log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {len(prep.train):,} training "
-        f"captions; {cfg.epochs} epochs at most")
+    named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
+    cfg = TrainConfig(**{**ch.train, **named, "epochs": p.epochs or ch.epochs[p.profile], "max_len": prep.max_len,
+                         "val_beam": p.beam_size})
+    kept = int((prep.train.words <= cfg.max_words).sum()) if cfg.max_words else len(prep.train)
+    log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"
+        + (f" (of {len(prep.train):,}: at most {cfg.max_words} words)" if kept < len(prep.train) else "")
+        + f"; {cfg.epochs} epochs at most")
     fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
     dev = get_device(p.device)
     model.to(dev)

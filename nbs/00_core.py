@@ -109,7 +109,8 @@ def project_root() -> Path:
 
 def data_dir() -> Path:
     "Where datasets, trained encoders and feature stores are cached."
-    return Path(os.environ.get("CAPBOOK_DATA", project_root() / "data"))
+    env = os.environ.get("CAPBOOK_DATA")                    # project_root() only when needed
+    return Path(env) if env else project_root() / "data"
 
 def runs_dir() -> Path:
     "Where executed notebooks and results records go, one folder per profile."
@@ -335,8 +336,8 @@ import capbook.core as _core                          # the installed module (a 
 assert len(_core.package_hash()) == 12 and set(_core.code_version()) == {"package", "commit", "dirty"}
 _old = os.environ.get("CAPBOOK_DATA"); os.environ["CAPBOOK_DATA"] = str(_d)      # a private digest cache
 _f = _d / "img.bin"; _f.write_bytes(b"one")
-_h1 = file_digest(_f); _f.write_bytes(b"two")                                   # same name and size, new content
-assert _h1 == hashlib.sha256(b"one").hexdigest()[:16] != file_digest(_f) == file_digests([_f])[0]
+_h1 = _core.file_digest(_f); _f.write_bytes(b"two")                             # same name and size, new content
+assert _h1 == hashlib.sha256(b"one").hexdigest()[:16] != _core.file_digest(_f) == _core.file_digests([_f])[0]
 assert str(_f) in load_json(_d / "digests.json")
 if _old is None: del os.environ["CAPBOOK_DATA"]
 else: os.environ["CAPBOOK_DATA"] = _old

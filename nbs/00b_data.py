@@ -426,6 +426,13 @@ assert not features_ready(_p) and not list(_p.parent.glob(".*.tmp"))   # the old
 # the last `len % world` batches so every rank runs the same number of steps. Features are gathered from the memmap
 # with sorted, de-duplicated row indices (sequential reads) and then put back in batch order.
 #
+# Two options serve the transformer chapters. `order="image"` keeps the captions of an image together: the images are
+# shuffled and cut into groups holding `batch_size` captions or just more (a group never splits an image), so a model
+# whose encoder is expensive runs it once per image of the batch (`batch["img"]` tells it which captions share an
+# image). `max_words=n` trains only on captions of at most n words (Springenberg et al. §3: "Captions are restricted
+# to have a maximum length of 14 words during training"); validation and test keep every reference. With the
+# defaults the batches are exactly those above, draw for draw.
+#
 # **A batch is a mapping of named inputs.** Every batch is a `dict`: `feats` (B, L, D), `caps` (B, T), `lengths` (B,),
 # `img` (B,: the image's row in the split) and `refs` (the B images' reference captions as token lists: what a
 # self-critical reward is computed against). A split may carry more per-image inputs than the features — attribute
@@ -436,6 +443,8 @@ assert not features_ready(_p) and not list(_p.parent.glob(".*.tmp"))   # the old
 
 # %%
 #| export
+BATCH_ORDERS = ("length", "image")   # captions bucketed by length (Show-Attend-Tell §4.3) | the captions of an image together
+
 class CaptionData:
     "One split: memory-mapped features (N, L, D), other per-image `inputs`, image `keys`, all references `refs`, and encoded training captions."
 
@@ -451,6 +460,7 @@ class CaptionData:
         for row, (_, ids) in zip(self.caps, enc): row[:len(ids)] = ids
         self.lengths = np.array([len(ids) for _, ids in enc], np.int64)
         self.cap_img = np.array([i for i, _ in enc], np.int64)
+        self.words = np.array([len(c) for cs in self.refs for c in cs], np.int64)   # words of each caption, untruncated
 
     def __len__(self) -> int: return len(self.caps)
 
@@ -481,20 +491,38 @@ class CaptionData:
             out[name] = x.float() if x.is_floating_point() else x
         return out
 
-    def num_batches(self, batch_size: int, world: int = 1) -> int:
-        "Batches per epoch for each of `world` ranks."
-        return -(-len(self) // batch_size) // world
+    def num_batches(self, batch_size: int, world: int = 1, epoch: int = 0, seed: int = 0, order: str = "length",
+                    max_words: int = 0) -> int:
+        "Batches per epoch for each of `world` ranks (`epoch` and `seed` matter only when images have unequal caption counts)."
+        if order == "length" and not max_words: return -(-len(self) // batch_size) // world
+        return len(self._chunks(batch_size, epoch, seed, order, max_words)) // world
+
+    def _chunks(self, batch_size: int, epoch: int, seed: int, order: str, max_words: int) -> list[np.ndarray]:
+        "The epoch's batches as caption indices, in the order they are drawn."
+        check_int("batch_size", batch_size, lo=1); check_choice("order", order, BATCH_ORDERS)
+        check_int("max_words", max_words, lo=0)
+        keep = self.words <= max_words if max_words else None
+        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        if order == "image":                                                  # all captions of an image together
+            caps_of = np.split(np.arange(len(self)), np.flatnonzero(np.diff(self.cap_img)) + 1)   # captions per image row
+            caps_of = [c[keep[c]] if keep is not None else c for c in caps_of]
+            chunks, cur = [], []
+            for i in torch.randperm(len(caps_of), generator=g).tolist():
+                if len(caps_of[i]) == 0: continue
+                cur.append(caps_of[i])
+                if sum(map(len, cur)) >= batch_size: chunks.append(np.concatenate(cur)); cur = []
+            return chunks + ([np.concatenate(cur)] if cur else [])
+        perm = torch.randperm(len(self), generator=g).numpy()
+        if keep is not None: perm = perm[keep[perm]]
+        perm = perm[np.argsort(self.lengths[perm], kind="stable")]           # by length, random within a length
+        chunks = [perm[s:s + batch_size] for s in range(0, len(perm), batch_size)]
+        return [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
 
     def batches(self, batch_size: int, epoch: int, seed: int, rank: int = 0, world: int = 1,
-                skip: int = 0) -> Iterator[dict]:
-        "Length-bucketed, shuffled caption batches {inputs..., caps, lengths, img, refs}, deterministic for (seed, epoch); rank's share when world>1."
-        check_int("batch_size", batch_size, lo=1); check_int("world", world, lo=1)
-        check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
-        g = torch.Generator().manual_seed(seed * 100003 + epoch)
-        order = torch.randperm(len(self), generator=g).numpy()
-        order = order[np.argsort(self.lengths[order], kind="stable")]        # by length, random within a length
-        chunks = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
-        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
+                skip: int = 0, order: str = "length", max_words: int = 0) -> Iterator[dict]:
+        "Shuffled caption batches {inputs..., caps, lengths, img, refs} (bucketed by length, or by image), deterministic for (seed, epoch); rank's share when world>1."
+        check_int("world", world, lo=1); check_int("rank", rank, lo=0, hi=world - 1); check_int("skip", skip, lo=0)
+        chunks = self._chunks(batch_size, epoch, seed, order, max_words)
         chunks = chunks[:len(chunks) // world * world][rank::world]
         for idx in chunks[skip:]:
             lens, img = self.lengths[idx], self.cap_img[idx]
@@ -527,6 +555,16 @@ assert sorted(sum(_b, [])) == [0, 1, 1, 2] and _b == [b["img"].tolist() for b in
 _x = next(_cd.batches(4, 0, 0))
 assert (_x["feats"][:, 0, 0] == torch.tensor([2.0 * i for i in _x["img"].tolist()])).all()
 assert [len(r) for r in _x["refs"]] == [len(_cd.refs[i]) for i in _x["img"].tolist()]
+
+# %% [markdown]
+# Grouped by image, every image's captions sit in one batch; with `max_words` the longer captions are left out.
+
+# %%
+_g = [b["img"].tolist() for b in _cd.batches(2, epoch=1, seed=0, order="image")]
+assert sorted(sum(_g, [])) == [0, 1, 1, 2] and all(len(set(g)) == len(g) or g.count(1) == 2 for g in _g)
+assert next(i for i, g in enumerate(_g) if 1 in g) == next(i for i, g in enumerate(_g) if g.count(1) == 2)
+assert sorted(sum([b["img"].tolist() for b in _cd.batches(2, 1, 0, max_words=1)], [])) == [2]
+assert _cd.num_batches(2, order="image") == len(list(_cd.batches(2, 0, 0, order="image")))
 
 # %% [markdown]
 # A second per-image input travels with the features: here an attribute id per image, gathered by image row.

@@ -210,7 +210,6 @@ _zh, _alh, _info = _hard(_a, _hard.precompute(_a), _h)
 assert torch.allclose(_alh, _al) and torch.equal(_zh, _a[torch.arange(2), _al.argmax(-1)])
 assert torch.equal(_info['s'], _al.argmax(-1))
 
-
 # %% [markdown]
 # ## Multi-head dot-product attention — Springenberg et al. §2.3, after Vaswani et al.
 #

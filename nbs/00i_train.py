@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from capbook.core import (CapbookError, autocast, check_choice, check_float, check_int, get_device, io_error, load_torch,
                           package_hash, save_torch, seed_everything)
 from capbook.models import CaptionModel, check_inputs, hparams
-from capbook.data import to_device
+from capbook.data import BATCH_ORDERS, to_device
 from capbook.objectives import Objective, objective_for
 from capbook.decode import decode_split
 
@@ -65,6 +65,8 @@ class TrainConfig:
     max_len: int = 20           # longest caption decoded
     seed: int = 0
     ckpt_every: int = 0         # also checkpoint every this many steps (0: at the end of each epoch only)
+    batch_order: str = "length" # length: captions bucketed by length | image: the captions of an image in one batch
+    max_words: int = 0          # train on captions of at most this many words (0: every caption)
     device: str = "auto"
     progress: bool = True       # tqdm progress bars
 
@@ -76,6 +78,7 @@ class TrainConfig:
         check_int("patience", self.patience, lo=1); check_choice("metric", self.metric, VAL_METRICS)
         check_int("val_beam", self.val_beam, lo=1); check_int("max_len", self.max_len, lo=1)
         check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0)
+        check_choice("batch_order", self.batch_order, BATCH_ORDERS); check_int("max_words", self.max_words, lo=0)
         get_device(self.device)
         return self
 
@@ -277,11 +280,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                           "rng": _rng_state(), "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {},
                           "code": code, "finished": finished})
 
-    n_batches = data.train.num_batches(cfg.batch_size, world)
+    sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
     while epoch < cfg.epochs:
         net.train(); objective.train(); t0 = time.time()
-        it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip)
+        n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
+        it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
                    mininterval=10, leave=False)
         for b in bar:
@@ -297,7 +301,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
             scores = val_score(model, data.val, data.vocab, cfg, device)
             score = scores[cfg.metric]
             means = {k: v / max(n, 1) for k, v in tot.items()}
-            res.history.append({"epoch": epoch, **means, **{f"val {k}": v for k, v in scores.items()}})
+            res.history.append({"epoch": epoch, **means, **{f"val {k}": v for k, v in scores.items()},
+                                "train_s": res.train_seconds})
             log(f"epoch {epoch}: " + "  ".join(f"{k} {v:.4f}" for k, v in means.items()) + "  | val "
                 + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
             if score > res.best_score:
@@ -320,7 +325,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         dist.barrier()
     ck = load_torch(best); check_vocab(ck, data.vocab, best)
     model.load_state_dict(ck["model"])
-    res.captions_per_s = len(res.history) * len(data.train) / res.train_seconds if res.train_seconds else 0.0
+    per_epoch = int((data.train.words <= cfg.max_words).sum()) if cfg.max_words else len(data.train)
+    res.captions_per_s = len(res.history) * per_epoch / res.train_seconds if res.train_seconds else 0.0
     return res
 
 

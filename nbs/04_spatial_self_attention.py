@@ -16,12 +16,24 @@
 # %% [markdown]
 # # Image-to-text transduction with spatial self-attention
 #
-# > Springenberg, Lakomkin, Weber and Wermter, *Image-to-Text Transduction with Spatial Self-Attention*, ESANN 2018:
-# > the Transformer of Vaswani et al. with self-attention over the 14×14 image regions and inter-attention from the
-# > words to them, and a larger attention temperature.
+# > Springenberg, Lakomkin, Weber and Wermter 2018 ([ESANN](https://www.esann.org/sites/default/files/proceedings/legacy/es2018-67.pdf)): the Transformer of Vaswani et al. with self-attention over the 14×14 image regions, inter-attention from the words to them, and a larger attention temperature; trained by the book's one trainer and decoded by its one beam search.
 #
-# *capbook (work in progress, issue 11):* this notebook holds the model so far; the chapter's runs, Table 1, the
-# τ ablation, the training-time table and Figure 2 come next.
+# The paper asks whether a captioner needs recurrence at all: "Self-attention on image features appears to be
+# supportive here as it enables the model to group and combine regions with coherent content before making them
+# accessible to the decoder. We show that an attention-based architecture can be a faster-to-train alternative to
+# approaches that apply a recurrent encoder-decoder architecture with attention mechanism." Its model is the
+# Transformer with the text encoder replaced by two self-attention layers over the CNN's regions; the decoder is the
+# Transformer's, four layers deep. One change reaches into every attention: the softmax temperature grows with the
+# number of keys, τ = √(d_len + d_attn), "to spread attention instead of focusing only on a single entry".
+#
+# This notebook holds the model, equation by equation, and runs **one configuration** (parameter `tau`: `paper` or
+# `standard`). The book runs it twice — the paper's temperature and the standard √d_attn — on the same features and
+# data as Show-Attend-Tell, and the next chapter, *Transformer vs LSTM: Table 1, the τ ablation, training time and
+# Figure 2*, puts the runs beside Show-Attend-Tell's soft attention.
+#
+# *capbook:* the multi-head attention itself (Eq. 1–3, with both temperatures and a way to read its weights) lives in
+# `capbook.attention.MultiHeadAttention`, the one module GLIED's chapter reuses; a test there compares it with a direct
+# per-head computation of the equations.
 
 # %%
 #| default_exp ssa
@@ -31,11 +43,20 @@
 from __future__ import annotations
 import math
 from dataclasses import dataclass
+import numpy as np
 import torch
 from torch import nn
 from capbook.core import CapbookError, check_choice, check_float, check_int
 from capbook.attention import TAUS, MultiHeadAttention
 from capbook.models import CaptionModel, register
+from capbook.runner import Chapter, RunConfig, register_chapter
+from capbook.papers import ssa_table1
+
+# %%
+#| hide
+import pandas as pd
+from IPython.display import Image as IPImage, display
+from capbook.runner import run_chapter
 
 # %% [markdown]
 # ## Positions
@@ -249,3 +270,159 @@ _out = _m(_b)
 assert _m.encoder_passes == 3 and _out["logits"].shape[:2] == (15, _caps.shape[1] - 1) and _out["alpha"].shape[-1] == 4
 _m.encoder_passes = 0; beam_search(_m, _f, beam_size=3, max_len=6)
 assert _m.encoder_passes == 3                                             # beams share the image's keys and values
+
+
+# %% [markdown]
+# ## How far the attention spreads
+#
+# The paper motivates its τ by what it does to the weights: a larger temperature "enforces to spread attention instead
+# of focusing only on a single entry". `inter_attention_spread` measures exactly that on the test captions a run
+# generated: it feeds each caption back through the decoder (teacher forcing, dropout off) and reads every decoder
+# layer's inter-attention weights $a_{Q,K}$ (R, h, T, L) from `MultiHeadAttention.last`. For each word and head the
+# entropy $H = -\sum_i a_i \log a_i$ is divided by $\log L$ (1: uniform over the L regions, 0: all weight on one
+# region), and the largest weight $\max_i a_i$ is kept; both are averaged over words and heads, per layer. The figure's
+# map (the last layer's weights averaged over the heads) is measured the same way.
+
+# %%
+#| export
+def _spread(w: torch.Tensor, valid: torch.Tensor) -> dict:
+    "Mean normalised entropy and peak weight of attention rows w (..., T, L) over the valid positions (..., T)."
+    # H = -sum_i a_i log a_i / log L: (..., T)
+    H = -(w * w.clamp_min(1e-12).log()).sum(-1) / math.log(w.shape[-1])
+    v = valid.expand_as(H)
+    return {"entropy": float(H[v].mean()), "peak": float(w.amax(-1)[v].mean())}
+
+def inter_attention_spread(model: SpatialTransformer, feats: torch.Tensor, captions: list[list[int]]) -> dict:
+    "Per decoder layer, the inter-attention's normalised entropy and peak weight on the given captions (token ids without <start>/<end>), and the same for the last layer's head mean."
+    from capbook.decode import pad_captions
+    T = max(map(len, captions)) + 2
+    caps = pad_captions([[model.start, *c, model.end] for c in captions], T).to(feats.device)
+    model.eval()
+    with torch.no_grad(): model({"feats": feats, "caps": caps})
+    # the positions that predict a word or <end>: (R, 1, T-1)
+    valid = (torch.arange(T - 1, device=feats.device)[None] <= torch.tensor([len(c) for c in captions], device=feats.device)[:, None])[:, None]
+    layers = [_spread(layer.inter.last, valid) for layer in model.dec]
+    return {"layers": layers, "head_mean": _spread(model.dec[-1].inter.last.mean(1), valid[:, 0])}
+
+# %%
+_m.eval(); _sp = inter_attention_spread(_m, _f[:2], [[5, 6], [7]])
+_a = _m.dec[0].inter.last                                 # (2 captions, h, 3 positions, L = 4)
+_rows = torch.cat([_a[0, :, :3].reshape(-1, 4), _a[1, :, :2].reshape(-1, 4)])   # 2 words + <end>; 1 word + <end>
+assert abs(_sp["layers"][0]["entropy"] - float((-(_rows * _rows.log()).sum(-1) / math.log(4)).mean())) < 1e-5
+assert abs(_sp["layers"][0]["peak"] - float(_rows.amax(-1).mean())) < 1e-6 and len(_sp["layers"]) == 2
+_u = _spread(torch.full((1, 2, 4), 0.25), torch.ones(1, 2, dtype=torch.bool))
+assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # uniform weights: entropy 1, peak 1/L
+
+# %% [markdown]
+# ## The chapter's runs
+#
+# The parameters are the run's (`capbook.runner.RunConfig`) followed by the model's (`SSAConfig`), with the paper's
+# training (§3): Adam at $l = 0.0003$ with no schedule, dropout 0.1, and "Captions are restricted to have a maximum
+# length of 14 words during training" (`max_words`; validation and test keep every reference).
+#
+# *capbook:* the choices where §3 is silent or the CPU forces one.
+# - **Restricted how.** Captions longer than 14 words are left out of training, not cut: a cut caption would teach the
+#   model to end sentences in the middle. On COCO this drops few captions; on shapes, whose captions run to 18 words,
+#   it drops about 16 % of them (the longer ones, which hold more relations and counts); the run says how many.
+# - **Sizes.** The paper's widths (d = 512, d_hidden = 1024, h = 8) are the `paper` profile. At them one epoch of shapes
+#   takes about an hour on the book's 2-core CPU, so the `default` profile keeps the depth (2 encoder and 4 decoder
+#   layers) and the 8 heads and narrows the model to d = 128 (d_attn = 16), d_hidden = 256 (the paper's 2·d); `smoke`
+#   uses d = 64. A `None` width in the parameters means "the profile's"; the run's record keeps the value used.
+# - **Batches by image.** A batch holds every (kept) caption of its images (`TrainConfig.batch_order="image"`), so the
+#   encoder runs once per image — about five times fewer encoder passes than captions drawn at random would need.
+# - **Epochs and selection** as for every model of the book: the profile's epoch count, BLEU-4 on the validation split
+#   selecting the epoch, beam size 3.
+
+# %%
+#| export
+@dataclass
+class SSAParams(SSAConfig, RunConfig):
+    "The spatial self-attention chapter's parameters: the run's (`RunConfig`), then the model's (`SSAConfig`)."
+    lr: float = 3e-4                    # Adam's learning rate (§3: l = 0.0003)
+    d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
+    d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
+    max_words: int = 14                 # train on captions of at most this many words (§3); 0: all
+
+def ssa_measure(r) -> dict:
+    "The spread of the inter-attention on the test captions (entropy and peak weight, per layer and for the head mean)."
+    feats = torch.as_tensor(np.asarray(r.prep.test.feats[:]), dtype=torch.float32, device=r.device)
+    sp = inter_attention_spread(r.model, feats, [c.tokens for c in r.ev["captions"]])
+    print("inter-attention, normalised entropy per decoder layer (1 = uniform over the regions): "
+          + ", ".join(f"{l['entropy']:.3f}" for l in sp["layers"]) + f"; head mean of the last layer: {sp['head_mean']['entropy']:.3f}")
+    return {"inter_attention": sp}
+
+SSA = register_chapter(Chapter(
+    notebook="04_spatial_self_attention",
+    paper="Springenberg, Lakomkin, Weber and Wermter 2018, Image-to-Text Transduction with Spatial Self-Attention (ESANN)",
+    url="https://www.esann.org/sites/default/files/proceedings/legacy/es2018-67.pdf",
+    params=SSAParams,
+    model=lambda p: "ssa",
+    runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
+    epochs={"smoke": 2, "default": 8, "paper": 30},
+    sizes={"smoke": {"d_model": 64, "d_hidden": 128}, "default": {"d_model": 128, "d_hidden": 256},
+           "paper": {"d_model": 512, "d_hidden": 1024}},
+    train={"batch_order": "image", "lr_gamma": 1.0},                        # Adam at a fixed rate (§3)
+    label=lambda p: f"Transformer, τ {p.tau}",
+    figure=lambda p: f"fig_ssa_{p.tau}_attention.png",
+    measure=ssa_measure,
+    encoder="vgg11",
+    tables={"Table 1": ssa_table1},
+    figures=("fig_ssa_figure2.png",),
+    compares=("02_show_attend_tell", "03_spca"),
+))
+
+# %% [markdown]
+# ## Training and evaluation
+#
+# The parameters cell (generated from `SSAParams`: `make sync` rewrites it) and the run: one call that prepares the
+# data, builds the model, trains it, evaluates it on the test split, writes the results record and draws the
+# attention figure (`capbook.runner.run_chapter`), exactly as for the recurrent models.
+
+# %% tags=["parameters"]
+profile = 'default'   # smoke | default | paper: sizes and epochs
+dataset = 'shapes'    # shapes | coco | flickr8k | flickr30k
+data_path = None      # folder with dataset_<name>.json and its images (real datasets)
+encoder = None        # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
+weights = 'imagenet'  # real data: the encoder's weights, imagenet | random | /path/file.pth
+seed = 0
+epochs = None         # None: the chapter's default for the profile
+batch_size = 64       # captions per training step
+lr = 0.0003           # Adam's learning rate (§3: l = 0.0003)
+beam_size = 3         # beam of the validation and test decodes
+device = 'auto'       # auto | cpu | cuda | cuda:N
+run_dir = None        # set by `capbook book`; None: runs/<profile>/adhoc/...
+d_model = None        # d_feat; None: the profile's (paper 512, default 128, smoke 64)
+heads = 8             # h
+d_hidden = None       # the feed-forward's width; None: the profile's (2 d_model)
+enc_layers = 2        # self-attention layers over the regions
+dec_layers = 4        # decoder layers
+dropout = 0.1         # on caption embeddings, image features and attention weights (§3)
+tau = 'paper'         # paper: sqrt(d_len + d_attn) (Eq. 2) | standard: sqrt(d_attn) (Vaswani et al.)
+max_positions = 64    # longest caption the positional table covers
+max_words = 14        # train on captions of at most this many words (§3); 0: all
+
+# %%
+r = run_chapter("04_spatial_self_attention", globals())
+model, prep, ev, dev = r.model, r.prep, r.ev, r.device
+pd.DataFrame(r.fitted.history).round(4)
+
+# %%
+pd.DataFrame({"test": {m: round(100 * v, 1) for m, v in ev["metrics"].items()}}).T
+
+# %% [markdown]
+# The spread of the inter-attention, per decoder layer (the next chapter compares the two temperatures):
+
+# %%
+pd.DataFrame(r.record["inter_attention"]["layers"]).rename_axis("decoder layer").round(3)
+
+# %% [markdown]
+# ## What the model looks at, word by word
+#
+# The paper's Figure 2 shows "Inter-attention weights attending to relevant parts of the input image associated with
+# query words of the captions". The paper does not say which of the four layers or how the eight heads are combined;
+# capbook draws the **last decoder layer's** inter-attention, **averaged over its heads** (the weights that feed the
+# output layer), upsampled and smoothed by the same code as Show-Attend-Tell's maps (`capbook.viz.attention_figure`),
+# on the image picked by the same rule (`capbook.runner.figure_pick`).
+
+# %%
+if r.figure is not None: display(IPImage(filename=str(r.figure)))
