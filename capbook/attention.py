@@ -128,12 +128,12 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        "Queries x_q (R, T_q, d_model); keys/values from x_kv (B, T_k, d_model) or `kv`; mask True = visible, broadcastable to (R, 1, T_q, T_k)."
+        "Queries x_q (R, T_q, d_model); keys/values from x_kv (B, T_k, d_model; None: x_q, self-attention) or `kv`; mask True = visible, broadcastable to (R, 1, T_q, T_k)."
         R, Tq, _ = x_q.shape
         # Q = Q_input W_Q: (R, h, T_q, d)
         Q = self.heads(x_q, self.W_Q)
         # K = K_input W_K, V = V_input W_V: (B, h, T_k, d)
-        K, V = kv if kv is not None else self.keys_values(x_kv)
+        K, V = kv if kv is not None else self.keys_values(x_q if x_kv is None else x_kv)
         B, Tk = K.shape[0], K.shape[2]
         G = R // B                                                    # query rows per key row
         Qg = Q.view(B, G, self.h, Tq, self.d)

@@ -188,7 +188,7 @@ def inter_attention_spread(model: SpatialTransformer, feats: torch.Tensor, capti
 @dataclass
 class SSAParams(SSAConfig, RunConfig):
     "The spatial self-attention chapter's parameters: the run's (`RunConfig`), then the model's (`SSAConfig`)."
-    lr: float = 3e-4                    # Adam's learning rate (§3: l = 0.0003)
+    lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
     d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
     max_words: int = 14                 # train on captions of at most this many words (§3); 0: all
@@ -214,6 +214,7 @@ SSA = register_chapter(Chapter(
     train={"batch_order": "image", "lr_gamma": 1.0},                        # Adam at a fixed rate (§3)
     label=lambda p: f"Transformer, τ {p.tau}",
     figure=lambda p: f"fig_ssa_{p.tau}_attention.png",
+    check=lambda p: check_int("max_words", p.max_words, lo=0),
     measure=ssa_measure,
     encoder="vgg11",
     tables={"Table 1": ssa_table1},

@@ -360,13 +360,14 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     from capbook.metrics import evaluate
     from capbook.viz import attention_figure
     ch = chapter(notebook)
-    p = ch.resolve(namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace))
+    given = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
+    p = ch.resolve(given)                         # the profile's sizes where the parameters leave None
     RunConfig.check(p)
     if ch.check: ch.check(p)
     name = ch.model(p)
     hp = model_hparams(name, p)
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
-    run = start_run(notebook, dataclasses.asdict(p))
+    run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
     encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
     prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device,
                    weights=p.weights)

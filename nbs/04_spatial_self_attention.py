@@ -338,7 +338,7 @@ assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # unifo
 @dataclass
 class SSAParams(SSAConfig, RunConfig):
     "The spatial self-attention chapter's parameters: the run's (`RunConfig`), then the model's (`SSAConfig`)."
-    lr: float = 3e-4                    # Adam's learning rate (§3: l = 0.0003)
+    lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
     d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
     max_words: int = 14                 # train on captions of at most this many words (§3); 0: all
@@ -364,6 +364,7 @@ SSA = register_chapter(Chapter(
     train={"batch_order": "image", "lr_gamma": 1.0},                        # Adam at a fixed rate (§3)
     label=lambda p: f"Transformer, τ {p.tau}",
     figure=lambda p: f"fig_ssa_{p.tau}_attention.png",
+    check=lambda p: check_int("max_words", p.max_words, lo=0),
     measure=ssa_measure,
     encoder="vgg11",
     tables={"Table 1": ssa_table1},
@@ -387,7 +388,7 @@ weights = 'imagenet'  # real data: the encoder's weights, imagenet | random | /p
 seed = 0
 epochs = None         # None: the chapter's default for the profile
 batch_size = 64       # captions per training step
-lr = 0.0003           # Adam's learning rate (§3: l = 0.0003)
+lr = 0.0003           # Adam's learning rate, the paper's l (§3)
 beam_size = 3         # beam of the validation and test decodes
 device = 'auto'       # auto | cpu | cuda | cuda:N
 run_dir = None        # set by `capbook book`; None: runs/<profile>/adhoc/...

@@ -194,7 +194,7 @@ display(IPImage(filename=str(fig2)))
 # %%
 names = {("ssa", ""): "Transformer, τ paper", ("ssa", "tau-standard"): "Transformer, τ standard",
          ("sat", ""): "Show-Attend-Tell soft (LSTM)", ("sat", "hard"): "Show-Attend-Tell hard (LSTM)",
-         ("spca", ""): f"SPCA {recs['spca', '']['params'].get('structure', '')} (LSTM)"}
+         ("spca", ""): f"SPCA {recs['spca', '']['params'].get('structure', '').replace('||', '‖')} (LSTM)"}
 att = pd.DataFrame([{"model": names[k], **{c: results_row(recs[k]["metrics"]).get(c) for c in ("att. mass", "att. hit", "F1 all", "CIDEr")},
                      "uniform mass": 100 * recs[k]["metrics"].get("attention", {}).get("mass_uniform", np.nan),
                      "words scored": recs[k]["metrics"].get("attention", {}).get("n")} for k in names])

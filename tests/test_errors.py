@@ -143,6 +143,11 @@ FUZZ = {
                                kernel=[1, 3, 5], reduction=[2, 8], map_size=[4, 7], beam_size=[1, 2],
                                batch_size=[7, 32]),
                     valid=lambda c: not (c["decoder"] == "1d" and c["structure"] == "none")),
+    "04_spatial_self_attention": dict(space=dict(tau=["paper", "standard"], heads=[2, 4, 8], d_model=[None, 32, 64],
+                                                 d_hidden=[None, 48], enc_layers=[1, 2], dec_layers=[1, 4],
+                                                 dropout=[0.0, 0.1], max_words=[0, 8, 14], beam_size=[1, 3],
+                                                 batch_size=[7, 64]),
+                                      valid=lambda c: c["d_model"] is None or c["d_model"] % c["heads"] == 0),
 }
 
 
