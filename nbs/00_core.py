@@ -332,8 +332,8 @@ import capbook.core as _core                          # the installed module (a 
 assert len(_core.package_hash()) == 12 and set(_core.code_version()) == {"package", "commit", "dirty"}
 _old = os.environ.get("CAPBOOK_DATA"); os.environ["CAPBOOK_DATA"] = str(_d)      # a private digest cache
 _f = _d / "img.bin"; _f.write_bytes(b"one")
-_h1 = file_digest(_f); _f.write_bytes(b"two")                                   # same name and size, new content
-assert _h1 == hashlib.sha256(b"one").hexdigest()[:16] != file_digest(_f) == file_digests([_f])[0]
+_h1 = _core.file_digest(_f); _f.write_bytes(b"two")                             # same name and size, new content
+assert _h1 == hashlib.sha256(b"one").hexdigest()[:16] != _core.file_digest(_f) == _core.file_digests([_f])[0]
 assert str(_f) in load_json(_d / "digests.json")
 if _old is None: del os.environ["CAPBOOK_DATA"]
 else: os.environ["CAPBOOK_DATA"] = _old
