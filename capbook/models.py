@@ -55,12 +55,13 @@ class CaptionModel(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
 def unroll(step: Callable, xs: torch.Tensor, memory: dict, state: dict) -> dict:
-    "Run `step(xs[:, t], memory, state)` for every t: logits (B, T, V) and every extra stacked (B, T, ...)."
+    "Run `step(xs[:, t], memory, state)` for every t: logits (B, T, V) and every extra stacked (B, T, ...); an extra a step gives as None (an attention without that part) is left out."
     logits, extras = [], {}
     for t in range(xs.shape[1]):
         lg, state, aux = step(xs[:, t], memory, state)
         logits.append(lg)
-        for k, v in aux.items(): extras.setdefault(k, []).append(v)
+        for k, v in aux.items():
+            if v is not None: extras.setdefault(k, []).append(v)
     return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
 
 def check_inputs(model: CaptionModel, batch: Mapping[str, Any]) -> None:
