@@ -107,3 +107,11 @@ def test_latent2d_step_matches_equations():
         assert torch.allclose(st["C"], Cn, atol=1e-6) and torch.allclose(st["H"], Hn, atol=1e-6)
         assert torch.allclose(logits, Hn.mean((2, 3)) @ m.out.weight.T + m.out.bias, atol=1e-6)
         assert ("alpha" in aux) == (name == "lstm2d_spca") and m.att_grid == (2, 2)
+
+
+def test_1d_decoder_with_channel_only_spca_teacher_forces():
+    "Channel-only SPCA gives no spatial map: teacher forcing leaves that extra out instead of stacking None (fuzz seed 9419)."
+    torch.manual_seed(0)
+    m = build("lstm1d_spca", 12, 4, (3, 3), structure="C", reduction=2).eval()
+    out = m({"feats": torch.randn(2, 9, 4), "caps": torch.randint(4, 12, (2, 5))})
+    assert out["logits"].shape == (2, 4, 12) and out.get("alpha") is None
