@@ -3,7 +3,7 @@ import itertools, json
 import numpy as np
 import pytest
 import torch
-from capbook.attributes import (AttributeConfig, MILDetector, attribute_labels, attributes_for, average_precision,
+from capbook.attributes import (AttributeConfig, attribute_labels, attributes_for, average_precision,
                                 content_words, keep_attributes, mil_loss, noisy_or, train_detector)
 from capbook.core import CapbookError
 from capbook.decode import beam_search, sample
