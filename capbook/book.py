@@ -13,9 +13,9 @@ from .core import CapbookError, error_line, io_error, load_json, os_error_line, 
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
-__all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'sync_parameters',
-           'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish', 'run_book', 'bench',
-           'train_cli', 'main']
+__all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
+           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish',
+           'run_book', 'bench', 'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -73,6 +73,18 @@ def step_record(profile: str, step: Step) -> dict:
 def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
     "The plan's runs of one chapter, by tag."
     return {s.tag: s for s in plan(profile) if s.notebook == notebook}
+
+def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
+    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
+    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
+             if tags is None or t in tags}
+    recs = {k: step_record(profile, s) for k, s in steps.items()}
+    first = next(iter(recs))
+    other = [s.name for k, s in steps.items() if recs[k]["data"]["fingerprint"] != recs[first]["data"]["fingerprint"]]
+    if other:
+        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
+                           f"run `capbook book --profile {profile}` again")
+    return steps, recs
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)

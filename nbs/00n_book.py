@@ -107,6 +107,18 @@ def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
     "The plan's runs of one chapter, by tag."
     return {s.tag: s for s in plan(profile) if s.notebook == notebook}
 
+def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
+    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
+    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
+             if tags is None or t in tags}
+    recs = {k: step_record(profile, s) for k, s in steps.items()}
+    first = next(iter(recs))
+    other = [s.name for k, s in steps.items() if recs[k]["data"]["fingerprint"] != recs[first]["data"]["fingerprint"]]
+    if other:
+        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
+                           f"run `capbook book --profile {profile}` again")
+    return steps, recs
+
 
 # %% [markdown]
 # The smoke plan: every notebook, the index first; Show-Attend-Tell's six runs and SPCA's nine, by tag.

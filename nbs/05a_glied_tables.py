@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.core import CapbookError, load_torch
+from capbook.core import load_torch
 from capbook.runner import start_run, read_params
-from capbook.book import chapter_steps, step_record
+from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import glied_table2, GLIED_ABSTRACT_CIDER, GLIED_TABLE4_CLAIMS
@@ -49,15 +49,9 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
 run = start_run("05a_glied_tables", read_params(["profile", "run_dir"], globals()))
-steps = {("glied", t): s for t, s in chapter_steps(profile, "05_glied").items()}
-steps |= {("sat", t): s for t, s in chapter_steps(profile, "02_show_attend_tell").items() if t in ("", "none")}
-recs = {k: step_record(profile, s) for k, s in steps.items()}
+steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_show_attend_tell", ("", "none"))})
 p0 = recs["glied", ""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
-same = {k: r["data"]["fingerprint"] == recs["glied", ""]["data"]["fingerprint"] for k, r in recs.items()}
-if not all(same.values()):
-    raise CapbookError(f"runs {[s.name for k, s in steps.items() if not same[k]]} were trained on other data than "
-                       f"{steps['glied', ''].name}: run `capbook book --profile {profile}` again")
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "variant": recs[k].get("figure3", {}).get("variant", ""),
                "record": recs[k]["_dir"], "data": recs[k]["data"]["fingerprint"]} for k, s in steps.items()])
 
