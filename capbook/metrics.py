@@ -196,14 +196,23 @@ class CiderD:
     def score(self, cands: list, refs: list[list], chunk: int = 512) -> np.ndarray:
         "CIDEr-D of each candidate (words or ids) against its references (lists of words or ids): (len(cands),)."
         out = np.zeros(len(cands))
-        for s in range(0, len(cands), chunk): out[s:s + chunk] = self._score([self.ids(c) for c in cands[s:s + chunk]],
-                                                                           [[self.ids(r) for r in rs] for rs in refs[s:s + chunk]])
+        for s in range(0, len(cands), chunk):
+            # reference sets given as the same list object (an image's, repeated for its samples) are converted once
+            sets, which = {}, []
+            for rs in refs[s:s + chunk]: which.append(sets.setdefault(id(rs), (len(sets), rs))[0])
+            out[s:s + chunk] = self._score([self.ids(c) for c in cands[s:s + chunk]],
+                                           [[self.ids(r) for r in rs] for _, rs in sets.values()], np.array(which))
         return out
 
-    def _score(self, cands: list[np.ndarray], refs: list[list[np.ndarray]]) -> np.ndarray:
+    def _score(self, cands: list[np.ndarray], sets: list[list[np.ndarray]], which: np.ndarray) -> np.ndarray:
+        "Candidates, the distinct reference sets, and the set of each candidate."
         R, n = len(cands), self.n
-        flat = [r for rs in refs for r in rs]
-        owner = np.repeat(np.arange(R), [len(rs) for rs in refs])                 # candidate of each reference: (S,)
+        flat = [r for rs in sets for r in rs]
+        first = np.cumsum([0] + [len(rs) for rs in sets])                         # each set's first reference
+        m = np.array([len(sets[w]) for w in which])                               # references per candidate: (R,)
+        # every (candidate, reference) pair: P = sum_i m_i
+        pc = np.repeat(np.arange(R), m)
+        ps = first[which][pc] + np.arange(len(pc)) - np.repeat(np.cumsum(m) - m, m)
         ci, cc, co = self._windows(cands)
         ri, rc, ro = self._windows(flat)
         # the batch's n-grams numbered densely: u (U,), and each n-gram's order
@@ -213,24 +222,31 @@ class CiderD:
         df = np.where(self.df_codes[look] == u, self.df[look], 0) if len(self.df_codes) else np.zeros(len(u))
         # idf(w) = log N - log max(1, df(w)): (U,)
         idf = self.log_n - np.log(np.maximum(1.0, df))
-        U, onehot = len(u), np.eye(n)[order]                                      # (U, n)
-        # g(c) = tf * idf, g(s) = tf * idf: (R, U), (S, U)
-        gc = np.bincount(ci * U + inv[:len(cc)], minlength=R * U).reshape(R, U) * idf
+        U = len(u)
+        # g(s) = tf * idf for the references, dense: (S, U); ||g^n(s)||: (S, n)
         gs = np.bincount(ri * U + inv[len(cc):], minlength=len(flat) * U).reshape(len(flat), U) * idf
-        # ||g^n||: (R, n), (S, n)
-        nc, ns = np.sqrt((gc ** 2) @ onehot), np.sqrt((gs ** 2) @ onehot)
-        # min(g^n(c), g^n(s)) . g^n(s) for each (candidate, its reference) pair: (S, n)
-        dot = (np.minimum(gc[owner], gs) * gs) @ onehot
-        den = nc[owner] * ns
+        ns = np.sqrt((gs ** 2) @ np.eye(n)[order])
+        # g(c) = tf * idf for the candidates, sparse: entries (candidate e_i, n-gram e_u, weight g); ||g^n(c)||: (R, n)
+        key, tf = np.unique(ci * U + inv[:len(cc)], return_counts=True)
+        e_i, e_u = key // U, key % U
+        g = tf * idf[e_u]
+        nc = np.sqrt(np.bincount(e_i * n + order[e_u], weights=g ** 2, minlength=R * n).reshape(R, n))
+        # min(g^n(c), g^n(s)) . g^n(s) summed over the candidate's n-grams, for each of its pairs: (P, n)
+        pstart = np.cumsum(m) - m
+        rep = m[e_i]
+        e = np.repeat(np.arange(len(e_i)), rep)
+        pair = pstart[e_i][e] + np.arange(len(e)) - np.repeat(np.cumsum(rep) - rep, rep)
+        w = gs[ps[pair], e_u[e]]
+        dot = np.bincount(pair * n + order[e_u[e]], weights=np.minimum(g[e], w) * w, minlength=len(pc) * n).reshape(-1, n)
+        den = nc[pc] * ns[ps]
         val = np.where(den > 0, dot / np.where(den > 0, den, 1), dot)
-        # the length penalty, lengths in bigrams as pycocoevalcap counts them: (S,)
-        lc = np.array([max(len(c) - 1, 0) for c in cands])[owner]
-        ls = np.array([max(len(r) - 1, 0) for r in flat])
+        # the length penalty, lengths in bigrams as pycocoevalcap counts them: (P,)
+        lc = np.array([max(len(c) - 1, 0) for c in cands])[pc]
+        ls = np.array([max(len(r) - 1, 0) for r in flat])[ps]
         val = val * np.exp(-((lc - ls) ** 2) / (2 * self.sigma ** 2))[:, None]
         # 10/m sum_j over each candidate's m references, mean over the orders: (R,)
-        per = np.zeros((R, n)); np.add.at(per, owner, val)
-        m = np.maximum(np.bincount(owner, minlength=R), 1)
-        return 10.0 * per.mean(1) / m
+        per = np.zeros((R, n)); np.add.at(per, pc, val)
+        return 10.0 * per.mean(1) / np.maximum(m, 1)
 
 # %% ../nbs/00j_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
