@@ -46,10 +46,10 @@ class CrossModal(nn.Module):
         super().__init__()
         self.H, self.g = MultiHeadAttention(d, 1, tau="standard", dropout=dropout), Sublayer(d, dropout)
 
-    def forward(self, q, I_kv, A_kv=None, A_mask=None):
-        "Queries q (R, T, d); keys/values of the regions (B, 1, L, d) and attributes (B, 1, K, d) -> c (R, T, d), weights (R, T, L), (R, T, K)."
+    def forward(self, q, I_kv, A_kv=None, A_mask=None, I_mask=None):
+        "Queries q (R, T, d); keys/values of the regions (B, 1, L, d) and attributes (B, 1, K, d), their masks (B, 1, 1, L|K) -> c (R, T, d), weights (R, T, L), (R, T, K)."
         # H_v(q, I, I): (R, T, d), weights (R, 1, T, L)
-        v, wv = self.H(q, kv=I_kv)
+        v, wv = self.H(q, kv=I_kv, mask=I_mask)
         if A_kv is None: return self.g(v, q), wv[:, 0], None
         # H_a(q, A, A) with H_a = H_v: (R, T, d), weights (R, 1, T, K)
         a, wa = self.H(q, kv=A_kv, mask=A_mask)
@@ -92,6 +92,7 @@ class GLIEDConfig:
 class GLIED(CaptionModel):
     "The cross-modal base model (Eq. 3–6) with global visual (Eq. 7), global attribute (Eq. 8–10) and local (Eq. 11) distilling."
     inputs = ("feats", "attrs")
+    region_masks = True                                           # bottom-up regions: a variable number per image
 
     def __init__(self, cfg: GLIEDConfig, vocab_size: int, feat_dim: int, grid: tuple[int, int]):
         super().__init__(vocab_size)
@@ -116,8 +117,8 @@ class GLIED(CaptionModel):
             raise ValueError(f"caption of {start + T} positions: max_positions is {self.cfg.max_positions}")
         return self.drop(self.W_E(self.E(tokens)) + self.pe[start:start + T])
 
-    def encode(self, feats: torch.Tensor, attrs: torch.Tensor) -> dict:
-        "Regions (B, L, D) and attribute ids (B, K) -> the keys and values every attention of the decoder reads, per image."
+    def encode(self, feats: torch.Tensor, attrs: torch.Tensor, feat_mask: torch.Tensor | None = None) -> dict:
+        "Regions (B, L, D) (with `feat_mask` (B, L) when their number varies) and attribute ids (B, K) -> the keys and values every attention of the decoder reads, per image."
         self.encoder_passes += len(feats)
         cfg = self.cfg
         # I = dropout(ReLU(W_I v)): (B, L, d)
@@ -125,10 +126,12 @@ class GLIED(CaptionModel):
         # A = W_E E a, a set (no positions): (B, K, d); padding (no attribute) masked: (B, 1, 1, K)
         A = self.drop(self.W_E(self.E(attrs)))
         mem = {"A_mask": (attrs != self.pad)[:, None, None]}
+        I_mask = None if feat_mask is None else feat_mask.bool()[:, None, None]        # real regions: (B, 1, 1, L)
+        if I_mask is not None: mem["I_mask"] = I_mask
         src = I
         if cfg.global_visual:
             # I~ = G(H_vd(I, I, I), I) (Eq. 7): (B, L, d)
-            It = self.g_vd(self.H_vd(I)[0], I)
+            It = self.g_vd(self.H_vd(I, mask=I_mask)[0], I)
             # I~ <- G(G(F(I~), I~), I), the post-processing of Eq. 5
             src = self.post_vd(It, I)
         put = lambda name, kv: mem.update({f"k_{name}": kv[0], f"v_{name}": kv[1]})
@@ -152,12 +155,12 @@ class GLIED(CaptionModel):
         # x~ = G(H_x(x, X, X), x) (Eq. 3), or G(H_x(t~, T~, T~), t~) (Eq. 9): (R, T, d)
         xt = self.g_x(self.H_x(q, kv=(K, V), mask=mask)[0], q)
         # c = G(H_v(x~, I, I) + H_a(x~, A, A), x~) (Eq. 4), or c_g = G(H_v(x~, I~, I~), x~) (Eq. 10)
-        c, w["v"], w["a"] = self.cross(xt, kv("v"), kv("a"), mem["A_mask"])
+        c, w["v"], w["a"] = self.cross(xt, kv("v"), kv("a"), mem["A_mask"], mem.get("I_mask"))
         # c~ = G(G(F(c), c), x) (Eq. 5)
         c = self.post(c, x)
         if cfg.local:
             # c_l = G(H_vl(c~_g, I, I) + H_al(c~_g, A, A), c~_g) (Eq. 11)
-            cl, w["vl"], w["al"] = self.local(c, kv("vl"), kv("al"), mem["A_mask"])
+            cl, w["vl"], w["al"] = self.local(c, kv("vl"), kv("al"), mem["A_mask"], mem.get("I_mask"))
             # c~_l = G(G(F(c_l), c_l), c~_g)
             c = self.post_l(cl, c)
         # y ~ softmax(W_C c~) (Eq. 6): logits (R, T, V)
@@ -169,7 +172,7 @@ class GLIED(CaptionModel):
         return {"alpha": v, "alpha_attr": a}
 
     def init_state(self, batch):
-        mem = self.encode(batch["feats"], batch["attrs"])
+        mem = self.encode(batch["feats"], batch["attrs"], batch.get("feat_mask"))
         B, h, dk = len(batch["feats"]), self.cfg.heads, self.cfg.d_model // self.cfg.heads
         empty = batch["feats"].new_zeros(B, h, 0, dk)
         return mem, {"sk": empty, "sv": empty}
@@ -181,12 +184,12 @@ class GLIED(CaptionModel):
 
     def teacher_forcing(self, batch):
         caps = batch["caps"][:, :-1]                              # <start> w_1 ... : (N, T)
-        feats, attrs, img = batch["feats"], batch["attrs"], batch.get("img")
+        feats, attrs, fm, img = batch["feats"], batch["attrs"], batch.get("feat_mask"), batch.get("img")
         if img is not None:                                       # one encoder pass per image, gathered per caption
             u, inv = torch.unique(img, return_inverse=True)
             first = torch.zeros(len(u), dtype=torch.long, device=img.device).scatter_(0, inv, torch.arange(len(img), device=img.device))
-            mem = {k: v[inv] for k, v in self.encode(feats[first], attrs[first]).items()}
-        else: mem = self.encode(feats, attrs)
+            mem = {k: v[inv] for k, v in self.encode(feats[first], attrs[first], None if fm is None else fm[first]).items()}
+        else: mem = self.encode(feats, attrs, fm)
         T = caps.shape[1]
         mask = torch.ones(T, T, dtype=torch.bool, device=caps.device).tril()   # word t sees words <= t
         logits, w, _ = self.decode(self.embed(caps, 0), mem, mask=mask)

@@ -83,6 +83,7 @@ class RunConfig:
     data_path: str | None = None    # folder with dataset_<name>.json and its images (real datasets)
     encoder: str | None = None      # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
     weights: str = "imagenet"       # real data: the encoder's weights, imagenet | random | /path/file.pth
+    regions: str | None = None      # real data: folder of precomputed region features (<image>.npy, N x D) instead of a grid
     seed: int = 0
     epochs: int | None = None       # None: the chapter's default for the profile
     batch_size: int = _train_default("batch_size")   # captions per training step
@@ -272,7 +273,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
     encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
     prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device,
-                   weights=p.weights)
+                   weights=p.weights, regions=p.regions)
     log(prep.describe())
     inputs = ch.inputs(prep, p, log) if ch.inputs else {}      # per-image inputs besides the features (attributes)
     seed_everything(p.seed)
@@ -308,7 +309,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **({"stages": stages} if stages else {}), **inputs, **extra)
-    if ev["captions"] and ev["captions"][0].alpha is not None:
+    if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
         i = figure_pick(ev, prep.gt)
         ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
                                         "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))

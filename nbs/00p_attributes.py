@@ -104,16 +104,17 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     # each branch sees safe inputs only, so the branch torch.where discards has a finite gradient too
     return torch.where(near, torch.log(-torch.expm1(torch.where(near, x, ln2))), torch.log1p(-torch.exp(torch.where(near, ln2, x))))
 
-def noisy_or(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "Region logits z (B, L, W) -> (log p_i, log(1 - p_i)), each (B, W), with p_i = 1 - prod_j (1 - sigmoid(z_ij))."
+def noisy_or(z: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Region logits z (B, L, W) -> (log p_i, log(1 - p_i)), each (B, W), with p_i = 1 - prod_j (1 - sigmoid(z_ij)) over the real regions (`mask` (B, L))."
+    sp = F.softplus(z) if mask is None else F.softplus(z) * mask[..., None]
     # log(1 - p_i) = sum_j log(1 - sigma(z_ij)) = -sum_j softplus(z_ij): (B, W)
-    log_not = -F.softplus(z).sum(1)
+    log_not = -sp.sum(1)
     # log p_i = log(1 - exp(log(1 - p_i))): (B, W)
     return log1mexp(log_not), log_not
 
-def mil_loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def mil_loss(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     "Binary cross-entropy of the noisy-OR image probabilities against weak labels y (B, W), mean over words and images."
-    log_p, log_not = noisy_or(z)
+    log_p, log_not = noisy_or(z, mask)
     # -[y log p_i + (1 - y) log(1 - p_i)]
     return -(y * log_p + (1 - y) * log_not).mean()
 
@@ -174,9 +175,9 @@ class MILDetector(nn.Module):
         return self.net(feats)
 
     @torch.no_grad()
-    def probs(self, feats: torch.Tensor) -> torch.Tensor:
-        "p_i = 1 - prod_j (1 - p_ij): (B, W)."
-        return noisy_or(self(feats))[0].exp()
+    def probs(self, feats: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        "p_i = 1 - prod_j (1 - p_ij) over the (real) regions: (B, W)."
+        return noisy_or(self(feats), mask)[0].exp()
 
 # %% [markdown]
 # ## Training and what it is worth
@@ -202,15 +203,19 @@ def _batches(n: int, size: int, rng: np.random.Generator | None = None):
     idx = rng.permutation(n) if rng is not None else np.arange(n)
     for s in range(0, n, size): yield np.sort(idx[s:s + size])
 
-def detect(det: MILDetector, feats: np.ndarray, batch_size: int = 128, device="cpu") -> np.ndarray:
-    "Image probabilities p_i (N, W) of every image of a feature store."
+def _rows(a: np.ndarray | None, i: np.ndarray, device, dtype=torch.float32) -> torch.Tensor | None:
+    return None if a is None else torch.as_tensor(np.asarray(a[i]), dtype=dtype, device=device)
+
+def detect(det: MILDetector, feats: np.ndarray, mask: np.ndarray | None = None, batch_size: int = 128, device="cpu") -> np.ndarray:
+    "Image probabilities p_i (N, W) of every image of a feature store (`mask` (N, L): its real regions)."
     det.eval()
-    return np.concatenate([det.probs(torch.as_tensor(np.asarray(feats[i]), dtype=torch.float32, device=device)).cpu().numpy()
+    return np.concatenate([det.probs(_rows(feats, i, device), _rows(mask, i, device)).cpu().numpy()
                            for i in _batches(len(feats), batch_size)] or [np.zeros((0, det.net[-1].out_features), np.float32)])
 
 def train_detector(feats: np.ndarray, labels: np.ndarray, val_feats: np.ndarray, val_labels: np.ndarray,
-                   cfg: AttributeConfig, device="cpu", log: Callable[[str], None] = print) -> tuple[MILDetector, list[dict]]:
-    "Train a `MILDetector` on (N, L, D) features and (N, W) weak labels; keep the epoch of best validation mAP."
+                   cfg: AttributeConfig, device="cpu", log: Callable[[str], None] = print,
+                   mask: np.ndarray | None = None, val_mask: np.ndarray | None = None) -> tuple[MILDetector, list[dict]]:
+    "Train a `MILDetector` on (N, L, D) features (real regions `mask` (N, L)) and (N, W) weak labels; keep the epoch of best validation mAP."
     seed_everything(cfg.seed)
     det = MILDetector(feats.shape[-1], labels.shape[1], cfg.hidden, cfg.dropout).to(device)
     opt = torch.optim.Adam(det.parameters(), lr=cfg.lr)
@@ -218,11 +223,10 @@ def train_detector(feats: np.ndarray, labels: np.ndarray, val_feats: np.ndarray,
     for epoch in range(cfg.epochs):
         det.train(); tot, n, t0 = 0.0, 0, time.time()
         for i in _batches(len(feats), cfg.batch_size, rng):
-            x = torch.as_tensor(np.asarray(feats[i]), dtype=torch.float32, device=device)
-            loss = mil_loss(det(x), torch.as_tensor(labels[i], device=device))
+            loss = mil_loss(det(_rows(feats, i, device)), torch.as_tensor(labels[i], device=device), _rows(mask, i, device))
             opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
             tot, n = tot + loss.item() * len(i), n + len(i)
-        m_ap = float(np.nanmean(average_precision(detect(det, val_feats, device=device), val_labels)))
+        m_ap = float(np.nanmean(average_precision(detect(det, val_feats, val_mask, device=device), val_labels)))
         history.append({"epoch": epoch, "loss": tot / n, "val mAP": m_ap, "s": time.time() - t0})
         if m_ap > best[0]: best = (m_ap, {k: v.detach().clone() for k, v in det.state_dict().items()})
     log(f"attribute detector: {cfg.epochs} epochs, best validation mAP {best[0]:.3f} "
@@ -293,11 +297,13 @@ def attributes_for(prep, cfg: AttributeConfig | None = None, device="cpu", log: 
     words = content_words(prep.train.refs, prep.vocab.stoi, cfg.n_words)
     word_ids = np.array([prep.vocab.stoi[w] for w in words])
     labels = {s: attribute_labels(prep.split(s).refs, words) for s in ("train", "val", "test")}
-    det, history = train_detector(prep.train.feats, labels["train"], prep.val.feats, labels["val"], cfg, device, log)
-    keep = cfg.keep or prep.feat_shape[0]                            # as many as there are image regions (§4.2)
+    mask = {s: prep.split(s).inputs.get("feat_mask") for s in ("train", "val", "test")}     # bottom-up regions
+    det, history = train_detector(prep.train.feats, labels["train"], prep.val.feats, labels["val"], cfg, device, log,
+                                  mask["train"], mask["val"])
+    keep = cfg.keep or prep.feat_shape[0]            # as many as there are image regions (§4.2; the most, for bottom-up)
     ids, scores = {}, {}
     for s in ("train", "val", "test"):
-        p = detect(det, prep.split(s).feats, device=device)
+        p = detect(det, prep.split(s).feats, mask[s], device=device)
         ids[s] = keep_attributes(p, word_ids, keep, cfg.threshold)
         scores[s] = {"mAP": float(np.nanmean(average_precision(p, labels[s]))), **kept_scores(ids[s], word_ids, labels[s])}
     scores["train_s"] = time.time() - t0

@@ -387,6 +387,7 @@ dataset = 'shapes'        # shapes | coco | flickr8k | flickr30k
 data_path = None          # folder with dataset_<name>.json and its images (real datasets)
 encoder = None            # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
 weights = 'imagenet'      # real data: the encoder's weights, imagenet | random | /path/file.pth
+regions = None            # real data: folder of precomputed region features (<image>.npy, N x D) instead of a grid
 seed = 0
 epochs = None             # None: the chapter's default for the profile
 batch_size = 64           # captions per training step

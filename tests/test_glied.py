@@ -1,5 +1,6 @@
 "GLIED: the MIL attribute detector (noisy-OR and its gradient), Eq. 3-11 against a direct computation, incremental = parallel decoding, one image pass per image, the chapter end to end with self-critical training."
 import itertools, json
+from pathlib import Path
 import numpy as np
 import pytest
 import torch
@@ -152,3 +153,56 @@ def test_chapter_trains_then_self_critically_and_records_both_stages(smoke, tmp_
     assert rec["metrics"] == rec["stages"]["scst"]["metrics"] and r.record["timings"]["train_s"] > rec["stages"]["xe"]["train_s"]
     with pytest.raises(CapbookError, match="parameter scst_baseline='best' is invalid"):
         run_chapter("05_glied", GLIEDParams(profile="smoke", scst_baseline="best"), log=lambda s: None)
+
+
+# --- bottom-up regions: a variable number per image, through the feature store -----------------------------------
+
+def _region_set(tmp_path):
+    from photos import IMAGES, make_photo_set
+    root = make_photo_set(tmp_path / "photos", "coco")
+    folder, rng = tmp_path / "bu", np.random.default_rng(0)
+    folder.mkdir()
+    counts = {}
+    for i, (fn, *_rest) in enumerate(IMAGES):
+        n = int(rng.integers(2, 7)); counts[fn] = n
+        a = rng.normal(size=(n, 16)).astype(np.float32)
+        if i % 2: np.savez(folder / f"{Path(fn).stem}.npz", feat=a)       # both layouts of the distributed files
+        else: np.save(folder / f"{Path(fn).stem}.npy", a)
+    return root, folder, counts
+
+
+def test_bottom_up_regions_are_padded_masked_and_read_only_by_models_that_mask(tmp_path, home):
+    from capbook.prepare import prepare
+    from capbook.train import TrainConfig, fit
+    from capbook.decode import decode_split
+    root, folder, counts = _region_set(tmp_path)
+    prep = prepare("coco", data_path=root, regions=folder, min_count=1)
+    n_max = max(counts.values())
+    assert prep.feat_shape == (n_max, 16) and prep.encoder.startswith("regions-")
+    for s in ("train", "val", "test"):
+        d = prep.split(s)
+        assert d.inputs["feat_mask"].sum(1).tolist() == [counts[k] for k in d.keys]
+        assert np.all(np.asarray(d.feats)[~d.inputs["feat_mask"]] == 0)                # padding is zeros
+    k0 = prep.train.keys[0]
+    stem = Path(k0).stem
+    ref = np.load(folder / f"{stem}.npy") if (folder / f"{stem}.npy").exists() else np.load(folder / f"{stem}.npz")["feat"]
+    assert np.allclose(np.asarray(prep.train.feats[0])[:counts[k0]], ref, atol=1e-2)     # float16 store
+    prep.split("train").with_inputs(attrs=np.full((prep.train.n_images, 2), 4))
+    for s in ("val", "test"): prep.split(s).with_inputs(attrs=np.full((prep.split(s).n_images, 2), 4))
+    m = build("glied", len(prep.vocab), 16, prep.grid, d_embed=8, d_model=16, heads=2, d_hidden=16)
+    fit(m, prep, TrainConfig(epochs=1, progress=False, max_len=prep.max_len, batch_size=4), tmp_path / "ck", log=lambda s: None)
+    caps = decode_split(m, prep.test, beam_size=2, max_len=5)
+    for c, k in zip(caps, prep.test.keys):
+        assert (c.alpha[:, counts[k]:] == 0).all()                                  # no attention on padding
+    soft = build("sat_soft", len(prep.vocab), 16, prep.grid, emb_dim=8, hidden_dim=8, att_dim=8)
+    with pytest.raises(CapbookError, match="cannot read a variable number of regions"):
+        decode_split(soft, prep.test, beam_size=1, max_len=3)
+    again = prepare("coco", data_path=root, regions=folder, min_count=1)                  # cached by content
+    assert again.encoder == prep.encoder
+    one = sorted(folder.glob("*.npy"))[0]
+    np.save(one, np.zeros(3, np.float32))                                               # a malformed file: one line naming it
+    with pytest.raises(CapbookError, match=f"{one}: region features must be a numeric N x D array"):
+        prepare("coco", data_path=root, regions=folder, min_count=1)
+    one.unlink()
+    with pytest.raises(CapbookError, match="no region features for image"):
+        prepare("coco", data_path=root, regions=folder, min_count=1)
