@@ -232,11 +232,12 @@ def direct_glied(m: GLIED, feats: torch.Tensor, attrs: torch.Tensor, caps: torch
 
 # %% ../nbs/05_glied.ipynb
 @torch.no_grad()
-def distilling_weights(model: GLIED, feats: torch.Tensor, attrs: torch.Tensor, tokens: list[int]) -> dict:
+def distilling_weights(model: GLIED, feats: torch.Tensor, attrs: torch.Tensor, tokens: list[int],
+                       feat_mask: torch.Tensor | None = None) -> dict:
     "Attention weights of one image (L, D) with attribute ids (K,) on a caption's tokens (no <start>/<end>): per input position."
     model.eval()
     caps = torch.tensor([[model.start, *tokens]], device=feats.device)
-    mem = model.encode(feats[None], attrs[None])
+    mem = model.encode(feats[None], attrs[None], None if feat_mask is None else feat_mask[None])
     T = caps.shape[1]
     _, w, _ = model.decode(model.embed(caps, 0), mem, mask=torch.ones(T, T, dtype=torch.bool, device=feats.device).tril())
     out = {"final_regions": model._alphas(w)["alpha"][0].cpu(), "final_attrs": model._alphas(w)["alpha_attr"][0].cpu()}
@@ -308,7 +309,9 @@ def glied_measure(r) -> dict:
     test, words = r.prep.test, r.ev["words"][i]
     feats = torch.as_tensor(np.asarray(test.feats[i]), dtype=torch.float32, device=r.device)
     attrs = torch.as_tensor(test.inputs["attrs"][i], device=r.device)
-    dw = distilling_weights(r.model, feats, attrs, r.ev["captions"][i].tokens)
+    fm = test.inputs.get("feat_mask")
+    dw = distilling_weights(r.model, feats, attrs, r.ev["captions"][i].tokens,
+                            None if fm is None else torch.as_tensor(fm[i], device=r.device))
     nouns = {n for s in (*SHAPES, "shape", "object") for n in (s, s + "s")} if r.prep.gt is not None else set()
     t = figure3_step(words, nouns, set(COLOURS) | {"small", "little", "large", "big"})
     attr_words = [r.prep.vocab.itos[a] if a else "—" for a in test.inputs["attrs"][i].tolist()]
