@@ -290,7 +290,7 @@ class GLIEDParams(GLIEDConfig, RunConfig):
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (paper 20, default 3)
     attr_epochs: int | None = None      # the attribute detector's epochs; None: the profile's
     attr_keep: int = 0                  # attributes kept per image; 0: as many as there are regions (§4.2)
-    attr_threshold: float = 0.5         # keep only detections with p >= this (always the first); 0: the paper's fixed count
+    attr_threshold: float = 0.5         # keep detections of probability at least this (always the first); 0: a fixed count as in the paper
 
 def glied_inputs(prep, p, log) -> dict:
     "Detect the attributes (MIL, cached by content) and give every split the `attrs` input; the record keeps the detector's scores."

@@ -58,6 +58,7 @@ from IPython.display import Image as IPImage, display
 from capbook.core import load_torch
 from capbook.runner import run_chapter
 
+
 # %% [markdown]
 # ## Two information sources (§3.1)
 #
@@ -123,6 +124,7 @@ class CrossModal(nn.Module):
         a, wa = self.H(q, kv=A_kv, mask=A_mask)
         # c = G(H_v(q, I, I) + H_a(q, A, A), q)
         return self.g(v + a, q), wv[:, 0], wa[:, 0]
+
 
 # %% [markdown]
 # ## The model
@@ -306,6 +308,7 @@ def glied(cfg: GLIEDConfig, vocab_size, feat_dim, grid):
     "Liu et al. 2019: GLIED, and with its switches off the cross-modal base model (Table 4's rows)."
     return GLIED(cfg, vocab_size, feat_dim, grid)
 
+
 # %% [markdown]
 # The parameter budget: on COCO's 9,487-word vocabulary with 2048-d regions, the base model and GLIED at the sizes of
 # §4.2 have about as many parameters as Table 2 estimates (12.3 M and 18.3 M; the difference is $F$'s unstated hidden
@@ -316,6 +319,7 @@ _n = {v: sum(p.numel() for p in GLIED(GLIEDConfig(global_visual=v, global_attrib
       for v in (False, True)}
 print(f"base {_n[False] / 1e6:.1f} M, GLIED {_n[True] / 1e6:.1f} M parameters")
 assert 11e6 < _n[False] < 14e6 and 17e6 < _n[True] < 21e6
+
 
 # %% [markdown]
 # ## Equation tests
@@ -355,6 +359,7 @@ def direct_glied(m: GLIED, feats: torch.Tensor, attrs: torch.Tensor, caps: torch
         c = F_(m.post_l, cl, c)
     return c @ m.W_C.weight.T + m.W_C.bias                                                             # Eq. 6
 
+
 # %%
 torch.manual_seed(0)
 for _flags in [(False, False, False), (True, True, True), (True, False, False), (False, True, True)]:
@@ -385,6 +390,7 @@ _m({k: v.repeat_interleave(5, 0) for k, v in _b.items()} | {"caps": _caps[:1].re
 assert _m.encoder_passes == 3
 _m.encoder_passes = 0; beam_search(_m, _b, beam_size=3, max_len=6)
 assert _m.encoder_passes == 3
+
 
 # %% [markdown]
 # ## Figure 3: what each distilling step attends to
@@ -451,6 +457,7 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
     save_figure(fig, path); plt.close(fig)
     return path
 
+
 # %% [markdown]
 # ## The chapter's runs
 #
@@ -484,7 +491,7 @@ class GLIEDParams(GLIEDConfig, RunConfig):
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (paper 20, default 3)
     attr_epochs: int | None = None      # the attribute detector's epochs; None: the profile's
     attr_keep: int = 0                  # attributes kept per image; 0: as many as there are regions (§4.2)
-    attr_threshold: float = 0.5         # keep only detections with p >= this (always the first); 0: the paper's fixed count
+    attr_threshold: float = 0.5         # keep detections of probability at least this (always the first); 0: a fixed count as in the paper
 
 def glied_inputs(prep, p, log) -> dict:
     "Detect the attributes (MIL, cached by content) and give every split the `attrs` input; the record keeps the detector's scores."
@@ -573,7 +580,7 @@ local = True              # Eq. 11: local cross-modal distilling over I and A
 max_positions = 64        # longest caption the positional table covers
 attr_epochs = None        # the attribute detector's epochs; None: the profile's
 attr_keep = 0             # attributes kept per image; 0: as many as there are regions (§4.2)
-attr_threshold = 0.5      # keep only detections with p >= this (always the first); 0: the paper's fixed count
+attr_threshold = 0.5      # keep detections of probability at least this (always the first); 0: a fixed count as in the paper
 
 # %%
 r = run_chapter("05_glied", globals())
