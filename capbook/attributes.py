@@ -23,7 +23,7 @@ __all__ = ['STOPWORDS', 'content_words', 'attribute_labels', 'log1mexp', 'noisy_
 # %% ../nbs/00p_attributes.ipynb
 STOPWORDS = frozenset("""
 a an the this that these those some any each every there here it its they them their he she his her we you i
-of to in into onto at by for from with without and or but nor so as than then while is are was were be been being
+of to in on into onto at by for from with without and or but nor so as than then while is are was were be been being
 am do does did has have had having can could will would shall should may might must not no
 up down out off about also just very too
 image picture photo photograph view including
