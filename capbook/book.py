@@ -8,14 +8,15 @@ import argparse, ast, json, os, re, shutil, sys, time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+import numpy as np
 import torch
 from .core import CapbookError, error_line, io_error, load_json, os_error_line, package_hash, runs_dir, save_json, stable_hash
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
-__all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'sync_parameters',
-           'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish', 'run_book', 'bench',
-           'train_cli', 'main']
+__all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
+           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish',
+           'run_book', 'bench', 'cider_bench', 'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -73,6 +74,18 @@ def step_record(profile: str, step: Step) -> dict:
 def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
     "The plan's runs of one chapter, by tag."
     return {s.tag: s for s in plan(profile) if s.notebook == notebook}
+
+def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
+    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
+    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
+             if tags is None or t in tags}
+    recs = {k: step_record(profile, s) for k, s in steps.items()}
+    first = next(iter(recs))
+    other = [s.name for k, s in steps.items() if recs[k]["data"]["fingerprint"] != recs[first]["data"]["fingerprint"]]
+    if other:
+        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
+                           f"run `capbook book --profile {profile}` again")
+    return steps, recs
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -248,13 +261,37 @@ def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     t0 = time.time()
     for i in range(len(feats)): beam_search(model, feats[i:i + 1], 3, prep.max_len)
     loop_ips = len(feats) / (time.time() - t0)
+    cider_ms, coco_ms = cider_bench(prep)
     out = {"profile": profile, "model": "sat_soft", "trained_weights": trained, "device": str(dev),
            "threads": torch.get_num_threads(), "train_captions_per_s": round(train_cps, 1),
            "beam_images_per_s": round(beam_ips, 1), "loop_beam_images_per_s": round(loop_ips, 1),
-           "beam_speedup": round(beam_ips / loop_ips, 1), "n_params": model.n_params}
+           "beam_speedup": round(beam_ips / loop_ips, 1), "n_params": model.n_params,
+           "cider_d_batch_ms": round(cider_ms, 2), "pycocoevalcap_cider_batch_ms": round(coco_ms, 2),
+           "cider_d_speedup": round(coco_ms / cider_ms, 1)}
     log(f"training: {train_cps:.0f} captions/s; beam 3 batched: {beam_ips:.0f} images/s; "
-        f"one image at a time: {loop_ips:.1f} images/s ({beam_ips / loop_ips:.1f}x)")
+        f"one image at a time: {loop_ips:.1f} images/s ({beam_ips / loop_ips:.1f}x); SCST reward of 65 captions: "
+        f"{cider_ms:.1f} ms (pycocoevalcap per batch {coco_ms:.1f} ms, {coco_ms / cider_ms:.1f}x)")
     return out
+
+def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> tuple[float, float]:
+    "Milliseconds per SCST batch of `images` x `samples` captions: capbook's `CiderD` and pycocoevalcap's `Cider`."
+    from capbook.metrics import CiderD
+    from pycocoevalcap.cider.cider import Cider
+    refs, rng = prep.train.refs, np.random.default_rng(0)
+    cd = CiderD(refs, vocab=prep.vocab, end=True)                      # once, as SelfCritical builds it
+    work = []
+    for _ in range(batches):
+        img = rng.choice(len(refs), images, replace=False)
+        cands = [refs[rng.integers(len(refs))][rng.integers(5)] for _ in range(images * samples)]
+        work.append(([np.array([prep.vocab.stoi.get(w, prep.vocab.unk) for w in c]) for c in cands],
+                     [refs[i] for i in img for _ in range(samples)], cands))
+    t0 = time.time()
+    for ids, rs, _ in work: cd.score(ids, rs)
+    ours = (time.time() - t0) / batches * 1000
+    t0 = time.time()
+    for _, rs, cands in work:
+        Cider().compute_score({i: [" ".join(r) for r in x] for i, x in enumerate(rs)}, {i: [" ".join(c)] for i, c in enumerate(cands)})
+    return ours, (time.time() - t0) / batches * 1000
 
 # %% ../nbs/00n_book.ipynb
 def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: int = 0, batch_size: int = 64,

@@ -288,6 +288,10 @@ class CaptionData:
         extra = "".join(f", {k} {tuple(v.shape)}" for k, v in self.inputs.items() if k != "feats")
         return f"CaptionData({self.split!r}: {self.n_images} images, {len(self)} captions, feats {tuple(self.feats.shape)}{extra})"
 
+    def n_kept(self, max_words: int = 0) -> int:
+        "The training captions of at most `max_words` words (0: every caption)."
+        return int((self.words <= max_words).sum()) if max_words else len(self)
+
     def with_inputs(self, **arrays: np.ndarray) -> CaptionData:
         "Add per-image inputs (one row per image, in the split's order); every batch then carries them by name."
         for name, a in arrays.items():

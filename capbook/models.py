@@ -21,6 +21,7 @@ class CaptionModel(nn.Module):
     "Base class of every decoder: implement `init_state` and `step`; teacher forcing and sampling come for free."
     pad, start, end = 0, 1, 2
     inputs: tuple[str, ...] = ("feats",)     # the batch entries the model reads (besides `caps` in training)
+    region_masks: bool = False              # reads `feat_mask` (a variable number of regions per image)
     name: str = ""                          # its registry name, set by `build`
     config: Any = None                      # its config dataclass, set by `build`
 
@@ -70,6 +71,9 @@ def check_inputs(model: CaptionModel, batch: Mapping[str, Any]) -> None:
     if missing:
         raise CapbookError(f"model {model.name or type(model).__name__} needs batch input(s) {', '.join(missing)}; "
                            f"the batch has {', '.join(sorted(batch))} (add per-image inputs with CaptionData.with_inputs)")
+    if "feat_mask" in batch and not model.region_masks:
+        raise CapbookError(f"model {model.name or type(model).__name__} attends over every feature row and cannot read a "
+                           f"variable number of regions (the data's feat_mask): use grid features (no regions parameter)")
 
 def batch_size(model: CaptionModel, batch: Mapping[str, Any]) -> int:
     "The number of images B of a batch: the length of the model's first input."

@@ -9,11 +9,12 @@ import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .models import CaptionModel, spec, token_nll, repeat_batch
+from .core import CapbookError, check_choice
+from .models import CaptionModel, spec, token_nll
 
 # %% auto 0
-__all__ = ['Objective', 'targets', 'CrossEntropy', 'doubly_stochastic', 'DoublyStochastic', 'HardAttentionRule', 'SelfCritical',
-           'objective_for']
+__all__ = ['SCST_BASELINES', 'Objective', 'targets', 'CrossEntropy', 'doubly_stochastic', 'DoublyStochastic', 'HardAttentionRule',
+           'SelfCritical', 'objective_for']
 
 # %% ../nbs/00h_objectives.ipynb
 class Objective(nn.Module):
@@ -107,19 +108,25 @@ class HardAttentionRule(DoublyStochastic):
         return loss, stats
 
 # %% ../nbs/00h_objectives.ipynb
+SCST_BASELINES = ("greedy", "mean")
+
 class SelfCritical(Objective):
-    "SCST: -(r(w^s) - r(greedy)) log p(w^s), r = CIDEr-D against the image's references, `n` samples per image."
-    def __init__(self, vocab, corpus: list[list[list[str]]], n: int = 5, temperature: float = 1.0, max_len: int = 16):
+    "SCST: -(r(w^s) - b) log p(w^s), r = CIDEr-D against the image's references, `n` samples per image, b the greedy caption's reward or the mean of the image's other samples."
+    def __init__(self, vocab, corpus: list[list[list[str]]], n: int = 5, temperature: float = 1.0, max_len: int = 16,
+                 baseline: str = "greedy", end: bool = True, cache=None):
         super().__init__()
         from capbook.metrics import CiderD
-        self.vocab, self.n, self.temperature, self.max_len = vocab, n, temperature, max_len
-        self.cider = CiderD(corpus)
+        check_choice("scst_baseline", baseline, SCST_BASELINES)
+        if baseline == "mean" and n < 2: raise CapbookError(f"scst_baseline='mean' needs at least 2 samples per image, not n={n}")
+        self.vocab, self.n, self.temperature, self.max_len, self.baseline = vocab, n, temperature, max_len, baseline
+        self.cider = CiderD(corpus, vocab=vocab, end=end, cache=cache)      # df of the training references, cached
 
-    def _words(self, tokens: torch.Tensor) -> list[list[str]]:
+    def _ids(self, tokens: torch.Tensor) -> list[np.ndarray]:
+        "Sampled token rows up to (not including) <end> — CiderD appends it when the end token counts."
         out = []
-        for row in tokens.tolist():
-            n = row.index(CaptionModel.end) if CaptionModel.end in row else len(row)
-            out.append(self.vocab.decode(row[:n]))
+        for row in tokens.cpu().numpy():
+            stop = np.flatnonzero(row == CaptionModel.end)
+            out.append(row[:stop[0]] if len(stop) else row)
         return out
 
     def outputs(self, net, batch):
@@ -129,21 +136,27 @@ class SelfCritical(Objective):
         b = {k: v.index_select(0, keep) if isinstance(v, torch.Tensor) else [v[i] for i in first] for k, v in batch.items()}
         was = net.training
         net.eval()
-        with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^: baseline
+        with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^
         net.train(was)
         s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len)      # w^s ~ p(w | I)
-        refs = repeat_batch({"refs": b["refs"]}, self.n)["refs"]
-        r_s = self.cider.score(self._words(s.tokens), refs)                  # r(w^s): (B*n,)
-        r_g = np.repeat(self.cider.score(self._words(greedy.tokens), b["refs"]), self.n)   # r(w^): (B*n,)
+        refs = [[self.cider.ids(r) for r in rs] for rs in b["refs"]]
+        r_g = self.cider.score(self._ids(greedy.tokens), refs)               # r(w^): (B,)
+        r_s = self.cider.score(self._ids(s.tokens), [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
+        if self.baseline == "greedy": base = np.repeat(r_g, self.n)          # b = r(w^) (Rennie et al.)
+        else:
+            # b_i = (sum_j r(w^s_j) - r(w^s_i)) / (n - 1) over the image's other samples
+            per = r_s.reshape(-1, self.n)
+            base = ((per.sum(1, keepdims=True) - per) / (self.n - 1)).reshape(-1)
         dev = s.logprobs.device
-        return {"samples": s, "advantage": torch.tensor(r_s - r_g, dtype=torch.float32, device=dev),
-                "reward": float(r_s.mean()), "greedy_reward": float(r_g.mean())}
+        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.float32, device=dev),
+                "reward": float(r_s.mean()), "baseline": float(base.mean()), "greedy_reward": float(r_g.mean())}
 
     def loss(self, out, batch):
         s = out["samples"]
-        # -(r(w^s) - r(w^)) sum_t log p(w^s_t), per sampled word
+        # -(r(w^s) - b) sum_t log p(w^s_t), per sampled word
         loss = -(out["advantage"][:, None] * s.logprobs * s.mask).sum() / s.mask.sum()
-        return loss, {"scst": loss.item(), "reward": out["reward"], "greedy_reward": out["greedy_reward"]}
+        return loss, {"scst": loss.item(), "reward": out["reward"], "baseline": out["baseline"],
+                      "greedy_reward": out["greedy_reward"]}
 
 # %% ../nbs/00h_objectives.ipynb
 def objective_for(model: CaptionModel) -> Objective:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from .core import CapbookError, check_choice, check_int, io_errors_as_lines, load_json, stable_hash
+from .core import CapbookError, check_choice, check_int, file_digests, io_errors_as_lines, load_json, stable_hash
 from .data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, open_features, read_karpathy,
-                          store_outdated)
+                          store_outdated, write_features)
 from . import encoders, shapes
 
 # %% auto 0
-__all__ = ['DATASETS', 'Prepared', 'prepare', 'inputs_digest']
+__all__ = ['DATASETS', 'Prepared', 'region_files', 'load_regions', 'region_extent', 'write_regions', 'prepare', 'inputs_digest']
 
 # %% ../nbs/00d_prepare.ipynb
 DATASETS = ("shapes", "coco", "flickr8k", "flickr30k")
@@ -50,10 +50,60 @@ class Prepared:
         return [r.path for r in self.kdata.split(split)]
 
 # %% ../nbs/00d_prepare.ipynb
+def region_files(kdata: KarpathyData, folder: str | Path) -> list[Path]:
+    "The region-features file of every image of `kdata`: <stem>.npy|.npz or <numeric id>.npy|.npz in `folder`."
+    import re
+    folder, out = Path(folder), []
+    if not folder.is_dir(): raise CapbookError(f"{folder}: region features folder not found (parameter regions)")
+    for r in kdata.records:
+        stem = Path(r.key).stem
+        m = re.search(r"(\d+)$", stem)
+        names = [stem] + ([str(int(m.group(1)))] if m else [])
+        hit = next((folder / f"{n}{ext}" for n in names for ext in (".npy", ".npz") if (folder / f"{n}{ext}").is_file()), None)
+        if hit is None:
+            raise CapbookError(f"{folder}: no region features for image {r.key} (expected {' or '.join(f'{n}.npy/.npz' for n in names)})")
+        out.append(hit)
+    return out
+
+def load_regions(path: Path) -> np.ndarray:
+    "One image's region features, checked: a finite (N >= 1, D) float array."
+    try:
+        with np.load(path, allow_pickle=False) as z: a = z["feat"] if "feat" in z.files else z[z.files[0]] if len(z.files) == 1 else None
+    except (AttributeError, TypeError):               # a .npy: np.load returns the array itself
+        a = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, KeyError) as e: raise CapbookError(f"{path}: unreadable region features ({e})") from None
+    if a is None: raise CapbookError(f"{path}: an .npz of region features holds its array as 'feat' or alone")
+    a = np.asarray(a)
+    if a.ndim != 2 or a.shape[0] < 1 or not np.issubdtype(a.dtype, np.number):
+        raise CapbookError(f"{path}: region features must be a numeric N x D array with N >= 1, not shape {a.shape}, dtype {a.dtype}")
+    if not np.isfinite(a).all(): raise CapbookError(f"{path}: region features hold NaN or infinite values")
+    return a.astype(np.float32)
+
+def region_extent(files: list[Path]) -> tuple[int, int, dict]:
+    "(longest N, D, each file's N) over the files; one line naming a file whose D differs."
+    d, counts = None, {}
+    for f in files:
+        a = load_regions(f)
+        if d is not None and a.shape[1] != d: raise CapbookError(f"{f}: {a.shape[1]} features per region, other files have {d}")
+        d, counts[f] = a.shape[1], len(a)
+    return max(counts.values()), d, counts
+
+def write_regions(files: list[Path], path: Path, keys: list[str], source: dict, extent: tuple[int, int, dict]) -> Path:
+    "A feature store of the images' regions, zero-padded to (N_max, D) of `extent`; its meta keeps each image's N."
+    n_max, d, counts = extent
+    def rows():
+        for f in files:
+            a = load_regions(f)
+            out = np.zeros((1, n_max, d), np.float32); out[0, :len(a)] = a
+            yield out
+    meta = {"keys": list(keys), "source": source, "grid": [1, n_max], "nregions": [counts[f] for f in files]}
+    return write_features(path, len(files), (n_max, d), rows(), meta)
+
+# %% ../nbs/00d_prepare.ipynb
 @io_errors_as_lines
 def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
             encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
-            weights: str = "imagenet", batch_size: int = 32) -> Prepared:
+            weights: str = "imagenet", batch_size: int = 32, regions: str | Path | None = None) -> Prepared:
     "Build (or open the cached) features, vocabulary and caption splits of `dataset`; see the text above."
     check_choice("dataset", dataset, DATASETS)
     seed = check_int("seed", seed, lo=0); check_int("min_count", min_count, lo=1)
@@ -64,6 +114,7 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
         if data_path is not None: raise CapbookError("data_path is only used with dataset='coco', 'flickr8k' or 'flickr30k'")
         if encoder not in (None, "shapes"):
             raise CapbookError(f"parameter encoder={encoder!r} is invalid: the shapes set uses its own encoder ('shapes' or None)")
+        if regions is not None: raise CapbookError("regions is only used with dataset='coco', 'flickr8k' or 'flickr30k'")
         root = shapes.ensure_shapes(profile, seed)
         kdata = read_karpathy(root / "dataset_shapes.json", root)
         gt = load_json(root / "shapes_gt.json", "shapes ground truth")
@@ -75,34 +126,50 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
             raise CapbookError(f"dataset={dataset!r} needs data_path=<folder> holding dataset_{dataset}.json (Karpathy split) "
                                f"and the images at <folder>/<filepath>/<filename>"
                                + (" (<folder>/train2014/ and <folder>/val2014/)" if dataset == "coco" else ""))
-        encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
         kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
-        name, size = dataset, encoders.BACKBONES[encoder].image_size
-        key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
-        make_net = lambda: encoders.build_backbone(encoder, weights=weights, seed=seed)
+        if regions is not None:                   # precomputed region features instead of an encoder's grid
+            rfiles = dict(zip((r.key for r in kdata.records), region_files(kdata, regions)))
+            rdig = dict(zip(rfiles, file_digests(list(rfiles.values()), "region features file")))
+            name, size, key = dataset, 0, f"regions-{stable_hash(sorted(rdig.values()), 12)}"
+        else:
+            encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
+            name, size = dataset, encoders.BACKBONES[encoder].image_size
+            key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
+            make_net = lambda: encoders.build_backbone(encoder, weights=weights, seed=seed)
     missing = [r.path for r in kdata.records if not r.path.is_file()]
     if missing: raise CapbookError(f"{missing[0]}: image not found ({len(missing)} of {len(kdata.records)} images of "
                                    f"{kdata.json_path.name} are missing)")
-    splits, net = {}, None
+    splits, net, extent = {}, None, None
     for s in SPLITS:
         recs = kdata.split(s)
         if not recs: raise CapbookError(f"{kdata.json_path}: split {s!r} has no images")
         path, keys = feature_path(name, key, s), [r.key for r in recs]
-        source = {"images": kdata.digest(s, captions=False)}          # what the store is computed from, by content
+        source = ({"images": kdata.digest(s, captions=False)} if regions is None   # what the store is computed from
+                  else {"regions": stable_hash([rdig[k] for k in keys], 16)})
         why = store_outdated(path, keys, source)
         if why is not None:
             if path.exists(): print(f"{path}: {why}; extracting again")
-            if net is None: net = make_net()  # the backbone is built only when a store is missing
-            encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size,
-                                      device=device, source=source)
+            if regions is not None:
+                extent = extent or region_extent(list(rfiles.values()))   # one longest region list for every split
+                write_regions([rfiles[k] for k in keys], path, keys, source, extent)
+            else:
+                if net is None: net = make_net()  # the backbone is built only when a store is missing
+                encoders.extract_features([r.path for r in recs], net, size, path, keys, batch_size=batch_size,
+                                          device=device, source=source)
         feats, meta = open_features(path)
-        splits[s] = (feats, recs)
+        splits[s] = (feats, recs, meta)
     train_caps = [c for r in splits["train"][1] for c in r.captions]
+    shapes_ = {tuple(f.shape[1:]) for f, _, _ in splits.values()}
+    if len(shapes_) > 1: raise CapbookError(f"{feature_path(name, key, 'train').parent}: the splits' stores differ in shape ({sorted(shapes_)}); delete them to rebuild")
     if max_len is None:
         max_len = max(1, int(np.ceil(np.percentile([len(c) for c in train_caps], 95)))) if dataset == "shapes" else 20
     vocab = Vocab.build(train_caps, min_count)
     data = {s: CaptionData(f, [r.key for r in recs], [r.captions for r in recs], vocab, max_len, s)
-            for s, (f, recs) in splits.items()}
+            for s, (f, recs, _) in splits.items()}
+    for s, (f, _, m) in splits.items():
+        if "nregions" in m:                      # a variable number of regions: which rows are real
+            data[s].with_inputs(feat_mask=np.arange(f.shape[1])[None] < np.asarray(m["nregions"])[:, None])
+    meta = splits["train"][2]
     L, D = data["train"].feats.shape[1:]
     fingerprint = stable_hash({"dataset": name, "data": kdata.digest(), "encoder": key, "vocab": vocab.itos,
                                "max_len": max_len}, 16)
@@ -111,9 +178,8 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
 
 # %% ../nbs/00d_prepare.ipynb
 def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | None = None,
-                  weights: str = "imagenet", encoder: str | None = None, **_) -> str | None:
+                  weights: str = "imagenet", encoder: str | None = None, regions: str | None = None, **_) -> str | None:
     "Content hash of the input files a chapter run with these parameters reads; None if they do not exist yet."
-    from capbook.core import file_digests
     if dataset == "shapes":
         if profile not in shapes.PROFILES: return None
         root = shapes.shapes_root(profile, seed)
@@ -127,4 +193,7 @@ def inputs_digest(dataset: str = "shapes", profile: str = "default", seed: int =
             files.append(encoders.imagenet_path(encoder))         # the hub's file, by content like any other input
     kdata = read_karpathy(files[0], files[0].parent if dataset == "shapes" else data_path)
     if any(not r.path.is_file() for r in kdata.records): return None
+    if regions is not None and dataset != "shapes":
+        try: files += region_files(kdata, regions)
+        except CapbookError: return None
     return stable_hash([file_digests(files), kdata.digest()], 16)

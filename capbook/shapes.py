@@ -4,8 +4,9 @@
 
 # %% ../nbs/00a_shapes.ipynb 3
 from __future__ import annotations
-import json, os, shutil, tempfile
+import hashlib, json, os, shutil, tempfile
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 import numpy as np
@@ -16,7 +17,7 @@ from .core import CapbookError, check_choice, check_int, data_dir, load_json
 __all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'relation_holds', 'scene_relations',
            'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'tuple_is_true',
            'statement_truth', 'object_mentions', 'semantic_scores', 'make_captions', 'make_example', 'generate',
-           'shapes_root', 'ensure_shapes', 'load_gt']
+           'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt']
 
 # %% ../nbs/00a_shapes.ipynb
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
@@ -336,10 +337,20 @@ def generate(root: str | Path, profile: str | dict = "default", seed: int = 0, i
         shutil.rmtree(tmp, ignore_errors=True); raise
     return root
 
+@lru_cache(maxsize=None)
+def generator_digest(seed: int = 0, image_size: int = 112, n: int = 16) -> str:
+    "Hash of the first `n` examples the current generator draws (pixels, ground truth, captions)."
+    h = hashlib.sha256()
+    for i in range(n):
+        img, g, caps = make_example(seed, i, image_size)
+        h.update(img.tobytes()); h.update(json.dumps([g, caps], sort_keys=True).encode())
+    return h.hexdigest()[:8]
+
 def shapes_root(profile: str = "default", seed: int = 0, image_size: int = 112) -> Path:
-    "Where the shapes data set of a profile lives: `data_dir()/shapes/<profile>-s<seed>-<size>`."
-    check_choice("profile", profile, PROFILES)
-    return data_dir() / "shapes" / f"{profile}-s{seed}-{image_size}"
+    "Where the shapes data set of a profile lives: `data_dir()/shapes/<profile>-s<seed>-<size>-<generator>`."
+    sizes = PROFILES[check_choice("profile", profile, PROFILES)]
+    key = hashlib.sha256(f"{generator_digest(seed, image_size)} {sorted(sizes.items())}".encode()).hexdigest()[:8]
+    return data_dir() / "shapes" / f"{profile}-s{seed}-{image_size}-{key}"
 
 def ensure_shapes(profile: str = "default", seed: int = 0, image_size: int = 112) -> Path:
     "The shapes data set of a profile under `data_dir()/shapes/`, generated on first use."

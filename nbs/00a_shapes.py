@@ -46,8 +46,9 @@
 # %%
 #| export
 from __future__ import annotations
-import json, os, shutil, tempfile
+import hashlib, json, os, shutil, tempfile
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 import numpy as np
@@ -465,6 +466,12 @@ assert caption_tuples("two blue squares and a circle".split())["relations"] == s
 # `root` and renamed to `root` at the end, so a killed run leaves nothing that a later run reads as a data set; an
 # existing `root` is returned as it is. The same seed gives byte-identical files (PNG at a fixed compression level,
 # JSON with a fixed key order). Profiles set the split sizes; `profile` may also be a dict of sizes for experiments.
+#
+# The folder a profile's data lives in (`shapes_root`) is named by what the data is made from: the profile, seed and
+# image size, and a hash of the split sizes and of the first 16 examples the current generator draws (pixels, ground
+# truth, captions). A change to the grammar, the scenes or the rendering therefore writes a new data set beside the old
+# one instead of reusing it, and everything keyed by the data's content downstream (features, encoder, checkpoints,
+# book runs) follows.
 
 # %%
 #| export
@@ -512,10 +519,20 @@ def generate(root: str | Path, profile: str | dict = "default", seed: int = 0, i
         shutil.rmtree(tmp, ignore_errors=True); raise
     return root
 
+@lru_cache(maxsize=None)
+def generator_digest(seed: int = 0, image_size: int = 112, n: int = 16) -> str:
+    "Hash of the first `n` examples the current generator draws (pixels, ground truth, captions)."
+    h = hashlib.sha256()
+    for i in range(n):
+        img, g, caps = make_example(seed, i, image_size)
+        h.update(img.tobytes()); h.update(json.dumps([g, caps], sort_keys=True).encode())
+    return h.hexdigest()[:8]
+
 def shapes_root(profile: str = "default", seed: int = 0, image_size: int = 112) -> Path:
-    "Where the shapes data set of a profile lives: `data_dir()/shapes/<profile>-s<seed>-<size>`."
-    check_choice("profile", profile, PROFILES)
-    return data_dir() / "shapes" / f"{profile}-s{seed}-{image_size}"
+    "Where the shapes data set of a profile lives: `data_dir()/shapes/<profile>-s<seed>-<size>-<generator>`."
+    sizes = PROFILES[check_choice("profile", profile, PROFILES)]
+    key = hashlib.sha256(f"{generator_digest(seed, image_size)} {sorted(sizes.items())}".encode()).hexdigest()[:8]
+    return data_dir() / "shapes" / f"{profile}-s{seed}-{image_size}-{key}"
 
 def ensure_shapes(profile: str = "default", seed: int = 0, image_size: int = 112) -> Path:
     "The shapes data set of a profile under `data_dir()/shapes/`, generated on first use."

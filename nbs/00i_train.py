@@ -325,8 +325,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         dist.barrier()
     ck = load_torch(best); check_vocab(ck, data.vocab, best)
     model.load_state_dict(ck["model"])
-    per_epoch = int((data.train.words <= cfg.max_words).sum()) if cfg.max_words else len(data.train)
-    res.captions_per_s = len(res.history) * per_epoch / res.train_seconds if res.train_seconds else 0.0
+    res.captions_per_s = len(res.history) * data.train.n_kept(cfg.max_words) / res.train_seconds if res.train_seconds else 0.0
     return res
 
 

@@ -150,11 +150,15 @@ class RunConfig:
     data_path: str | None = None    # folder with dataset_<name>.json and its images (real datasets)
     encoder: str | None = None      # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
     weights: str = "imagenet"       # real data: the encoder's weights, imagenet | random | /path/file.pth
+    regions: str | None = None      # real data: folder of precomputed region features (<image>.npy, N x D) instead of a grid
     seed: int = 0
     epochs: int | None = None       # None: the chapter's default for the profile
     batch_size: int = _train_default("batch_size")   # captions per training step
     lr: float = _train_default("lr")                 # Adam's learning rate
     beam_size: int = 3              # beam of the validation and test decodes
+    scst_epochs: int | None = 0     # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
+    scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
+    scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
 
@@ -166,6 +170,10 @@ class RunConfig:
         check_int("beam_size", self.beam_size, lo=1)
         if self.epochs is not None: check_int("epochs", self.epochs, lo=1)
         check_float("lr", self.lr, lo=1e-7, hi=1.0)
+        if self.scst_epochs is not None: check_int("scst_epochs", self.scst_epochs, lo=0)
+        check_float("scst_lr", self.scst_lr, lo=1e-9, hi=1.0)
+        from capbook.objectives import SCST_BASELINES
+        check_choice("scst_baseline", self.scst_baseline, SCST_BASELINES)
         get_device(self.device)
 
 def _injected_names(namespace: Mapping[str, Any]) -> list[str]:
@@ -262,6 +270,7 @@ class Chapter:
     figures: tuple[str, ...] = ()               # the figures its assembly notebook publishes
     sizes: dict[str, dict] = field(default_factory=dict)   # profile -> values of the parameters a run leaves None
     compares: tuple[str, ...] = ()              # other chapters whose runs its assembly notebook tabulates
+    inputs: Callable[[Any, Any, Callable], dict] | None = None   # (prep, params, log) -> adds per-image inputs; a record entry
 
     def resolve(self, p: Any) -> Any:
         "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`)."
@@ -351,6 +360,22 @@ def figure_pick(ev: dict, gt: dict | None) -> int:
     return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
                  if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
 
+def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Any, dict]:
+    "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective, the best validation CIDEr kept; returns the fit and the test evaluation."
+    from capbook.objectives import SelfCritical
+    from capbook.train import fit
+    from capbook.metrics import evaluate
+    from capbook.core import data_dir
+    scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, lr_gamma=1.0, metric="CIDEr", patience=p.scst_epochs,
+                               batch_order="image", max_words=0)                  # whole images: one row each
+    objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=p.scst_baseline,
+                             cache=data_dir() / "cider")
+    log(f"self-critical training: {scfg.epochs} epochs, 5 samples per image, baseline {p.scst_baseline}, lr {scfg.lr:g}, "
+        f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
+    fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective)
+    model.to(get_device(p.device))
+    return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device))
+
 @io_errors_as_lines
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
@@ -362,6 +387,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     ch = chapter(notebook)
     given = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
     p = ch.resolve(given)                         # the profile's sizes where the parameters leave None
+    if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)   # no chapter default: none
     RunConfig.check(p)
     if ch.check: ch.check(p)
     name = ch.model(p)
@@ -370,14 +396,15 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
     encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
     prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device,
-                   weights=p.weights)
+                   weights=p.weights, regions=p.regions)
     log(prep.describe())
+    inputs = ch.inputs(prep, p, log) if ch.inputs else {}      # per-image inputs besides the features (attributes)
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
     cfg = TrainConfig(**{**ch.train, **named, "epochs": p.epochs or ch.epochs[p.profile], "max_len": prep.max_len,
                          "val_beam": p.beam_size})
-    kept = int((prep.train.words <= cfg.max_words).sum()) if cfg.max_words else len(prep.train)
+    kept = prep.train.n_kept(cfg.max_words)
     log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"
         + (f" (of {len(prep.train):,}: at most {cfg.max_words} words)" if kept < len(prep.train) else "")
         + f"; {cfg.epochs} epochs at most")
@@ -385,19 +412,27 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     dev = get_device(p.device)
     model.to(dev)
     ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev)
+    stages, train_s = {}, fitted.train_seconds
+    if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
+        stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "train_s": fitted.train_seconds,
+                        "images_per_s": ev["timings"]["images_per_s"]}
+        rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
+        stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "train_s": rl.train_seconds,
+                          "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
+        train_s += rl.train_seconds
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     extra = ch.measure(ctx) if ch.measure else {}
     grid = list(getattr(model, "att_grid", prep.grid))
     save_torch(run.path("test_captions.pt"), {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
                "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": grid})
-    ctx.record = run.record(measured(ev), timings={"train_s": fitted.train_seconds,
+    ctx.record = run.record(measured(ev), timings={"train_s": train_s,
                             "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,
                             history=fitted.history, model=name, hparams=hp,
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
-                            **extra)
-    if ev["captions"] and ev["captions"][0].alpha is not None:
+                            **({"stages": stages} if stages else {}), **inputs, **extra)
+    if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
         i = figure_pick(ev, prep.gt)
         ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
                                         "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))

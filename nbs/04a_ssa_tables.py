@@ -30,7 +30,7 @@ import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError, load_torch
 from capbook.runner import start_run, read_params, figure_pick
-from capbook.book import chapter_steps, step_record
+from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import ssa_table1, SSA_TRAINING_TIME
@@ -42,17 +42,11 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
 run = start_run("04a_ssa_tables", read_params(["profile", "run_dir"], globals()))
-steps = {("ssa", t): s for t, s in chapter_steps(profile, "04_spatial_self_attention").items()}
-steps |= {("sat", t): s for t, s in chapter_steps(profile, "02_show_attend_tell").items() if t in ("", "hard")}
-steps |= {("spca", ""): chapter_steps(profile, "03_spca")[""]}
-recs = {k: step_record(profile, s) for k, s in steps.items()}
+steps, recs = compared_runs(profile, {"ssa": ("04_spatial_self_attention", None), "sat": ("02_show_attend_tell", ("", "hard")),
+                                      "spca": ("03_spca", ("",))})
 caps = {k: load_torch(Path(r["_dir"]) / "test_captions.pt") for k, r in recs.items()}
 p0 = recs["ssa", ""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
-same = {k: r["data"]["fingerprint"] == recs["ssa", ""]["data"]["fingerprint"] for k, r in recs.items()}
-if not all(same.values()):
-    raise CapbookError(f"runs {[s.name for k, s in steps.items() if not same[k]]} were trained on other data than "
-                       f"{steps['ssa', ''].name}: run `capbook book --profile {profile}` again")
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "record": recs[k]["_dir"], "data": recs[k]["data"]["fingerprint"]}
               for k, s in steps.items()])
 

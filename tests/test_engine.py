@@ -142,6 +142,28 @@ def test_cider_d_matches_pycocoevalcap(smoke):
     assert ours[0] > ours[1]                                             # a reference scores above a wrong caption
 
 
+def test_cider_d_on_ids_with_end_token_matches_pycocoevalcap_and_caches_its_df(smoke, tmp_path):
+    from pycocoevalcap.cider.cider import Cider
+    from capbook.metrics import CiderD
+    v, refs = smoke.vocab, smoke.test.refs
+    as_vocab = [[[v.itos[i] for i in v.encode(r)[1:-1]] for r in rs] for rs in refs]     # what the ids can say
+    rng = np.random.default_rng(1)
+    cands = [rng.integers(4, len(v), rng.integers(0, 12)) for _ in refs]
+    cands[0] = np.array(v.encode(refs[0][2])[1:-1])
+    cd = CiderD(refs, vocab=v, end=True, cache=tmp_path)
+    ours = cd.score(cands, refs)
+    words = lambda ids: " ".join([v.itos[i] for i in ids] + ["<end>"])
+    _, theirs = Cider().compute_score({i: [" ".join(r + ["<end>"]) for r in rs] for i, rs in enumerate(as_vocab)},
+                                      {i: [words(c)] for i, c in enumerate(cands)})
+    assert np.allclose(ours, theirs, atol=1e-9) and ours[0] == ours.max() > 0
+    assert cd.cache_path.exists() and cd.cache_path.parent == tmp_path
+    again = CiderD(refs, vocab=v, end=True, cache=tmp_path)                 # the cached df, the same scores
+    assert again.cache_path == cd.cache_path and np.array_equal(again.score(cands, refs), ours)
+    changed = [list(rs) for rs in refs]; changed[0] = changed[0][:-1]
+    assert CiderD(changed, vocab=v, end=True, cache=tmp_path).cache_path != cd.cache_path   # never a stale df
+    assert CiderD(refs, vocab=v, end=False, cache=tmp_path).cache_path != cd.cache_path
+
+
 def test_self_critical_is_an_objective_of_the_one_trainer(smoke, tmp_path):
     torch.manual_seed(0)
     m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid, emb_dim=16, hidden_dim=32, att_dim=16)
@@ -154,10 +176,10 @@ def test_self_critical_is_an_objective_of_the_one_trainer(smoke, tmp_path):
     assert s.tokens.shape[0] == 3 * n_img and out["advantage"].shape == (3 * n_img,)
     loss, stats = scst.loss(out, b)
     manual = -(out["advantage"][:, None] * s.logprobs * s.mask).sum() / s.mask.sum()
-    assert torch.allclose(loss, manual) and {"reward", "greedy_reward"} <= set(stats)
+    assert torch.allclose(loss, manual) and {"reward", "baseline", "greedy_reward"} <= set(stats)
     cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len, batch_size=256)
     res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None, objective=scst)
-    assert {"scst", "reward", "greedy_reward"} <= set(res.history[0]) and np.isfinite(res.history[0]["scst"])
+    assert {"scst", "reward", "baseline", "greedy_reward"} <= set(res.history[0]) and np.isfinite(res.history[0]["scst"])
 
 
 # --- configs: one place for defaults, one line for a wrong name ---------------------------------------------------

@@ -148,6 +148,11 @@ FUZZ = {
                                                  dropout=[0.0, 0.1], max_words=[0, 8, 14], beam_size=[1, 3],
                                                  batch_size=[7, 64]),
                                       valid=lambda c: c["d_model"] is None or c["d_model"] % c["heads"] == 0),
+    "05_glied": dict(space=dict(global_visual=[True, False], global_attribute=[True, False], local=[True, False],
+                                heads=[2, 4, 8], d_model=[None, 32], scst_epochs=[0, 1], scst_baseline=["greedy", "mean"],
+                                attr_threshold=[0.0, 0.5], attr_keep=[0, 3], attr_epochs=[1], beam_size=[1, 3],
+                                batch_size=[7, 64]),
+                     valid=lambda c: c["d_model"] is None or c["d_model"] % c["heads"] == 0),
 }
 
 

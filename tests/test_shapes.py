@@ -150,3 +150,16 @@ def test_semantic_scores(ds):
     assert bad["all"]["p"] < sc5["all"]["p"] and bad["attributes"]["p"] < 1
     assert all(0 <= x <= 1 for v in bad.values() for x in v.values())
     with pytest.raises(CapbookError, match="nope"): S.semantic_scores({"nope": ["a", "circle"]}, refs, gt)
+
+
+def test_data_folder_is_keyed_by_what_the_generator_draws(monkeypatch):
+    "A changed grammar writes a new data set beside the old one: the folder name hashes the generator's output."
+    before = S.shapes_root("smoke")
+    try:
+        monkeypatch.setattr(S, "MIN_WORDS", S.MIN_WORDS + 1)
+        S.generator_digest.cache_clear()
+        assert S.shapes_root("smoke") != before and S.shapes_root("smoke").name.startswith("smoke-s0-112-")
+    finally:
+        S.generator_digest.cache_clear()
+    monkeypatch.undo()
+    assert S.shapes_root("smoke") == before
