@@ -126,13 +126,13 @@ def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, da
             raise CapbookError(f"dataset={dataset!r} needs data_path=<folder> holding dataset_{dataset}.json (Karpathy split) "
                                f"and the images at <folder>/<filepath>/<filename>"
                                + (" (<folder>/train2014/ and <folder>/val2014/)" if dataset == "coco" else ""))
+        if regions is None: encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
         kdata = read_karpathy(Path(data_path) / f"dataset_{dataset}.json", data_path)
         if regions is not None:                   # precomputed region features instead of an encoder's grid
             rfiles = dict(zip((r.key for r in kdata.records), region_files(kdata, regions)))
             rdig = dict(zip(rfiles, file_digests(list(rfiles.values()), "region features file")))
             name, size, key = dataset, 0, f"regions-{stable_hash(sorted(rdig.values()), 12)}"
         else:
-            encoder = check_choice("encoder", encoder or "vgg16", list(encoders.BACKBONES))
             name, size = dataset, encoders.BACKBONES[encoder].image_size
             key = f"{encoder}-{size}px-{encoders.weights_id(encoder, weights, seed)}"
             make_net = lambda: encoders.build_backbone(encoder, weights=weights, seed=seed)
