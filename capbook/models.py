@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from .core import CapbookError
 
 # %% auto 0
-__all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'check_inputs', 'batch_size', 'repeat_batch', 'token_nll', 'ModelSpec',
-           'register', 'available', 'spec', 'make_config', 'build', 'hparams']
+__all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'check_inputs', 'batch_size', 'image_rows', 'repeat_batch', 'token_nll',
+           'ModelSpec', 'register', 'available', 'spec', 'make_config', 'build', 'hparams']
 
 # %% ../nbs/00f_models.ipynb
 class CaptionModel(nn.Module):
@@ -78,6 +78,12 @@ def check_inputs(model: CaptionModel, batch: Mapping[str, Any]) -> None:
 def batch_size(model: CaptionModel, batch: Mapping[str, Any]) -> int:
     "The number of images B of a batch: the length of the model's first input."
     return len(batch[model.inputs[0]])
+
+def image_rows(img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "For captions whose images are `img` (N,): one row per distinct image (U,) and each caption's image among them (N,)."
+    u, inv = torch.unique(img, return_inverse=True)
+    first = torch.zeros(len(u), dtype=torch.long, device=img.device).scatter_(0, inv, torch.arange(len(img), device=img.device))
+    return first, inv
 
 def repeat_batch(batch: Mapping[str, Any], n: int) -> dict:
     "Every row of the batch repeated `n` times, copies adjacent (tensors and lists alike)."

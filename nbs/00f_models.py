@@ -128,6 +128,12 @@ def batch_size(model: CaptionModel, batch: Mapping[str, Any]) -> int:
     "The number of images B of a batch: the length of the model's first input."
     return len(batch[model.inputs[0]])
 
+def image_rows(img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "For captions whose images are `img` (N,): one row per distinct image (U,) and each caption's image among them (N,)."
+    u, inv = torch.unique(img, return_inverse=True)
+    first = torch.zeros(len(u), dtype=torch.long, device=img.device).scatter_(0, inv, torch.arange(len(img), device=img.device))
+    return first, inv
+
 def repeat_batch(batch: Mapping[str, Any], n: int) -> dict:
     "Every row of the batch repeated `n` times, copies adjacent (tensors and lists alike)."
     if n == 1: return dict(batch)

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from capbook.core import CapbookError, check_choice, check_float, check_int
 from capbook.attention import TAUS, MultiHeadAttention
-from capbook.models import CaptionModel, register
+from capbook.models import CaptionModel, image_rows, register
 from capbook.runner import Chapter, RunConfig, register_chapter
 from capbook.papers import ssa_table1
 
@@ -232,8 +232,7 @@ class SpatialTransformer(CaptionModel):
         caps = batch["caps"][:, :-1]                             # <start> w_1 ... : (N, T)
         feats, img = batch["feats"], batch.get("img")
         if img is not None:                                      # one encoder pass per image, gathered per caption
-            u, inv = torch.unique(img, return_inverse=True)
-            first = torch.zeros(len(u), dtype=torch.long, device=img.device).scatter_(0, inv, torch.arange(len(img), device=img.device))
+            first, inv = image_rows(img)
             kv = [(k[inv], v[inv]) for k, v in self.encode(feats[first])]
         else: kv = self.encode(feats)
         T = caps.shape[1]

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from capbook.core import CapbookError, check_float, check_int, save_torch
 from capbook.attention import MultiHeadAttention
-from capbook.models import CaptionModel, register
+from capbook.models import CaptionModel, image_rows, register
 from capbook.runner import Chapter, RunConfig, register_chapter
 from capbook.ssa import FeedForward, sinusoid
 
@@ -294,8 +294,7 @@ class GLIED(CaptionModel):
         caps = batch["caps"][:, :-1]                              # <start> w_1 ... : (N, T)
         feats, attrs, fm, img = batch["feats"], batch["attrs"], batch.get("feat_mask"), batch.get("img")
         if img is not None:                                       # one encoder pass per image, gathered per caption
-            u, inv = torch.unique(img, return_inverse=True)
-            first = torch.zeros(len(u), dtype=torch.long, device=img.device).scatter_(0, inv, torch.arange(len(img), device=img.device))
+            first, inv = image_rows(img)
             mem = {k: v[inv] for k, v in self.encode(feats[first], attrs[first], None if fm is None else fm[first]).items()}
         else: mem = self.encode(feats, attrs, fm)
         T = caps.shape[1]
