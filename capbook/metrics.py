@@ -14,8 +14,8 @@ from .data import to_device
 from .decode import decode_split, teacher_forced, pad_captions, Caption
 
 # %% auto 0
-__all__ = ['CAPTION_METRICS', 'spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
-           'attention_on_references', 'CiderD', 'results_row']
+__all__ = ['CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'coco_scores', 'box_fractions', 'attention_correctness',
+           'evaluate', 'attention_on_references', 'CiderD', 'results_row', 'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -259,3 +259,12 @@ def results_row(m: dict) -> dict:
     if m.get("attention", {}).get("n"):
         row.update({"att. mass": 100 * m["attention"]["mass"], "att. hit": 100 * m["attention"]["hit"]})
     return row
+
+SEMANTIC_CATEGORIES = ["objects", "attributes", "counts", "relations", "all"]
+
+def semantic_table(runs: dict[str, dict]):
+    "Semantic precision, recall and F1 (×100) per category, one row per run: `{label: metrics}` (runs measured without ground truth are left out); a pandas DataFrame."
+    import pandas as pd
+    return pd.DataFrame([{"model": label, **{f"{c} {k.upper() if k != 'f1' else 'F1'}": 100 * m["semantic"][c][k]
+                                             for c in SEMANTIC_CATEGORIES for k in ("p", "r", "f1")}}
+                         for label, m in runs.items() if "semantic" in m])

@@ -209,7 +209,7 @@ def semantic_scores(cands: dict[str, list[str]], refs: dict[str, list[list[str]]
 _REL_PHRASES = {"left of": (["to", "the", "left", "of"], ["left", "of"], ["on", "the", "left", "of"]),
                 "right of": (["to", "the", "right", "of"], ["right", "of"], ["on", "the", "right", "of"]),
                 "above": (["above"], ["above"], ["over"]), "below": (["below"], ["below"], ["under"])}
-_KINDS = ("total", "list", "count", "rel", "rel2")
+_KINDS = ("total", "count", "rel", "rel2")
 MIN_WORDS = 8  # COCO's caption annotators were likewise asked for sentences of at least 8 words
 _GROUP_KEYS = (("colour", "shape"), ("shape",), ("colour",), ("size",), ("size", "shape"), ("size", "colour", "shape"))
 
@@ -246,11 +246,6 @@ def _caption(kind: str, objs: list[dict], rels: list[list], rng: np.random.Gener
         return [["an", "image", "of", *np_, "with", *a, "and", *b], ["there", "are", *np_, "including", *a, "and", *b],
                 ["there", "are", *np_, "and", *_rel_clause(objs, rels, rng, 0)],
                 ["an", "image", "with", *np_, "and", *_rel_clause(objs, rels, rng, 0)]][form]
-    if kind == "list":
-        idx = rng.permutation(len(objs))[:min(len(objs), int(rng.integers(2, 4)))]
-        nps = [_np_words(_describe(objs[i], rng), rng) for i in idx]
-        body = [*nps[0], "and", *nps[1]] if len(nps) == 2 else [*nps[0], *nps[1], "and", *nps[2]]
-        return [["there", "is"], ["an", "image", "of"], ["an", "image", "with"], []][form] + body
     if kind == "count":
         d, n = _group(objs, rng)
         cl = _np_words(d, rng, n)
@@ -275,7 +270,7 @@ def _caption(kind: str, objs: list[dict], rels: list[list], rng: np.random.Gener
 def make_captions(objects: list[dict], rng: np.random.Generator) -> list[list[str]]:
     "Five reference captions (token lists, 8–18 tokens) of different kinds that say different true things about a scene."
     rels, caps, seen = scene_relations(objects), [], set()
-    kinds = ["count", "rel", "list", _pick(rng, ("total", "count")), _pick(rng, ("rel", "rel2", "total"))]
+    kinds = ["count", "rel", _pick(rng, ("count", "rel2")), _pick(rng, ("total", "count")), _pick(rng, ("rel", "rel2", "total"))]
     for kind in (kinds[i] for i in rng.permutation(5)):
         for attempt in range(80):
             toks = _caption(kind if attempt < 40 else _pick(rng, _KINDS), objects, rels, rng)

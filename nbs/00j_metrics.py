@@ -367,6 +367,15 @@ def results_row(m: dict) -> dict:
         row.update({"att. mass": 100 * m["attention"]["mass"], "att. hit": 100 * m["attention"]["hit"]})
     return row
 
+SEMANTIC_CATEGORIES = ["objects", "attributes", "counts", "relations", "all"]
+
+def semantic_table(runs: dict[str, dict]):
+    "Semantic precision, recall and F1 (×100) per category, one row per run: `{label: metrics}` (runs measured without ground truth are left out); a pandas DataFrame."
+    import pandas as pd
+    return pd.DataFrame([{"model": label, **{f"{c} {k.upper() if k != 'f1' else 'F1'}": 100 * m["semantic"][c][k]
+                                             for c in SEMANTIC_CATEGORIES for k in ("p", "r", "f1")}}
+                         for label, m in runs.items() if "semantic" in m])
+
 
 # %%
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},
@@ -393,3 +402,12 @@ assert _ac == {"mass": 1.0, "hit": 1.0, "mass_uniform": 0.25, "n": 1}, _ac
 _r = results_row({"BLEU-4": 0.25, "semantic": {c: {"f1": 0.5} for c in ["objects", "attributes", "counts", "relations", "all"]},
                   "attention": {"mass": 0.3, "hit": 0.5, "n": 0}})
 assert _r["BLEU-4"] == 25 and _r["F1 all"] == 50 and "att. mass" not in _r and "METEOR" not in _r
+
+# %% [markdown]
+# The semantic scores' precision and recall, not only their F1: a model that never states a count has a count
+# precision and recall of 0, and a model that states many false ones a low precision beside a high recall.
+
+# %%
+_st = semantic_table({"a": {"semantic": {c: {"p": 0.5, "r": 0.25, "f1": 1 / 3} for c in SEMANTIC_CATEGORIES}}, "blind": {}})
+assert list(_st["model"]) == ["a"] and _st.loc[0, "counts P"] == 50 and _st.loc[0, "counts R"] == 25
+assert list(_st.columns[:4]) == ["model", "objects P", "objects R", "objects F1"]

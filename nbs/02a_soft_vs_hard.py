@@ -34,7 +34,7 @@ from capbook.core import load_torch
 from capbook.runner import start_run, read_params
 from capbook.book import chapter_steps, step_record
 from capbook.prepare import prepare
-from capbook.metrics import results_row
+from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
 from capbook.shapes import object_mentions, parse_caption
 from capbook.viz import attention_figure, save_figure, save_table
@@ -121,6 +121,19 @@ if "att. mass" in T:
                  f"{100 * recs['']['metrics']['attention']['mass_uniform']:.1f} % there.")
 display(Markdown("Measured on this run of the book (one seed each, so differences of a point or two are within the "
                  "noise of a single training run):\n\n" + "\n".join(lines)))
+
+# %% [markdown]
+# ## What the captions say: semantic precision and recall
+#
+# Table 1's semantic F1s split into precision (the share of a caption's objects, attributes, counts and relations that
+# are true of the image) and recall (the share of the references' tuples the caption also states), on shapes only.
+# A model that never commits to a count or a relation scores 0 on both there.
+
+# %%
+sem = semantic_table({"Soft-Attention": recs[""]["metrics"], "Hard-Attention": recs[sel]["metrics"],
+                      "Hard-Attention, expected context at test": recs[sel]["metrics_expected_context"],
+                      "No attention (mean context)": recs["none"]["metrics"]})
+if len(sem): display(Markdown(save_table(sem, run.path("table_sat_semantic"), floatfmt=".1f")))
 
 
 # %% [markdown]

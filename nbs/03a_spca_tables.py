@@ -35,7 +35,7 @@ from capbook.runner import start_run, read_params
 from capbook.book import chapter_steps, step_record
 from capbook.prepare import prepare
 from capbook.decode import ms_per_image
-from capbook.metrics import evaluate, attention_on_references, results_row
+from capbook.metrics import evaluate, attention_on_references, results_row, semantic_table
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.train import load_trained
@@ -144,6 +144,17 @@ t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
 table4 = pd.concat([spca_table(4), pd.DataFrame(t4)], ignore_index=True)
 table4 = table4[["dataset", "model", "source"] + [c for c in table4.columns if c not in ("dataset", "model", "source")]]
 display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f")))
+
+# %% [markdown]
+# The semantic F1s of Tables 2–4 split into precision and recall per category (shapes only; see
+# `capbook.metrics.semantic_table`).
+
+# %%
+sem = semantic_table({"Soft-Attention*": soft_metrics,
+                      **{f"{label(recs[t]['params']['structure'])}, {recs[t]['params']['kernel']}×{recs[t]['params']['kernel']}"
+                         + (" (1D-LSTM)" if t == "1d" else ""): recs[t]["metrics"]
+                         for t in ["base", "S", "C", "C-S", "S-C", "k1", "", "k5", "1d"]}})
+if len(sem): display(Markdown(save_table(sem, run.path("table_spca_semantic"), floatfmt=".1f")))
 
 
 # %% [markdown]

@@ -32,7 +32,7 @@ from capbook.core import CapbookError, load_torch
 from capbook.runner import start_run, read_params, figure_pick
 from capbook.book import compared_runs
 from capbook.prepare import prepare
-from capbook.metrics import results_row
+from capbook.metrics import results_row, semantic_table
 from capbook.papers import ssa_table1, SSA_TRAINING_TIME
 from capbook.viz import attention_figure, save_table
 
@@ -195,3 +195,11 @@ att = pd.DataFrame([{"model": names[k], **{c: results_row(recs[k]["metrics"]).ge
 if att["att. mass"].notna().any():
     display(Markdown(save_table(att, run.path("table_ssa_attention"), floatfmt=".1f")))
 else: display(Markdown("This dataset has no object boxes: attention correctness is measured on shapes only."))
+
+# %% [markdown]
+# What each model's captions state, split into precision and recall per category (shapes only; see
+# `capbook.metrics.semantic_table`).
+
+# %%
+sem = semantic_table({names[k]: recs[k]["metrics"] for k in names})
+if len(sem): display(Markdown(save_table(sem, run.path("table_ssa_semantic"), floatfmt=".1f")))
