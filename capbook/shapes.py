@@ -15,7 +15,7 @@ from .core import CapbookError, check_choice, check_int, data_dir, load_json
 
 # %% auto 0
 __all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'relation_holds', 'scene_relations',
-           'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'tuple_is_true',
+           'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'statements', 'tuple_is_true',
            'statement_truth', 'object_mentions', 'semantic_scores', 'make_captions', 'make_example', 'generate',
            'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt']
 
@@ -150,15 +150,31 @@ def _rel_true(a: dict, rel: str, b: dict, objects: list[dict]) -> bool:
     return any(i != j and _matches(a, oa) and _matches(b, ob) and relation_holds(rel, oa["box"], ob["box"])
                for i, oa in enumerate(objects) for j, ob in enumerate(objects))
 
-def caption_tuples(tokens: list[str]) -> dict[str, set[tuple]]:
-    "SPICE-like tuples of a caption: `objects` {(shape,)}, `attributes` {(noun, value)}, `counts` {(key, n)}, `relations` {(key_a, rel, key_b)}."
+_CONVERSE = {"right of": "left of", "below": "above"}
+
+def _relation_tuple(a: dict, rel: str, b: dict) -> tuple[str, str, str]:
+    "(noun_a, rel, noun_b) over head nouns, `right of` and `below` written as their converses."
+    na, nb = a["shape"] or "object", b["shape"] or "object"
+    return (nb, _CONVERSE[rel], na) if rel in _CONVERSE else (na, rel, nb)
+
+def _tuples(tokens: list[str], heads: bool) -> dict[str, set[tuple]]:
     out = {c: set() for c in CATEGORIES}
     for st in parse_caption(tokens):
-        if st["kind"] == "rel": out["relations"].add((phrase_key(st["a"]), st["rel"], phrase_key(st["b"]))); continue
+        if st["kind"] == "rel":
+            out["relations"].add(_relation_tuple(st["a"], st["rel"], st["b"]) if heads else
+                                 (phrase_key(st["a"]), st["rel"], phrase_key(st["b"]))); continue
         if st["shape"]: out["objects"].add((st["shape"],))
         out["attributes"] |= {(st["shape"] or "object", v) for v in (st["size"], st["colour"]) if v}
         if st["count"] is not None: out["counts"].add((phrase_key(st), st["count"]))
     return out
+
+def caption_tuples(tokens: list[str]) -> dict[str, set[tuple]]:
+    "SPICE-like tuples of a caption: `objects` {(shape,)}, `attributes` {(noun, value)}, `counts` {(key, n)}, `relations` {(noun_a, rel, noun_b)}."
+    return _tuples(tokens, heads=True)
+
+def statements(tokens: list[str]) -> frozenset:
+    "What a caption states, with relations between whole phrases: the generator keeps an image's five references distinct by it."
+    return frozenset((c, t) for c, ts in _tuples(tokens, heads=False).items() for t in ts)
 
 def tuple_is_true(category: str, tup: tuple, gt_image: dict) -> bool:
     "Whether a tuple of `caption_tuples` is true of an image's ground truth `{'objects': [...], ...}`."
@@ -274,7 +290,7 @@ def make_captions(objects: list[dict], rng: np.random.Generator) -> list[list[st
     for kind in (kinds[i] for i in rng.permutation(5)):
         for attempt in range(80):
             toks = _caption(kind if attempt < 40 else _pick(rng, _KINDS), objects, rels, rng)
-            content = frozenset((c, t) for c, s in caption_tuples(toks).items() for t in s)
+            content = statements(toks)
             if MIN_WORDS <= len(toks) <= 18 and content not in seen: caps.append(toks); seen.add(content); break
         else: raise RuntimeError(f"could not write five distinct captions for {objects}")
     return caps

@@ -162,6 +162,7 @@ def write_regions(files: list[Path], path: Path, keys: list[str], source: dict, 
     meta = {"keys": list(keys), "source": source, "grid": [1, n_max], "nregions": [counts[f] for f in files]}
     return write_features(path, len(files), (n_max, d), rows(), meta)
 
+
 # %%
 #| export
 @io_errors_as_lines

@@ -211,7 +211,6 @@ _l, _st = _r.loss(_o, _b)
 assert abs(_l.item() - np.log(5)) < 1e-6 and abs(_r.baseline.item() + 0.1 * np.log(5)) < 1e-6
 assert set(_st) == {"nll", "doubly_stochastic", "reinforce", "entropy", "baseline", "sampled"}
 
-
 # %% [markdown]
 # ## Self-critical sequence training — Rennie et al. 2017 ([arXiv:1612.00563](https://arxiv.org/abs/1612.00563))
 #

@@ -75,11 +75,13 @@ def attribute_labels(refs: list[list[list[str]]], words: list[str]) -> np.ndarra
             if w in col: y[i, col[w]] = 1.0
     return y
 
+
 # %%
 _refs = [[["a", "red", "circle", "above", "a", "square"]], [["two", "red", "stars"], ["an", "image", "of", "stars"]]]
 _words = content_words(_refs, {w: i for i, w in enumerate(["a", "red", "circle", "above", "square", "two", "stars", "image"])})
 assert _words == ["red", "above", "circle", "square", "stars", "two"]        # red: in both images; "a", "image": stop words
 assert attribute_labels(_refs, _words).tolist() == [[1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 1, 1]]
+
 
 # %% [markdown]
 # ## Noisy-OR over the regions
@@ -118,6 +120,7 @@ def mil_loss(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None)
     # -[y log p_i + (1 - y) log(1 - p_i)]
     return -(y * log_p + (1 - y) * log_not).mean()
 
+
 # %% [markdown]
 # A tiny case: two regions, one word. The noisy-OR equals $1 - (1 - p_1)(1 - p_2)$, and its gradient has a closed
 # form the test checks autograd against — for a positive word $\partial(-\log p)/\partial z_j = -p_j (1 - p)/p$, for a
@@ -132,6 +135,7 @@ mil_loss(_z, torch.ones(1, 1)).backward()
 _p = 1 - (1 - _pj).prod()
 assert torch.allclose(_z.grad[0, :, 0], -_pj * (1 - _p) / _p)
 assert torch.isfinite(noisy_or(torch.full((1, 196, 1), -30.0))[0]).all()          # no underflow to log 0
+
 
 # %% [markdown]
 # ## The detector
@@ -178,6 +182,7 @@ class MILDetector(nn.Module):
     def probs(self, feats: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         "p_i = 1 - prod_j (1 - p_ij) over the (real) regions: (B, W)."
         return noisy_or(self(feats), mask)[0].exp()
+
 
 # %% [markdown]
 # ## Training and what it is worth
@@ -251,12 +256,14 @@ def kept_scores(kept: np.ndarray, word_ids: np.ndarray, labels: np.ndarray) -> d
     return {"precision": float(tp / max(n_kept, 1)), "recall": float(tp / max(n_pos, 1)),
             "kept_per_image": n_kept / max(len(kept), 1)}
 
+
 # %%
 _ap = average_precision(np.array([[0.9, 0.1], [0.8, 0.7], [0.1, 0.2]]), np.array([[1, 0], [0, 1], [1, 0]]))
 assert np.allclose(_ap, [(1 + 2 / 3) / 2, 1.0])                       # word 0: hits at ranks 1 and 3
 _k = keep_attributes(np.array([[0.9, 0.2, 0.6], [0.1, 0.3, 0.2]]), np.array([10, 11, 12]), keep=2, threshold=0.5)
 assert _k.tolist() == [[10, 12], [11, 0]]                             # the second image keeps only its first
 assert kept_scores(_k, np.array([10, 11, 12]), np.array([[1, 0, 0], [0, 1, 1]]))["precision"] == 2 / 3
+
 
 # %% [markdown]
 # ## Attributes for a prepared data set, cached

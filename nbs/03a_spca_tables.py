@@ -151,8 +151,9 @@ display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f
 
 # %%
 sem = semantic_table({"Soft-Attention*": soft_metrics,
-                      **{f"{label(recs[t]['params']['structure'])}, {recs[t]['params']['kernel']}×{recs[t]['params']['kernel']}"
-                         + (" (1D-LSTM)" if t == "1d" else ""): recs[t]["metrics"]
+                      **{("2D-latent state (no attention)" if t == "base" else
+                          f"{label(recs[t]['params']['structure'])}, {recs[t]['params']['kernel']}×{recs[t]['params']['kernel']}"
+                          + (" (1D-LSTM)" if t == "1d" else "")): recs[t]["metrics"]
                          for t in ["base", "S", "C", "C-S", "S-C", "k1", "", "k5", "1d"]}})
 if len(sem): display(Markdown(save_table(sem, run.path("table_spca_semantic"), floatfmt=".1f")))
 

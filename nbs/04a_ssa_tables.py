@@ -86,6 +86,7 @@ display(Markdown(
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
     "below Show-Attend-Tell: \"Further work has to be done to improve the model's performance\")."))
 
+
 # %% [markdown]
 # ## The temperature of Eq. 2
 #
@@ -115,6 +116,7 @@ display(Markdown(
     f"claim that its τ spreads the attention **{'holds' if ent('paper') > ent('standard') else 'does not hold'}** on this "
     f"run (one seed). BLEU-4: paper {H.loc['paper', 'BLEU-4']:.1f}, standard {H.loc['standard', 'BLEU-4']:.1f}; CIDEr: "
     f"paper {H.loc['paper', 'CIDEr']:.1f}, standard {H.loc['standard', 'CIDEr']:.1f}."))
+
 
 # %% [markdown]
 # ## Training time

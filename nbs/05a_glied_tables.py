@@ -192,7 +192,9 @@ NEEDS = {"+ global visual": ("CIDEr", "relations F1", "counts F1"), "+ global at
          "+ global": ("CIDEr",), "+ local": ("CIDEr",), "GLIED": ("CIDEr", "relations F1", "counts F1")}
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
+    never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
+    elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"
     else:
         ok = {"+ local": abs(d["CIDEr"]) < 2.0 or d["CIDEr"] < 0}.get(row, all(d[c] > 0 for c in NEEDS[row]))
         says = "holds" if ok else "does not hold"

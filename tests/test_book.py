@@ -172,3 +172,24 @@ def test_every_chapter_publishes_what_it_declares(book):
         for t, table in ch.tables.items():
             df = table()
             assert len(df) and (df["source"] == "paper (quoted)").all(), (name, t)
+
+
+@pytest.mark.slow
+def test_smoke_book_semantic_and_glied_tables(book):
+    home, _ = book
+    figs = home / "runs" / "smoke" / "figures"
+    for name, models in [("sat", ["Soft-Attention", "No attention"]), ("spca", ["Soft-Attention*", "S‖C, 3×3 (1D-LSTM)"]),
+                         ("ssa", ["Transformer, τ paper", "Show-Attend-Tell soft (LSTM)"])]:
+        t = (figs / f"table_{name}_semantic.md").read_text()
+        assert all(f"{c} {k}" in t for c in ("counts", "relations", "all") for k in ("P", "R", "F1")), name
+        assert all(f"| {m}" in t for m in models), (name, t[:500])
+    t1 = (figs / "table_glied_table1.md").read_text()
+    assert "paper (quoted)" in t1 and t1.count("capbook (measured)") == 4 and "+ self-critical (CIDEr-D)" in t1
+    t2 = (figs / "table_glied_table2.md").read_text()
+    assert all(m in t2 for m in ["Up-Down", "SoftAtt", "| Base", "| GLIED"])
+    t4 = (figs / "table_glied_table4.md").read_text()
+    assert all(f"| {m}" in t4 for m in ["Base", "+ global visual", "+ global attribute", "+ global", "+ local", "GLIED"])
+    assert "counts P" in t4 and "relations R" in t4
+    claims = (figs / "table_glied_claims.md").read_text()
+    assert sum(claims.count(v) for v in ("| holds", "| does not hold", "| cannot tell")) == 5, claims
+    assert (figs / "fig_glied_figure3.png").stat().st_size > 10_000 and (figs / "fig_glied_scst.png").stat().st_size > 10_000

@@ -42,12 +42,13 @@ def test_references_true_distinct_and_covering(ds):
     for im in d["images"]:
         caps = [s["tokens"] for s in im["sentences"]]
         assert len(caps) == 5 and len({tuple(c) for c in caps}) == 5
-        assert len({frozenset((k, t) for k, v in S.caption_tuples(c).items() for t in v) for c in caps}) == 5
+        assert len({S.statements(c) for c in caps}) == 5
         for c in caps:
             st = S.statement_truth(c, gt[im["filename"]])
             assert st and all(ok for _, ok in st), (c, st)
             tu = S.caption_tuples(c)
-            rels |= {r for _, r, _ in tu["relations"]}; counts += bool(tu["counts"])
+            rels |= {t[1] for k, t in S.statements(c) if k == "relations"}
+            counts += bool(tu["counts"])
             attrs |= {v for _, v in tu["attributes"]}
     assert rels == set(S.RELATIONS) and counts >= 15
     assert attrs >= {"small", "large"} and len(attrs & set(S.COLOURS)) >= 5
@@ -130,10 +131,16 @@ def test_parse_and_truth():
     assert S.parse_caption("<unk> red and the of blue".split()) == []
     tu = S.caption_tuples(tok)
     assert tu == {"objects": {("circle",), ("square",)}, "attributes": {("circle", "small"), ("circle", "red"), ("square", "blue")},
-                  "counts": {("blue square", 2)}, "relations": {("small red circle", "left of", "blue square")}}
+                  "counts": {("blue square", 2)}, "relations": {("circle", "left of", "square")}}
     assert all(S.tuple_is_true(c, t, GT) for c, ts in tu.items() for t in ts)
     assert not S.tuple_is_true("relations", ("blue square", "above", "circle"), GT)
     assert not S.tuple_is_true("counts", ("square", 3), GT) and S.tuple_is_true("counts", ("object", 3), GT)
+    # relations join head nouns and are written one way round: the converse phrasing is the same tuple
+    assert S.caption_tuples("two blue squares are to the right of a little red circle".split())["relations"] == \
+        {("circle", "left of", "square")}
+    assert S.caption_tuples("a star below a shape".split())["relations"] == {("object", "above", "star")}
+    assert S.tuple_is_true("relations", ("circle", "left of", "square"), GT)
+    assert ("relations", ("small red circle", "left of", "blue square")) in S.statements(tok)
 
 
 def test_object_mentions():
