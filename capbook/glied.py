@@ -286,7 +286,7 @@ class GLIEDParams(GLIEDConfig, RunConfig):
     d_embed: int | None = None          # None: the profile's (paper 256, default 64, smoke 32)
     d_model: int | None = None          # None: the profile's (paper 512, default 128, smoke 64)
     d_hidden: int | None = None         # None: the profile's (4 d_model)
-    scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (paper 20, default 3)
+    scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (paper 20, default 2)
     attr_epochs: int | None = None      # the attribute detector's epochs; None: the profile's
     attr_keep: int = 0                  # attributes kept per image; 0: as many as there are regions (§4.2)
     attr_threshold: float = 0.5         # keep detections of probability at least this (always the first); 0: a fixed count as in the paper
@@ -329,9 +329,9 @@ GLIED_CHAPTER = register_chapter(Chapter(
     model=lambda p: "glied",
     runs={tag: {"global_visual": v, "global_attribute": a, "local": l, **({} if tag in ("", "base") else {"scst_epochs": 0})}
           for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
-    epochs={"smoke": 2, "default": 6, "paper": 25},
+    epochs={"smoke": 2, "default": 4, "paper": 25},
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
-           "default": {"d_embed": 64, "d_model": 128, "d_hidden": 512, "lr": 4e-4, "scst_epochs": 3, "attr_epochs": 15},
+           "default": {"d_embed": 64, "d_model": 128, "d_hidden": 512, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
     train={"batch_order": "image", "metric": "CIDEr", "lr_gamma": 1.0},
     label=lambda p: p.variant,

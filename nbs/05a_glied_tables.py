@@ -105,6 +105,28 @@ display(Markdown(
     f"{d((g, 'scst'), (g, 'xe')):+.1f} for GLIED."))
 
 # %% [markdown]
+# What self-critical training does to what the captions *say*: the semantic F1s of the relations and counts before and
+# after it, and the first captions GLIED writes after it (the cross-entropy stage's captions are not kept). CIDEr-D
+# rewards n-grams that are frequent in an image's references and rare elsewhere; nothing in it asks a caption to
+# commit to a relation or a number.
+
+# %%
+sem_rows = [{"model": name, "stage": st, **{f"{c} F1": 100 * recs[k]["stages"][st]["metrics"]["semantic"][c]["f1"]
+                                            for c in ("objects", "attributes", "counts", "relations", "all")}}
+            for name, k in (("Base", b), ("GLIED", g)) for st in ("xe", "scst")
+            if "semantic" in recs[k]["stages"][st]["metrics"]]
+if sem_rows:
+    display(Markdown(save_table(pd.DataFrame(sem_rows), run.path("table_glied_scst_semantic"), floatfmt=".1f")))
+    S = pd.DataFrame(sem_rows).set_index(["model", "stage"])
+    display(Markdown(
+        f"Self-critical training moved GLIED's relation F1 from {S.loc[('GLIED', 'xe'), 'relations F1']:.1f} to "
+        f"{S.loc[('GLIED', 'scst'), 'relations F1']:.1f} and its count F1 from {S.loc[('GLIED', 'xe'), 'counts F1']:.1f} to "
+        f"{S.loc[('GLIED', 'scst'), 'counts F1']:.1f} (the base: relations {S.loc[('Base', 'xe'), 'relations F1']:.1f} → "
+        f"{S.loc[('Base', 'scst'), 'relations F1']:.1f}, counts {S.loc[('Base', 'xe'), 'counts F1']:.1f} → "
+        f"{S.loc[('Base', 'scst'), 'counts F1']:.1f}). GLIED's first test captions after it: "
+        + "; ".join(f"*{x['caption']}*" for x in recs[g]["samples"][:3]) + "."))
+
+# %% [markdown]
 # ### The switch to self-critical training, epoch by epoch
 #
 # The curves that show whether SCST works (the most common complaints about it elsewhere are rewards that go negative
