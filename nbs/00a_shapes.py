@@ -356,8 +356,8 @@ def semantic_scores(cands: dict[str, list[str]], refs: dict[str, list[list[str]]
 #
 # Each object is described with a random subset of its attributes, so the descriptions are true by construction; a
 # count is the exact count; a relation is one of the scene's true relations (and "two red stars are above a square"
-# is only said when *each* red star is above that square). A caption is kept only if its tuple set differs from those
-# of the captions already chosen, so the five references differ in what they say, not just in wording. Captions have
+# is only said when *each* red star is above that square). A caption is kept only if what it states (`statements`: its
+# tuples, with relations between whole phrases) differs from those of the captions already chosen, so the five references differ in what they say, not just in wording. Captions have
 # 8 to 18 words (COCO's annotators were likewise asked for at least 8): with shorter references allowed, the single
 # most probable caption of a trained model — what beam search returns — drifts to the shortest frequent kind ("there
 # are two blue objects"), which we measured dragging validation BLEU-4 from 0.55 to 0.32 within two epochs while the
