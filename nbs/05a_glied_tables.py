@@ -53,7 +53,7 @@ steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_s
 p0 = recs["glied", ""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "variant": recs[k].get("figure3", {}).get("variant", ""),
-               "record": recs[k]["_dir"], "data": recs[k]["data"]["fingerprint"]} for k, s in steps.items()])
+               "record": Path(recs[k]["_dir"]).name, "data": recs[k]["data"]["fingerprint"]} for k, s in steps.items()])
 
 # %% [markdown]
 # Every run above was trained on the same data (the cell stops if a fingerprint differs), so the rows compare models.
