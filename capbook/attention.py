@@ -48,10 +48,12 @@ class SoftAttention(Attention):
         e = torch.cat([torch.sigmoid((pre[s:s + n, None] + q[s:s + n]).mul_(2)) @ w
                        for s in range(0, B, n)])             # w^T sigmoid(2u): (B, K, L)
         return (2 * e - w.sum() + self.w.bias).view(-1, L)    # e_t = w^T tanh(W_a a_i + W_h h_{t-1}) + b: (B*K, L)
-    def forward(self, a, pre, h, expected=None):              # a: (B, L, D); h: (B*K, n); `expected`: no sampling here
-        B = a.shape[0]
+    def forward(self, a, pre, h, expected=None, mask=None):   # a: (B, L, D); h: (B*K, n); `expected`: no sampling here
+        B, e = a.shape[0], self.scores(pre, h)
+        if mask is not None:                                  # real regions (B, L): padding gets no weight
+            e = e.view(B, -1, e.shape[-1]).masked_fill(~mask.bool()[:, None], float("-inf")).view(len(h), -1)
         # alpha_ti = exp(e_ti) / sum_k exp(e_tk): (B*K, L), sums to 1 over L
-        alpha = self.keep(F.softmax(self.scores(pre, h), dim=-1))
+        alpha = self.keep(F.softmax(e, dim=-1))
         # z_t = sum_i alpha_ti a_i: (B, K, D)
         z = torch.bmm(alpha.view(B, -1, alpha.shape[-1]), a)
         return z.view(len(h), -1), alpha, {}

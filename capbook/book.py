@@ -48,14 +48,14 @@ def nb_defaults(notebook: str) -> dict:
     return dict(_nb_defaults(str(p), p.stat().st_mtime))
 
 def plan(profile: str) -> list[Step]:
-    "The runs that regenerate the book at `profile`, in order."
+    "The runs that regenerate the book at `profile`, in order: every chapter's training runs first (in reading order), then the other notebooks in reading order, so that an assembly notebook can tabulate the runs of any chapter, a later one's too."
     check_profile(profile)
-    chs, steps = chapters(), []
+    chs, runs, rest = chapters(), [], []
     for nb in notebooks():
-        if nb in chs: steps += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
-        elif "profile" in nb_defaults(nb): steps.append(Step(nb, {"profile": profile}))
-        else: steps.append(Step(nb))
-    return steps
+        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
+        elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
+        else: rest.append(Step(nb))
+    return rest[:1] + runs + rest[1:]                # the index first
 
 _NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
 
@@ -160,8 +160,9 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     from capbook.runner import chapters
     chapter_no = lambda nb: re.match(r"\d*", nb).group()
     before = steps[:[s.name for s in steps].index(step.name)]
-    compared = {c for nb, ch in chapters().items() if chapter_no(nb) == chapter_no(step.notebook) and not step.params
-                for c in ch.compares}
+    chs = chapters()
+    if step.notebook in chs: return []               # a chapter's training run reads no other run
+    compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
     return [s for s in before if s.params and s.notebook != step.notebook
             and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
 
@@ -214,7 +215,8 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     site = None
     if docs:
         from capbook.docs import build_site
-        order = [p for p in executed if not p.parent.name.startswith("00")] + [p for p in executed if p.parent.name.startswith("00")]
+        rank = {nb: i for i, nb in enumerate(notebooks())}                       # the site in reading order
+        order = sorted(executed, key=lambda p: rank[p.stem])
         site = build_site(order, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
         log(f"docs site -> {site}")
     secs = time.time() - t0

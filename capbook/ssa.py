@@ -86,7 +86,8 @@ class SSAConfig:
 
     def check(self):
         "Stop with one line on an invalid value."
-        for n in ("d_model", "heads", "d_hidden", "enc_layers", "dec_layers", "max_positions"): check_int(n, getattr(self, n), lo=1)
+        for n in ("d_model", "heads", "d_hidden", "dec_layers", "max_positions"): check_int(n, getattr(self, n), lo=1)
+        check_int("enc_layers", self.enc_layers, lo=0)           # 0: the decoder reads the regions directly (CT)
         if self.d_model % self.heads:
             raise CapbookError(f"parameter d_model={self.d_model} is invalid: expected a multiple of heads={self.heads}")
         check_float("dropout", self.dropout, lo=0, hi=0.95); check_choice("tau", self.tau, TAUS)

@@ -17,7 +17,7 @@ from .core import atomic_write
 from .data import load_rgb
 
 # %% auto 0
-__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'soft_hard_figure', 'save_table']
+__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'soft_hard_figure', 'save_table', 'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -108,3 +108,11 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md
+
+def stage_tables(record: dict) -> list[pd.DataFrame]:
+    "A results record's self-critical stage, epoch by epoch (reward, baseline, greedy reward, validation), and each stage's test scores ×100; [] for a run without one."
+    if "stages" not in record: return []
+    st = record["stages"]
+    return [pd.DataFrame(st["scst"]["history"]).round(4),
+            pd.DataFrame({k: {m: round(100 * v, 1) for m, v in s["metrics"].items() if isinstance(v, float)}
+                          for k, s in st.items()}).T]

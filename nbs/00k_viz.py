@@ -188,6 +188,22 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md
 
+def stage_tables(record: dict) -> list[pd.DataFrame]:
+    "A results record's self-critical stage, epoch by epoch (reward, baseline, greedy reward, validation), and each stage's test scores ×100; [] for a run without one."
+    if "stages" not in record: return []
+    st = record["stages"]
+    return [pd.DataFrame(st["scst"]["history"]).round(4),
+            pd.DataFrame({k: {m: round(100 * v, 1) for m, v in s["metrics"].items() if isinstance(v, float)}
+                          for k, s in st.items()}).T]
+
+# %% [markdown]
+# A record with a self-critical stage gives its epochs and both stages' scores; one without gives nothing to show.
+
+# %%
+_rec = {"stages": {"xe": {"metrics": {"CIDEr": 1.2}}, "scst": {"metrics": {"CIDEr": 1.3}, "history": [{"reward": 0.9}]}}}
+_h, _s = stage_tables(_rec)
+assert list(_h["reward"]) == [0.9] and _s.loc["scst", "CIDEr"] == 130.0 and stage_tables({"metrics": {}}) == []
+
 
 # %%
 _m = smooth_attention(torch.eye(1, 196).flatten(), (14, 14), 112)

@@ -298,11 +298,12 @@ def chapter(notebook: str) -> Chapter:
     return chs[notebook]
 
 def model_hparams(name: str, params: Any) -> dict:
-    "The fields of model `name`'s config taken from chapter parameters `params` (its preset fields left out)."
+    "The fields of model `name`'s config taken from chapter parameters `params` (its preset fields left out, and a None the model's config does not default to None: the model's own default)."
     from capbook.models import spec
     s = spec(name)
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(s.config)
-            if f.name not in s.preset and hasattr(params, f.name)}
+            if f.name not in s.preset and hasattr(params, f.name)
+            and not (getattr(params, f.name) is None and f.default is not None)}
 
 
 # %% [markdown]
