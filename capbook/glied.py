@@ -340,5 +340,5 @@ GLIED_CHAPTER = register_chapter(Chapter(
     inputs=glied_inputs,
     encoder="resnet101",
     figures=("fig_glied_figure3.png",),
-    compares=("02_show_attend_tell",),
+    compares=("02_show_attend_tell", "06_baselines"),   # Table 2's LSTM and SoftAtt; Tables 1-2's baselines
 ))

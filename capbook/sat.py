@@ -194,4 +194,5 @@ SAT = register_chapter(Chapter(
     encoder="vgg16",
     tables={"Table 1": sat_table1},
     figures=("fig_sat_figure3.png", "fig_sat_figure5.png", "fig_soft_vs_hard_example.png"),
+    compares=("06_baselines",),                   # Table 1's Show and Tell row
 ))

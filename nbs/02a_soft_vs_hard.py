@@ -38,6 +38,7 @@ from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
 from capbook.shapes import object_mentions, parse_caption
 from capbook.viz import attention_figure, save_figure, save_table
+from capbook.baselines import BASELINE_NOTE, baseline_records
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -83,7 +84,9 @@ display(Markdown(save_table(lam, run.path("table_sat_hard_lambda"), floatfmt=".2
 # (attention mass on the named object and how often the attention peak falls on it; see `capbook.metrics`), and the
 # training time. The hard model appears twice: decoded with the most probable location (capbook's choice, see
 # `capbook.attention.HardAttention`) and with the expected context. "No attention" is the same decoder fed the mean
-# annotation vector at every step — the Google NIC rows' idea (the image, not where to look) on capbook's decoder.
+# annotation vector at every step — the Google NIC rows' idea (the image, not where to look) on capbook's decoder;
+# Google NIC itself (Vinyals et al.: the image once, as the first input) is measured in the baselines chapter
+# (`06_baselines`), on the same data and features, and its row stands beside the quoted ones.
 
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
@@ -94,6 +97,8 @@ ours = [row("Soft-Attention", recs[""]["metrics"], recs[""]),
         row("Hard-Attention", recs[sel]["metrics"], recs[sel]),
         row("Hard-Attention, expected context at test", recs[sel]["metrics_expected_context"], recs[sel]),
         row("No attention (mean context)", recs["none"]["metrics"], recs["none"])]
+nic = baseline_records(profile, recs[""]["data"]["fingerprint"])["nic"]
+ours.append({**row("Google NIC", nic["metrics"], nic), "note": f"Show and Tell, measured: {BASELINE_NOTE}"})
 table1 = pd.concat([sat_table1(), pd.DataFrame(ours)], ignore_index=True)
 cols = ["dataset", "model", "source", "BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR"]
 table1 = table1[cols + [c for c in table1.columns if c not in cols + ["note"]] + ["note"]]

@@ -418,6 +418,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
     encoder="resnet101",
     tables={f"Table {n}": (lambda n=n: spca_table(n)) for n in (1, 2, 3, 4)},
     figures=("fig_spca_figure1.png", "fig_spca_figure4.png"),
+    compares=("02_show_attend_tell", "06_baselines"),   # Table 4's Soft/Hard-Attention rows and its baselines
 ))
 
 # %% [markdown]

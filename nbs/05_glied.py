@@ -57,6 +57,7 @@ import pandas as pd
 from IPython.display import Image as IPImage, display
 from capbook.core import load_torch
 from capbook.runner import run_chapter
+from capbook.viz import stage_tables
 
 
 # %% [markdown]
@@ -545,7 +546,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
     inputs=glied_inputs,
     encoder="resnet101",
     figures=("fig_glied_figure3.png",),
-    compares=("02_show_attend_tell",),
+    compares=("02_show_attend_tell", "06_baselines"),   # Table 2's LSTM and SoftAtt; Tables 1-2's baselines
 ))
 
 # %% [markdown]
@@ -603,10 +604,7 @@ pd.DataFrame({s: r.record["attributes"]["scores"][s] for s in ("val", "test")}).
 # validation CIDEr rising from the cross-entropy model's.
 
 # %%
-if "stages" in r.record:
-    display(pd.DataFrame(r.record["stages"]["scst"]["history"]).round(4))
-    display(pd.DataFrame({k: {m: round(100 * v, 1) for m, v in s["metrics"].items() if isinstance(v, float)}
-                          for k, s in r.record["stages"].items()}).T)
+for _t in stage_tables(r.record): display(_t)
 
 # %%
 pd.DataFrame({"test": {m: round(100 * v, 1) for m, v in ev["metrics"].items()}}).T

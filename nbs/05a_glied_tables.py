@@ -49,7 +49,8 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
 run = start_run("05a_glied_tables", read_params(["profile", "run_dir"], globals()))
-steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_show_attend_tell", ("", "none"))})
+steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_show_attend_tell", ("", "none")),
+                                      "base": ("06_baselines", None)})
 p0 = recs["glied", ""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "variant": recs[k].get("figure3", {}).get("variant", ""),
@@ -74,7 +75,10 @@ display(Markdown(save_table(attr_tab, run.path("table_glied_attributes"), floatf
 # ## Table 1: cross-entropy and self-critical training
 #
 # The base model and GLIED, each under cross-entropy and after self-critical training on CIDEr-D, beside the paper's
-# one stated number. BLEU-1, BLEU-4, METEOR, ROUGE-L and CIDEr ×100 as in the paper; SPICE needs Stanford CoreNLP's
+# one stated number and the two baselines of its Table 1 that capbook implements, trained the same way in the baselines
+# chapter (`06_baselines`): SCST (Rennie et al.'s Att2in, self-critically trained) and Up-Down (Anderson et al.). RFNet
+# (an ensemble of several CNNs' features) and GCN-LSTM (scene graphs from a separately trained relation detector) need
+# inputs the book does not have, and stay out of the table. BLEU-1, BLEU-4, METEOR, ROUGE-L and CIDEr ×100 as in the paper; SPICE needs Stanford CoreNLP's
 # jars, which cannot be downloaded here (the `note` says so when it is missing); capbook adds the shapes semantic F1s.
 
 # %%
@@ -89,7 +93,9 @@ def stage_row(model, k, stage):
 def spice_note(rec):                                      # the record's note names this machine's folders: the table does not
     note = rec.get("notes", {}).get("SPICE", "")
     return "SPICE unavailable: Stanford CoreNLP's jars are not installed (they cannot be downloaded here)" if note else ""
-ours = [stage_row(name, k, st) for st in ("xe", "scst") for name, k in (("Base", ("glied", "base")), ("GLIED", ("glied", "")))]
+ours = [stage_row(name, k, st) for st in ("xe", "scst")
+        for name, k in (("SCST (Att2in)", ("base", "att2in")), ("Up-Down", ("base", "")),
+                        ("Base", ("glied", "base")), ("GLIED", ("glied", "")))]
 quoted = [{"dataset": "COCO (Karpathy test)", "model": "GLIED", "training": "+ reinforcement learning", "source": "paper (quoted)",
            "CIDEr": GLIED_ABSTRACT_CIDER, "note": "the abstract's number; the rest of the paper's Table 1 is an image capbook's copy lost"}]
 table1 = pd.DataFrame(quoted + ours)
@@ -155,14 +161,15 @@ fig.tight_layout(); save_figure(fig, run.path("fig_glied_scst.png")); plt.close(
 display(IPImage(filename=str(run.path("fig_glied_scst.png"))))
 display(Markdown(save_table(pd.DataFrame(rows), run.path("table_glied_scst"), floatfmt=".3f")))
 
+
 # %% [markdown]
 # ## Table 2: parameters, training time, inference speed
 #
-# The paper's Table 2 (quoted; a GTX 1080 Ti, COCO) beside capbook's models on this machine and data: the
-# no-attention LSTM with the mean image feature at every step and soft attention (Show-Attend-Tell's runs), the base
-# model and GLIED (cross-entropy stage). Training minutes are the cross-entropy training time over the run's epochs,
-# inference is the test split's beam-3 decode in images per second, CIDEr is on the test split. Up-Down and CT stay
-# quoted until capbook implements them (the baselines issue).
+# The paper's Table 2 (quoted; a GTX 1080 Ti, COCO) beside capbook's models on this machine and data, every row
+# measured: the LSTM with the mean image feature at every step, Up-Down and CT (the baselines chapter), soft attention
+# (Show-Attend-Tell's run), the base model and GLIED (cross-entropy stage). Training minutes are the cross-entropy
+# training time over the run's epochs (`epochs` says how many: each chapter has its own budget), inference is the test
+# split's beam-3 decode in images per second, CIDEr is on the test split.
 
 # %%
 def t2_row(name, k, stage=None):
@@ -172,8 +179,8 @@ def t2_row(name, k, stage=None):
     return {"model": name, "source": "capbook (measured)", "#Parameters (M)": rec["n_params"] / 1e6, "Train time (min)": tr / 60,
             "Inference (ips)": ips, "CIDEr": 100 * m["CIDEr"], "epochs": len(rec["history"]),
             "device": f"{rec['machine']['device']} ({rec['machine']['threads']} threads)"}
-ours2 = [t2_row("LSTM (no attention, mean feature each step)", ("sat", "none")), t2_row("SoftAtt", ("sat", "")),
-         t2_row("Base", b, "xe"), t2_row("GLIED", g, "xe")]
+ours2 = [t2_row("LSTM", ("base", "lstm")), t2_row("SoftAtt", ("sat", "")), t2_row("Up-Down", ("base", ""), "xe"),
+         t2_row("CT", ("base", "ct")), t2_row("Base", b, "xe"), t2_row("GLIED", g, "xe")]
 table2 = pd.concat([glied_table2(), pd.DataFrame(ours2)], ignore_index=True)
 display(Markdown(save_table(table2, run.path("table_glied_table2"), floatfmt=".2f")))
 T2 = pd.DataFrame(ours2).set_index("model")
@@ -181,7 +188,12 @@ display(Markdown(
     f"GLIED has {T2.loc['GLIED', '#Parameters (M)'] / T2.loc['Base', '#Parameters (M)']:.2f}× the base's parameters "
     f"(paper: {18.3 / 12.3:.2f}×) and decodes at {T2.loc['GLIED', 'Inference (ips)'] / T2.loc['Base', 'Inference (ips)']:.2f}× its "
     f"speed (paper: {34.5 / 37.9:.2f}×); the base decodes {T2.loc['Base', 'Inference (ips)'] / T2.loc['SoftAtt', 'Inference (ips)']:.2f}× "
-    f"as fast as soft attention (paper: {37.9 / 23.3:.2f}×)."))
+    f"as fast as soft attention (paper: {37.9 / 23.3:.2f}×). Against the baselines: Up-Down has "
+    f"{T2.loc['Up-Down', '#Parameters (M)'] / T2.loc['Base', '#Parameters (M)']:.2f}× the base's parameters (paper: {50.1 / 12.3:.2f}×) "
+    f"and decodes at {T2.loc['Base', 'Inference (ips)'] / T2.loc['Up-Down', 'Inference (ips)']:.2f}× its speed "
+    f"(paper: the base {37.9 / 14.8:.2f}× as fast); CT scores {T2.loc['CT', 'CIDEr'] - T2.loc['Base', 'CIDEr']:+.1f} CIDEr "
+    f"against the base (paper: {115.1 - 113.5:+.1f}) and Up-Down {T2.loc['Up-Down', 'CIDEr'] - T2.loc['Base', 'CIDEr']:+.1f} "
+    f"(paper: {113.2 - 113.5:+.1f})."))
 
 # %% [markdown]
 # ## Table 4: the incremental study, with the sub-category scores

@@ -1,0 +1,150 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # All models of the book side by side
+#
+# > Every model the book trains — the five papers' and their baselines — on the same test images, features and data: caption metrics against what the captions say (semantic F1) and where the models look (attention correctness), in one table and one figure.
+#
+# This notebook trains nothing: it reads the results records of the book's runs (`capbook.book.compared_runs`, which
+# stops if any run was trained on other data) and sets them side by side. Each chapter trains with its own budget
+# (Show-Attend-Tell 6 epochs, SPCA 4, the spatial transformer 6, GLIED and the baselines 4 cross-entropy epochs, then 2
+# self-critical ones where a row says so): the `epochs` column says how many each row had.
+#
+# Three kinds of score, because a captioner can be good at one and bad at another:
+# - **caption metrics** (BLEU-4, CIDEr) reward n-grams shared with the references;
+# - **semantic F1** (shapes only) scores what the caption states — objects, attributes, counts, relations — against the
+#   image's ground truth and the references (`capbook.shapes.semantic_scores`);
+# - **attention correctness** (shapes only) measures how much of the attention, at the step that names an object, lies
+#   on that object (`att. mass`; uniform attention scores the objects' area) and how often its peak does (`att. hit`).
+
+# %%
+#| hide
+import numpy as np, pandas as pd
+import matplotlib.pyplot as plt
+from IPython.display import Image as IPImage, Markdown, display
+from capbook.runner import start_run, read_params
+from capbook.book import compared_runs
+from capbook.metrics import results_row
+from capbook.baselines import stage
+from capbook.viz import save_figure, save_table
+
+# %% tags=["parameters"]
+profile = "default"     # smoke | default | paper: the profile whose runs are assembled
+run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
+
+# %%
+run = start_run("06a_baselines_tables", read_params(["profile", "run_dir"], globals()))
+MODELS = [  # (label, family, (group, tag), training stage)
+    ("Show and Tell (NIC)", "baselines", ("base", "nic"), "xe"),
+    ("LSTM, image every step", "baselines", ("base", "lstm"), "xe"),
+    ("No attention (SAT decoder)", "Show-Attend-Tell", ("sat", "none"), "xe"),
+    ("Soft-Attention", "Show-Attend-Tell", ("sat", ""), "xe"),
+    ("Hard-Attention", "Show-Attend-Tell", ("sat", "hard"), "xe"),
+    ("SCA-CNN", "baselines", ("base", "sca-cnn"), "xe"),
+    ("Att2in", "baselines", ("base", "att2in"), "xe"),
+    ("Att2in + SCST", "baselines", ("base", "att2in"), "scst"),
+    ("Up-Down", "baselines", ("base", ""), "xe"),
+    ("Up-Down + SCST", "baselines", ("base", ""), "scst"),
+    ("2D-latent state", "SPCA", ("spca", "base"), "xe"),
+    ("2D-latent-LSTM + SPCA", "SPCA", ("spca", ""), "xe"),
+    ("1D-LSTM + SPCA", "SPCA", ("spca", "1d"), "xe"),
+    ("CT (6-block transformer decoder)", "baselines", ("base", "ct"), "xe"),
+    ("Spatial self-attention transformer", "spatial transformer", ("ssa", ""), "xe"),
+    ("GLIED base", "GLIED", ("glied", "base"), "xe"),
+    ("GLIED", "GLIED", ("glied", ""), "xe"),
+    ("GLIED + SCST", "GLIED", ("glied", ""), "scst"),
+]
+steps, recs = compared_runs(profile, {"sat": ("02_show_attend_tell", ("", "hard", "none")),
+                                      "spca": ("03_spca", ("", "base", "1d")),
+                                      "ssa": ("04_spatial_self_attention", ("",)),
+                                      "glied": ("05_glied", ("", "base")),
+                                      "base": ("06_baselines", None)})
+data = recs["base", ""]["data"]
+print(f"{len(steps)} runs, all trained on {data['dataset']} ({data['encoder']} features, data {data['fingerprint']})")
+
+# %% [markdown]
+# ## The table
+#
+# Test split, beam 3 (SPCA's runs: beam 2, the paper's), one seed each. Scores ×100.
+
+# %%
+rows = []
+for label, family, k, st in MODELS:
+    rec = recs[k]
+    s = stage(rec, st)
+    xe = stage(rec, "xe")
+    epochs = len(rec["history"]) + (len(rec["stages"]["scst"]["history"]) if st == "scst" else 0)
+    rows.append({"model": label, "family": family, "training": "+ self-critical" if st == "scst" else "cross-entropy",
+                 **results_row(s["metrics"]), "params (M)": rec["n_params"] / 1e6,
+                 "train min": (xe["train_s"] + (s["train_s"] if st == "scst" else 0)) / 60, "epochs": epochs,
+                 "images/s": s["images_per_s"]})
+table = pd.DataFrame(rows)
+keep = ["model", "family", "training", "BLEU-4", "METEOR", "CIDEr", "F1 all", "F1 counts", "F1 relations",
+        "att. mass", "att. hit", "params (M)", "train min", "epochs", "images/s"]
+table = table[[c for c in keep if c in table.columns]]
+display(Markdown(save_table(table, run.path("table_baselines_all"), floatfmt=".1f")))
+
+# %% [markdown]
+# ## Which model looks where, and which describes best
+#
+# Left: CIDEr against the semantic F1 (what the caption states; shapes only). Right: CIDEr against the attention mass
+# on the named object, for the models that have a spatial map to measure (NIC and the every-step LSTM have none).
+
+# %%
+T = table.set_index("model")
+families = list(dict.fromkeys(T["family"]))
+marks = dict(zip(families, "osD^vP"))
+has_sem = "F1 all" in T
+panels = ([("F1 all", "semantic F1 (all categories)")] if has_sem else []) + [("att. mass", "attention mass on the named object")]
+fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+for ax, (col, xlabel) in zip(axes[0], panels):
+    if col not in T: ax.set_visible(False); continue
+    for fam in families:
+        sub = T[(T["family"] == fam) & T[col].notna()]
+        ax.scatter(sub[col], sub["CIDEr"], marker=marks[fam], s=46, label=fam)
+        for name, r in sub.iterrows():
+            ax.annotate(name, (r[col], r["CIDEr"]), fontsize=6.5, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(xlabel); ax.set_ylabel("CIDEr"); ax.grid(alpha=.3)
+axes[0][0].legend(fontsize=7, loc="lower right")
+fig.suptitle(f"Every model of the book on the same test images ({data['dataset']}, {profile} profile)", fontsize=10)
+fig.tight_layout()
+fig_path = save_figure(fig, run.path("fig_baselines_comparison.png"))
+plt.close(fig)
+display(IPImage(filename=str(fig_path)))
+
+# %% [markdown]
+# What the runs say, computed from the table above (one seed each: a gap of a few points is within run-to-run noise;
+# the confidence intervals of a later chapter will say which gaps are real).
+
+# %%
+best = T["CIDEr"].idxmax()
+lines = [f"The best caption metrics: **{best}** ({T.loc[best, 'CIDEr']:.1f} CIDEr, {T.loc[best, 'BLEU-4']:.1f} BLEU-4)."]
+if has_sem:
+    sem = T["F1 all"].idxmax()
+    lines.append(f"The most accurate statements: **{sem}** (semantic F1 {T.loc[sem, 'F1 all']:.1f}).")
+    r = np.corrcoef(T["CIDEr"], T["F1 all"])[0, 1]
+    lines.append(f"Across the {len(T)} rows, CIDEr and semantic F1 correlate at r = {r:.2f}.")
+if "att. mass" in T and T["att. mass"].notna().any():
+    look = T["att. mass"].idxmax()
+    lines.append(f"The attention most on the named object: **{look}** ({T.loc[look, 'att. mass']:.1f} % of its mass, "
+                 f"peak on the object {T.loc[look, 'att. hit']:.0f} % of the time).")
+for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("SCA-CNN", "Soft-Attention"),
+              ("Show and Tell (NIC)", "LSTM, image every step"), ("GLIED", "Up-Down"), ("GLIED base", "CT (6-block transformer decoder)")):
+    lines.append(f"{a} against {b_}: {T.loc[a, 'CIDEr'] - T.loc[b_, 'CIDEr']:+.1f} CIDEr.")
+for a in ("Att2in", "Up-Down", "GLIED"):
+    lines.append(f"Self-critical training moved {a} by {T.loc[a + ' + SCST', 'CIDEr'] - T.loc[a, 'CIDEr']:+.1f} CIDEr"
+                 + (f" and {T.loc[a + ' + SCST', 'F1 relations'] - T.loc[a, 'F1 relations']:+.1f} relation F1." if has_sem else "."))
+display(Markdown("\n".join(f"- {l}" for l in lines)))
