@@ -196,6 +196,7 @@ def stage_tables(record: dict) -> list[pd.DataFrame]:
             pd.DataFrame({k: {m: round(100 * v, 1) for m, v in s["metrics"].items() if isinstance(v, float)}
                           for k, s in st.items()}).T]
 
+
 # %% [markdown]
 # A record with a self-critical stage gives its epochs and both stages' scores; one without gives nothing to show.
 
@@ -203,7 +204,6 @@ def stage_tables(record: dict) -> list[pd.DataFrame]:
 _rec = {"stages": {"xe": {"metrics": {"CIDEr": 1.2}}, "scst": {"metrics": {"CIDEr": 1.3}, "history": [{"reward": 0.9}]}}}
 _h, _s = stage_tables(_rec)
 assert list(_h["reward"]) == [0.9] and _s.loc["scst", "CIDEr"] == 130.0 and stage_tables({"metrics": {}}) == []
-
 
 # %%
 _m = smooth_attention(torch.eye(1, 196).flatten(), (14, 14), 112)

@@ -194,6 +194,11 @@ def glied_table2() -> pd.DataFrame:
 
 GLIED_ABSTRACT_CIDER = 129.3      # "achieves a CIDEr score of 129.3 in offline COCO evaluation" (GLIED, RL)
 
+GLIED_TABLE1_NOT_RUN = {          # Table 1's baselines capbook cannot run on its data, and why
+    "RFNet": "not run here: fuses the features of several CNNs (Jiang et al. 2018), the book has one encoder per dataset",
+    "GCN-LSTM": "not run here: needs scene graphs from a separately trained relation detector (Yao et al. 2018)",
+}
+
 GLIED_TABLE4_CLAIMS = {
     "+ global visual": "overall improvement; higher Relations and Count; lower accuracy on Objects/Attributes "
                        "(\"the decoder may get confused about the exact object or the attribute\")",

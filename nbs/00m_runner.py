@@ -259,7 +259,7 @@ class Chapter:
     params: type                                # the parameters dataclass (RunConfig + the model's config)
     model: Callable[[Any], str]                 # parameters -> registered model name
     runs: dict[str, dict]                       # tag -> parameters over the defaults; '' is the chapter's own run
-    epochs: dict[str, int]                      # default epochs per profile
+    epochs: dict[str, int | Callable[[Any], int]]   # default epochs per profile (or a function of the parameters)
     label: Callable[[Any], str]                 # parameters -> the row label of its attention figure
     figure: Callable[[Any], str]                # parameters -> the attention figure's file name
     train: dict = field(default_factory=dict)   # TrainConfig fields the paper fixes (schedule, selection metric)
@@ -403,7 +403,8 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
-    cfg = TrainConfig(**{**ch.train, **named, "epochs": p.epochs or ch.epochs[p.profile], "max_len": prep.max_len,
+    epochs = ch.epochs[p.profile]
+    cfg = TrainConfig(**{**ch.train, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs), "max_len": prep.max_len,
                          "val_beam": p.beam_size})
     kept = prep.train.n_kept(cfg.max_words)
     log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"

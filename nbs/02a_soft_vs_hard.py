@@ -86,7 +86,10 @@ display(Markdown(save_table(lam, run.path("table_sat_hard_lambda"), floatfmt=".2
 # `capbook.attention.HardAttention`) and with the expected context. "No attention" is the same decoder fed the mean
 # annotation vector at every step — the Google NIC rows' idea (the image, not where to look) on capbook's decoder;
 # Google NIC itself (Vinyals et al.: the image once, as the first input) is measured in the baselines chapter
-# (`06_baselines`), on the same data and features, and its row stands beside the quoted ones.
+# (`06_baselines`), on the same data and features, and its row stands beside the quoted ones. *capbook:* the other
+# quoted rows stay quoted: Log Bilinear (Kiros et al.'s multimodal log-bilinear language model) and BRNN (Karpathy and
+# Fei-Fei, an RNN given the image once, at its first step — the family the measured NIC row stands for) are not in the
+# book, and the MS Research and CMU/MS Research rows are whole systems with only a METEOR score.
 
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"

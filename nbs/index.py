@@ -23,7 +23,8 @@
 # ([Hui 2017](https://jhui.github.io/2017/03/15/Soft-and-hard-attention/)); SPCA (Lu et al. 2019,
 # [doi:10.3390/app9142888](https://doi.org/10.3390/app9142888)) with the 2D-latent-state LSTM it builds on (Dai et al.
 # 2018, [arXiv:1807.09958](https://arxiv.org/abs/1807.09958)); the spatial self-attention transformer of Springenberg
-# et al. (ESANN 2018); and GLIED (Liu et al. 2019, [doi:10.24963/ijcai.2019/708](https://doi.org/10.24963/ijcai.2019/708)). Every
+# et al. (ESANN 2018); and GLIED (Liu et al. 2019, [doi:10.24963/ijcai.2019/708](https://doi.org/10.24963/ijcai.2019/708)); and
+# it measures, on the same data, features, trainer and beam search, the baselines those papers only quote. Every
 # chapter is a notebook that both explains a paper — its equations next to the lines that compute them — and exports
 # the importable `capbook` package. `capbook book` executes them in sequence with papermill and regenerates every
 # table (the paper's published numbers, quoted, beside capbook's measured ones) and figure; this site is built from
@@ -57,7 +58,11 @@
 # | the book | `00l_papers` → `papers` (the published numbers), `00m_runner` → `runner` (one chapter run, chapter declarations), `00n_book` → `book` (the plan, the CLI), `00o_docs` → `docs` |
 #
 # The paper chapters follow, one prefix per paper: `01_dataset`; `02_show_attend_tell` and its tables `02a_soft_vs_hard`
-# (module `capbook.sat`); `03_spca` and `03a_spca_tables` (module `capbook.spca`). A paper's module holds its models,
+# (module `capbook.sat`); `03_spca` and `03a_spca_tables` (module `capbook.spca`); `04_spatial_self_attention` and
+# `04a_ssa_tables` (`capbook.ssa`); `05_glied` and `05a_glied_tables` (`capbook.glied`, with the attribute detector of
+# `00p_attributes`); and `06_baselines` (`capbook.baselines`: Show and Tell, Att2in, SCA-CNN, Up-Down, CT and SCST on
+# them — the models the papers' tables quote, measured) with `06a_baselines_tables`, every model of the book side by
+# side. A paper's module holds its models,
 # its config, and its chapter declaration (the runs the book executes, its published tables and figures); the book's
 # plan, the docs site's chapter list and the README's chapter table are derived from the notebooks and these
 # declarations.

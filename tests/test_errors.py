@@ -153,6 +153,11 @@ FUZZ = {
                                 attr_threshold=[0.0, 0.5], attr_keep=[0, 3], attr_epochs=[1], beam_size=[1, 3],
                                 batch_size=[7, 64]),
                      valid=lambda c: c["d_model"] is None or c["d_model"] % c["heads"] == 0),
+    "06_baselines": dict(space=dict(model=["nic", "lstm", "att2in", "sca_cnn", "updown", "ct"], order=["C-S", "S-C"],
+                                    hidden_dim=[16, 256], att_dim=[8, 128], dropout=[None, 0.0], heads=[2, 8],
+                                    d_model=[None, 32], scst_epochs=[0, 1], scst_baseline=["greedy", "mean"],
+                                    beam_size=[1, 3], batch_size=[7, 64]),
+                         valid=lambda c: c["d_model"] is None or c["d_model"] % c["heads"] == 0),
 }
 
 
