@@ -118,7 +118,7 @@ for ax, (col, xlabel) in zip(axes[0], panels):
         for name, r in sub.iterrows():
             ax.annotate(name, (r[col], r["CIDEr"]), fontsize=6.5, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(xlabel); ax.set_ylabel("CIDEr"); ax.grid(alpha=.3)
-axes[0][0].legend(fontsize=7, loc="lower right")
+axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"Every model of the book on the same test images ({data['dataset']}, {profile} profile)", fontsize=10)
 fig.tight_layout()
 fig_path = save_figure(fig, run.path("fig_baselines_comparison.png"))
