@@ -15,7 +15,7 @@ from .core import (CapbookError, check_choice, check_float, check_int, code_vers
 # %% auto 0
 __all__ = ['PROFILES', 'CHAPTERS', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'RunConfig', 'read_params',
            'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun',
-           'measured', 'figure_pick', 'self_critical', 'run_chapter']
+           'measured', 'record_stage', 'figure_pick', 'self_critical', 'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -230,6 +230,13 @@ class ChapterRun:
 def measured(ev: dict) -> dict:
     "An evaluation's metrics as a results record keeps them."
     return {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
+
+def record_stage(rec: dict, which: str = "xe") -> dict:
+    "A results record's metrics, training seconds and decoding speed after cross-entropy ('xe') or self-critical training ('scst'); a run without SCST has only 'xe'."
+    if "stages" in rec: return rec["stages"][which]
+    if which != "xe": raise CapbookError(f"run {rec.get('_dir', '?')} has no self-critical stage (scst_epochs was 0)")
+    return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
+            "best_epoch": rec.get("best_epoch")}
 
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."

@@ -40,7 +40,8 @@ from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.train import load_trained
 from capbook.viz import attention_figure, save_table
-from capbook.baselines import BASELINE_NOTE, baseline_records, stage
+from capbook.baselines import BASELINE_NOTE, baseline_records
+from capbook.runner import record_stage
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -150,7 +151,7 @@ t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
 hard_rec = step_record(profile, chapter_steps(profile, "02_show_attend_tell")["hard"])
 base_recs = baseline_records(profile, recs[""]["data"]["fingerprint"])
 t4 += [{"model": "Hard-Attention", **measured("hard", hard_rec), "note": "Show-Attend-Tell's chapter (6 epochs, beam 3)"}]
-t4 += [{"model": name, **measured(tag, base_recs[tag], stage(base_recs[tag], "xe")["metrics"]), "note": f"{BASELINE_NOTE}; beam 3"}
+t4 += [{"model": name, **measured(tag, base_recs[tag], record_stage(base_recs[tag])["metrics"]), "note": f"{BASELINE_NOTE}; beam 3"}
        for name, tag in (("Google NIC", "nic"), ("SCA-CNN", "sca-cnn"), ("ATT2in", "att2in"))]
 table4 = pd.concat([spca_table(4), pd.DataFrame(t4)], ignore_index=True)
 table4 = table4[["dataset", "model", "source"] + [c for c in table4.columns if c not in ("dataset", "model", "source")]]

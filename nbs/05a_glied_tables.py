@@ -35,7 +35,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params
+from capbook.runner import start_run, read_params, record_stage
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -178,15 +178,15 @@ display(Markdown(save_table(pd.DataFrame(rows), run.path("table_glied_scst"), fl
 # split's beam-3 decode in images per second, CIDEr is on the test split.
 
 # %%
-def t2_row(name, k, stage=None):
+def t2_row(name, k):                                    # the cross-entropy stage of every row, as the paper's Table 2
     rec = recs[k]
-    m, tr, ips = ((rec["stages"][stage]["metrics"], rec["stages"][stage]["train_s"], rec["stages"][stage]["images_per_s"])
-                  if stage else (rec["metrics"], rec["timings"]["train_s"], rec["timings"]["images_per_s"]))
-    return {"model": name, "source": "capbook (measured)", "#Parameters (M)": rec["n_params"] / 1e6, "Train time (min)": tr / 60,
-            "Inference (ips)": ips, "CIDEr": 100 * m["CIDEr"], "epochs": len(rec["history"]),
+    s = record_stage(rec, "xe")
+    return {"model": name, "source": "capbook (measured)", "#Parameters (M)": rec["n_params"] / 1e6,
+            "Train time (min)": s["train_s"] / 60, "Inference (ips)": s["images_per_s"], "CIDEr": 100 * s["metrics"]["CIDEr"],
+            "epochs": len(rec["history"]),
             "device": f"{rec['machine']['device']} ({rec['machine']['threads']} threads)"}
-ours2 = [t2_row("LSTM", ("base", "lstm")), t2_row("SoftAtt", ("sat", "")), t2_row("Up-Down", ("base", ""), "xe"),
-         t2_row("CT", ("base", "ct")), t2_row("Base", b, "xe"), t2_row("GLIED", g, "xe")]
+ours2 = [t2_row("LSTM", ("base", "lstm")), t2_row("SoftAtt", ("sat", "")), t2_row("Up-Down", ("base", "")),
+         t2_row("CT", ("base", "ct")), t2_row("Base", b), t2_row("GLIED", g)]
 table2 = pd.concat([glied_table2(), pd.DataFrame(ours2)], ignore_index=True)
 display(Markdown(save_table(table2, run.path("table_glied_table2"), floatfmt=".2f")))
 T2 = pd.DataFrame(ours2).set_index("model")
@@ -215,7 +215,7 @@ order = [("Base", "base"), ("+ global visual", "global-visual"), ("+ global attr
 CATS = ["objects", "attributes", "counts", "relations"]
 def t4_row(name, tag):
     rec = recs["glied", tag]
-    m = rec["stages"]["xe"]["metrics"] if "stages" in rec else rec["metrics"]
+    m = record_stage(rec)["metrics"]
     row = {"model": name, **{c: v for c, v in results_row(m).items() if c in ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")}}
     for c in CATS + ["all"]:
         s = m.get("semantic", {}).get(c)

@@ -315,20 +315,22 @@ class SCAttention(Attention):
         return a.mean(1)
 
     def forward(self, a, pre, h, expected=None):                   # a: (B, L, C); pre: v̄ (B, C); h: (R, d)
-        R = len(h)
+        R, L = len(h), a.shape[1]
+        weighted = lambda alpha: torch.bmm(alpha.view(len(a), -1, L), a).view(R, -1)   # sum_i alpha_i v_i: (R, C)
         if self.order == "C-S":
             # beta = Phi_c(h_{t-1}, V): (R, C)
             beta = self.channel(_rows(pre, R), h)
             # alpha = Phi_s(h_{t-1}, f_c(V, beta)): (R, L)
             alpha = self.spatial(a, h, beta)
+            av = weighted(alpha)
         else:
             # alpha = Phi_s(h_{t-1}, V): (R, L)
             alpha = self.spatial(a, h)
+            av = weighted(alpha)
             # beta = Phi_c(h_{t-1}, f_s(V, alpha)), the channels' means of the spatially weighted map: (R, C)
-            v_alpha = torch.bmm(alpha.view(len(a), -1, alpha.shape[-1]), a).view(R, -1) / alpha.shape[-1]
-            beta = self.channel(v_alpha, h)
+            beta = self.channel(av / L, h)
         # X = sum_i alpha_i (beta ⊙ v_i) = beta ⊙ sum_i alpha_i v_i: (R, C)
-        z = beta * torch.bmm(alpha.view(len(a), -1, alpha.shape[-1]), a).view(R, -1)
+        z = beta * av
         return z, self.keep(alpha), {"channel": beta}
 
 @dataclass
@@ -527,14 +529,6 @@ def baseline_records(profile: str, fingerprint: str | None = None) -> dict[str, 
             raise CapbookError(f"baseline runs {other} were trained on other data than this table's runs: "
                                f"run `capbook book --profile {profile}` again")
     return {tag: rec for (_, tag), rec in recs.items()}
-
-def stage(rec: dict, which: str = "xe") -> dict:
-    "A run's metrics, training seconds and decoding speed after cross-entropy ('xe') or self-critical training ('scst')."
-    from capbook.core import CapbookError
-    if "stages" in rec: return rec["stages"][which]
-    if which != "xe": raise CapbookError(f"run {rec.get('_dir', '?')} has no self-critical stage (scst_epochs was 0)")
-    return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
-            "best_epoch": rec.get("best_epoch")}
 
 
 # %% [markdown]

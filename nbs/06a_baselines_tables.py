@@ -35,10 +35,9 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params
+from capbook.runner import start_run, read_params, record_stage
 from capbook.book import compared_runs
 from capbook.metrics import results_row
-from capbook.baselines import stage
 from capbook.viz import save_figure, save_table
 
 # %% tags=["parameters"]
@@ -84,8 +83,8 @@ print(f"{len(steps)} runs, all trained on {data['dataset']} ({data['encoder']} f
 rows = []
 for label, family, k, st in MODELS:
     rec = recs[k]
-    s = stage(rec, st)
-    xe = stage(rec, "xe")
+    s = record_stage(rec, st)
+    xe = record_stage(rec, "xe")
     epochs = len(rec["history"]) + (len(rec["stages"]["scst"]["history"]) if st == "scst" else 0)
     rows.append({"model": label, "family": family, "training": "+ self-critical" if st == "scst" else "cross-entropy",
                  **results_row(s["metrics"]), "params (M)": rec["n_params"] / 1e6,

@@ -3,11 +3,11 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from capbook.baselines import BASELINES, BaselineParams, SCAttention, baseline_records, stage
+from capbook.baselines import BASELINES, BaselineParams, SCAttention, baseline_records
 from capbook.core import CapbookError
 from capbook.decode import beam_search, pad_captions
 from capbook.models import build, spec
-from capbook.runner import model_hparams
+from capbook.runner import model_hparams, record_stage as stage
 
 V, D, GRID = 13, 6, (2, 3)
 L = GRID[0] * GRID[1]
