@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import atomic_write, check_float, check_int, data_dir, load_json, save_json, seed_everything, stable_hash
+from .core import atomic_write, check_float, check_int, data_dir, load_json, one_at_a_time, save_json, seed_everything, stable_hash
 
 # %% auto 0
 __all__ = ['STOPWORDS', 'content_words', 'attribute_labels', 'log1mexp', 'noisy_or', 'mil_loss', 'AttributeConfig', 'MILDetector',
@@ -179,6 +179,7 @@ class Attributes:
 def _module_digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
+@one_at_a_time("attributes")         # side-by-side GLIED runs train the detector once
 def attributes_for(prep, cfg: AttributeConfig | None = None, device="cpu", log: Callable[[str], None] = print) -> Attributes:
     "Train (or load the cached) MIL detector for `prep` and return the kept attributes of every split."
     cfg = (cfg or AttributeConfig()).check()

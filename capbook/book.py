@@ -10,13 +10,13 @@ from functools import lru_cache
 from pathlib import Path
 import numpy as np
 import torch
-from .core import CapbookError, error_line, io_error, load_json, os_error_line, package_hash, runs_dir, save_json, stable_hash
+from .core import CapbookError, check_int, error_line, io_error, load_json, os_error_line, package_hash, runs_dir, save_json, stable_hash
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
 __all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
            'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish',
-           'run_book', 'bench', 'cider_bench', 'train_cli', 'main']
+           'run_plan', 'run_book', 'bench', 'cider_bench', 'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -198,18 +198,49 @@ def publish(profile: str, steps: list[Step]) -> Path:
                 tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
     return dst
 
-def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print) -> dict:
-    "Regenerate the book at `profile`: run the plan, publish tables and figures, build the docs site."
+def _threads(jobs: int) -> int:
+    "Intra-op threads for each of `jobs` side-by-side runs: the cores shared out, at least one."
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print) -> dict[str, Path]:
+    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
+    from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
+    import multiprocessing as mp
+    ups = {s.name: [u.name for u in upstream_of(s, steps)] for s in steps}
+    keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
+    threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if jobs > 1:                                  # each kernel inherits its share of the cores
+        for k in threads: os.environ[k] = str(_threads(jobs))
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            while waiting or running:
+                ready = [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
+                for s in ready[:jobs - len(running)]:
+                    waiting.remove(s)
+                    running[pool.submit(run_step, s, profile, force, print, {u: keys[u] for u in ups[s.name]})] = s
+                if not running: break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    s = running.pop(f)
+                    try: outs[s.name] = f.result()[0]
+                    except CapbookError as e: failed = failed or e; continue
+                    keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
+    finally:
+        for k, v in threads.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+    if failed is not None: raise failed
+    return outs
+
+def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1) -> dict:
+    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site."
     check_profile(profile)
+    check_int("jobs", jobs, lo=1)
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
-    t0, steps, executed = time.time(), plan(profile), []
-    log(f"capbook book --profile {profile}: {len(steps)} notebooks -> {runs_dir() / profile}")
-    keys = {}
-    for s in steps:
-        up = {u.name: keys[u.name] for u in upstream_of(s, steps)}
-        out = run_step(s, profile, force, log, up)[0]
-        keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
-        if not s.tag: executed.append(out)          # the site shows each notebook once: its untagged run
+    t0, steps = time.time(), plan(profile)
+    log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
+    outs = run_plan(profile, steps, force, jobs, log)
+    executed = [outs[s.name] for s in steps if not s.tag]    # the site shows each notebook once: its untagged run
     dst = publish(profile, steps)
     log(f"tables and figures -> {dst}")
     site = None
@@ -326,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--profile", default="default", choices=PROFILES)
     b.add_argument("--force", action="store_true", help="rerun notebooks even if unchanged")
     b.add_argument("--no-docs", action="store_true", help="skip building the docs site")
+    b.add_argument("-j", "--jobs", type=int, default=1, help="notebooks run side by side (each with its share of the cores)")
     be = sub.add_parser("bench", help="print training and decoding speed as JSON")
     be.add_argument("--profile", default="default", choices=PROFILES)
     t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
@@ -339,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
-        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs)
+        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs)
         elif a.cmd == "params":
             changed = sync_parameters(write=not a.check)
             print("\n".join(changed) or "parameters cells are current")

@@ -12,9 +12,9 @@ import torch
 
 # %% auto 0
 __all__ = ['CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'io_error',
-           'os_error_line', 'io_errors_as_lines', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'load_torch',
-           'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
-           'get_device', 'autocast', 'check_choice', 'check_int', 'check_float']
+           'os_error_line', 'io_errors_as_lines', 'one_at_a_time', 'atomic_write', 'save_json', 'load_json',
+           'save_torch', 'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest',
+           'seed_everything', 'get_device', 'autocast', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -109,6 +109,22 @@ def io_errors_as_lines(fn: Callable) -> Callable:
         try: return fn(*a, **k)
         except OSError as e: raise os_error_line(e) from None
     return wrapper
+
+def one_at_a_time(name: str) -> Callable:
+    "Decorate a builder of shared data so that one process at a time runs it (an exclusive lock on `data/.<name>.lock`): runs side by side (`capbook book -j 2`) build a missing cache once and the others then open it."
+    import fcntl, functools
+    def deco(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            try:
+                data_dir().mkdir(parents=True, exist_ok=True)
+                f = open(data_dir() / f".{name}.lock", "a")
+            except OSError: return fn(*a, **k)            # a read-only data folder: nothing to build, nothing to guard
+            with f:
+                fcntl.flock(f, fcntl.LOCK_EX)            # released when the file closes, or when the process dies
+                return fn(*a, **k)
+        return wrapper
+    return deco
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from capbook.core import CapbookError, check_choice, check_int, file_digests, io_errors_as_lines, load_json, stable_hash
+from capbook.core import CapbookError, check_choice, check_int, file_digests, io_errors_as_lines, load_json, one_at_a_time, stable_hash
 from capbook.data import (SPLITS, CaptionData, KarpathyData, Vocab, feature_path, open_features, read_karpathy,
                           store_outdated, write_features)
 from capbook import encoders, shapes
@@ -166,6 +166,7 @@ def write_regions(files: list[Path], path: Path, keys: list[str], source: dict, 
 # %%
 #| export
 @io_errors_as_lines
+@one_at_a_time("prepare")            # side-by-side runs: the first builds what is missing, the others then open it
 def prepare(dataset: str = "shapes", profile: str = "default", seed: int = 0, data_path: str | Path | None = None,
             encoder: str | None = None, min_count: int = 5, max_len: int | None = None, device: str = "auto",
             weights: str = "imagenet", batch_size: int = 32, regions: str | Path | None = None) -> Prepared:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
-from capbook.core import atomic_write, check_float, check_int, data_dir, load_json, save_json, seed_everything, stable_hash
+from capbook.core import atomic_write, check_float, check_int, data_dir, load_json, one_at_a_time, save_json, seed_everything, stable_hash
 
 # %% [markdown]
 # GLIED (§3.1): "For textual attributes, we adopt Multiple Instance Learning [Zhang et al., 2006], a weakly-supervised
@@ -288,6 +288,7 @@ class Attributes:
 def _module_digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
+@one_at_a_time("attributes")         # side-by-side GLIED runs train the detector once
 def attributes_for(prep, cfg: AttributeConfig | None = None, device="cpu", log: Callable[[str], None] = print) -> Attributes:
     "Train (or load the cached) MIL detector for `prep` and return the kept attributes of every split."
     cfg = (cfg or AttributeConfig()).check()

@@ -10,7 +10,8 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def book(home):
-    p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke"], capture_output=True, text=True, timeout=1200)
+    p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2"], capture_output=True, text=True,
+                       timeout=1200)              # side by side; the skip test below reruns it one at a time
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return home, p.stdout
 
@@ -92,6 +93,18 @@ def test_failing_notebook_names_notebook_and_cell(home):
         run_step(Step("02_show_attend_tell", {"profile": "smoke", "beam_size": 0}, tag="bad"), "smoke", log=lambda s: None)
     msg = str(e.value)
     assert "02_show_attend_tell.ipynb failed in cell" in msg and "beam_size" in msg and "\n" not in msg
+
+
+def test_side_by_side_failure_keeps_the_other_run(home):
+    "`-j 2`: one step fails; the step beside it still finishes (nothing computed is lost), the book stops with the failure's line."
+    from capbook.book import run_plan
+    from capbook.core import runs_dir
+    steps = [Step("02_show_attend_tell", {"profile": "smoke", "beam_size": 0}, tag="bad-j2"), Step("00_core")]
+    (runs_dir() / "smoke" / "00_core" / "done.json").unlink(missing_ok=True)
+    with pytest.raises(CapbookError) as e:
+        run_plan("smoke", steps, jobs=2)
+    assert "02_show_attend_tell.ipynb failed in cell" in str(e.value) and "\n" not in str(e.value)
+    assert (runs_dir() / "smoke" / "00_core" / "done.json").exists()
 
 
 def test_papermill_invalid_parameter_is_one_line(home, tmp_path):

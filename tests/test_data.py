@@ -146,6 +146,28 @@ def test_vocab():
 
 # --- feature store -----------------------------------------------------------------------------------------------
 
+def test_shared_builders_run_one_at_a_time(tmp_path):
+    "Two processes (two side-by-side book runs) calling a guarded builder: the second starts after the first ends."
+    import subprocess, sys, textwrap
+    log = tmp_path / "log"
+    code = textwrap.dedent(f"""
+        import os, time
+        os.environ["CAPBOOK_DATA"] = {str(tmp_path / "data")!r}
+        from capbook.core import one_at_a_time
+        @one_at_a_time("build")
+        def build():
+            with open({str(log)!r}, "a") as f: f.write("start\\n")
+            time.sleep(1.0)
+            with open({str(log)!r}, "a") as f: f.write("end\\n")
+            return 7
+        assert build() == 7
+    """)
+    ps = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    assert [p.wait(timeout=120) for p in ps] == [0, 0]
+    assert log.read_text().split() == ["start", "end", "start", "end"]      # never interleaved
+    assert (tmp_path / "data" / ".build.lock").exists()
+
+
 def test_feature_store_atomic(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPBOOK_DATA", str(tmp_path))
     p = D.feature_path("toy", "enc-8px-x", "train")
