@@ -27,11 +27,11 @@ from __future__ import annotations
 import pandas as pd
 
 # %% [markdown]
-# Every number in this module is copied from a paper's table (the full texts are in `shared/papers/`), with the
+# Every number in this module is copied from a paper's table (each section below links its paper), with the
 # paper's own markers kept in `note`. capbook's tables put these rows beside capbook's measured rows and label them
 # `source = "paper (quoted)"`; nothing here is ever computed or compared as if it were capbook's.
 #
-# ## Show, Attend and Tell (Xu et al. 2015), Table 1
+# ## Show, Attend and Tell ([Xu et al. 2015](https://arxiv.org/abs/1502.03044)), Table 1
 # "BLEU-1,2,3,4/METEOR metrics compared to other methods, † indicates a different split, (—) indicates an unknown
 # metric, ◦ indicates the authors kindly provided missing metrics by personal communication, Σ indicates an ensemble,
 # a indicates using AlexNet". BLEU is reported without a brevity penalty (§5.2). `None` is the paper's "—".
@@ -73,7 +73,7 @@ assert len(_t) == 15 and _t.query("dataset == 'COCO' and model == 'Soft-Attentio
 _t.tail(2)
 
 # %% [markdown]
-# ## SPCA, Tables 1–4
+# ## SPCA ([Lu et al. 2019](https://doi.org/10.3390/app9142888)), Tables 1–4
 # Table 1: "The parameters and speed results ... Speed results based on beam size 3, batch size 20 on an NVIDIA Titan X
 # GPU" (parameters in millions, milliseconds per image, mean ± std). Tables 2 and 3 (structures and kernel sizes) are on
 # the 2D-latent-state LSTM; the paper writes the parallel structure S‖C (capbook's parameter value: `S||C`). In Table 4, ‘*’ marks the authors' own reproductions; `None` is the paper's "-".
@@ -141,7 +141,7 @@ assert spca_table(2).query("dataset == 'COCO' and structure == 'S‖C'")["CIDEr"
 assert len(spca_table(4)) == 20 and spca_table(1)["ms/image"].iloc[1] == 70.95
 
 # %% [markdown]
-# ## Spatial self-attention (Springenberg et al. 2018), Table 1 and the training-time statement
+# ## Spatial self-attention ([Springenberg et al. 2018](https://www.esann.org/sites/default/files/proceedings/legacy/es2018-67.pdf)), Table 1 and the training-time statement
 # "Bleu precision and METEOR score obtained on the MS-COCO 2014 dataset." The Show-Attend-Tell row is printed as it is
 # in the paper: its BLEU are Xu et al.'s hard-attention numbers (71.8/50.4/35.7/25.0) and its METEOR is their
 # soft-attention one (23.9; hard attention's is 23.04) — the paper mixes the two rows of Xu et al.'s Table 1. The
@@ -167,12 +167,12 @@ def ssa_table1() -> pd.DataFrame:
 assert ssa_table1().set_index("model").loc["Proposed Model", "BLEU-4"] == 22.6 and len(ssa_table1()) == 2
 
 # %% [markdown]
-# ## GLIED (Liu et al. 2019): Table 2, the abstract's CIDEr, and what the text says of Tables 1 and 4
+# ## GLIED ([Liu et al. 2019](https://arxiv.org/abs/2002.12585)): Table 2, the abstract's CIDEr, and what the text says of Tables 1 and 4
 # Table 2, "Comparisons of model complexity and speed. #Parameters are estimated. Time and Speed is measured on a single
 # NVIDIA GeForce GTX 1080 Ti. ips stands for images per second. The symbol † denotes the result reported from original
 # papers." (COCO, cross-entropy training, bottom-up region features.)
 #
-# Tables 1 and 4 are images in the paper; the copy in `shared/papers/` lost them, and no stored source we could search
+# Tables 1 and 4 are images in the paper; the text copy capbook was built from lost them, and no stored source we could search
 # reproduces their numbers. So capbook quotes only what the text states: the abstract's "CIDEr score of 129.3 in
 # offline COCO evaluation" (GLIED; the text does not say, but §4.3 submits "GLIED optimized using reinforcement
 # learning", and 129.3 is in the range of CIDEr-optimised models), and, for Table 4, the paper's **claims** in words —
