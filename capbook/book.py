@@ -16,7 +16,7 @@ from .runner import PROFILES, check_profile, out_dir, records, chapters, paramet
 # %% auto 0
 __all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
            'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish',
-           'run_plan', 'run_book', 'bench', 'cider_bench', 'train_cli', 'main']
+           'build_docs', 'run_plan', 'run_book', 'bench', 'cider_bench', 'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -189,14 +189,28 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     return out, True
 
 def publish(profile: str, steps: list[Step]) -> Path:
-    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder."
+    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, and keep the reader's copies of the executed notebooks in its `notebooks/`."
+    from capbook.docs import keep_notebooks
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
-    for s in steps:
-        if s.tag: continue                          # ablation runs: their results reach the book through assembly notebooks
+    untagged = [s for s in steps if not s.tag]    # ablation runs reach the book through assembly notebooks
+    for s in untagged:
         for f in (runs_dir() / profile / s.name).glob("*"):
             if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv")):
                 tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
+    keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks")
     return dst
+
+def build_docs(profile: str = "default", log=print) -> Path:
+    "Build the docs site from the kept notebooks of the last book at `profile` (no training, no network); return its index page."
+    from capbook.docs import build_site
+    check_profile(profile)
+    kept, rank = out_dir(profile) / "notebooks", {nb: i for i, nb in enumerate(notebooks())}
+    pages = sorted((p for p in kept.glob("*.ipynb") if p.stem in rank), key=lambda p: rank[p.stem])
+    if not pages: raise CapbookError(f"{kept}: no kept notebooks of a {profile} book; run `capbook book --profile {profile}` first")
+    t0 = time.time()
+    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
+    log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
+    return site
 
 def _threads(jobs: int) -> int:
     "Intra-op threads for each of `jobs` side-by-side runs: the cores shared out, at least one."
@@ -239,17 +253,10 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps = time.time(), plan(profile)
     log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
-    outs = run_plan(profile, steps, force, jobs, log)
-    executed = [outs[s.name] for s in steps if not s.tag]    # the site shows each notebook once: its untagged run
+    run_plan(profile, steps, force, jobs, log)
     dst = publish(profile, steps)
-    log(f"tables and figures -> {dst}")
-    site = None
-    if docs:
-        from capbook.docs import build_site
-        rank = {nb: i for i, nb in enumerate(notebooks())}                       # the site in reading order
-        order = sorted(executed, key=lambda p: rank[p.stem])
-        site = build_site(order, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
-        log(f"docs site -> {site}")
+    log(f"tables, figures and the reader's notebooks -> {dst}")
+    site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
     secs = time.time() - t0
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
@@ -350,7 +357,7 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
 
 def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `bench`, `train`, `params` and `readme` subcommands."
+    "The `capbook` command: `book`, `docs`, `bench`, `train`, `params` and `readme` subcommands."
     ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
@@ -365,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--run-dir", required=True); t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--ckpt-every", type=int, default=0); t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training)")
+    d.add_argument("--profile", default="default", choices=PROFILES)
+    d.add_argument("--open", action="store_true", help="open the site in the default browser")
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
     rd = sub.add_parser("readme", help="regenerate the README's chapter table")
@@ -372,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs)
+        elif a.cmd == "docs":
+            site = build_docs(a.profile)
+            if a.open:
+                import webbrowser
+                webbrowser.open(site.as_uri())
         elif a.cmd == "params":
             changed = sync_parameters(write=not a.check)
             print("\n".join(changed) or "parameters cells are current")

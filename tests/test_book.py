@@ -70,6 +70,21 @@ def test_docs_site_shows_table_and_attention_figure(book):
     assert not list(site.glob("03_spca-*.html")), "each notebook appears once on the site"
 
 
+@pytest.mark.slow
+def test_docs_command_rebuilds_the_site_a_reader_meets(book):
+    "`capbook docs` builds the same site from the kept notebooks alone; every chapter reads as a book in Chromium."
+    from sitecheck import check_site
+    home, _ = book
+    kept = home / "runs" / "smoke" / "figures" / "notebooks"
+    assert (kept / "02_show_attend_tell.ipynb").exists() and not list(kept.glob("*-hard*"))    # untagged runs only
+    p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "smoke"], capture_output=True, text=True, timeout=600)
+    from capbook.book import notebooks
+    assert p.returncode == 0 and f"docs site of {len(notebooks())} chapters" in p.stdout, p.stdout + p.stderr
+    check_site(home / "runs" / "smoke" / "site" / "index.html", kept)
+    p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "paper"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no kept notebooks of a paper book; run `capbook book --profile paper` first" in p.stderr
+
+
 def test_step_record_prefers_book_run_then_exact_hand_run(home):
     from capbook.book import nb_defaults, step_record
     from capbook.core import save_json
