@@ -357,7 +357,7 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
 
 def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `docs`, `bench`, `train`, `params` and `readme` subcommands."
+    "The `capbook` command: `book`, `docs`, `caption`, `bench`, `train`, `params` and `readme` subcommands."
     ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
@@ -375,6 +375,14 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training)")
     d.add_argument("--profile", default="default", choices=PROFILES)
     d.add_argument("--open", action="store_true", help="open the site in the default browser")
+    c = sub.add_parser("caption", help="caption your own images with a trained model of the book")
+    c.add_argument("photos", nargs="+", metavar="PHOTO", help="image files (any format the loader reads)")
+    c.add_argument("--model", default="02_show_attend_tell", help="a run of the book (a plan step, e.g. 06_baselines-att2in)")
+    c.add_argument("--run-dir", help="a run folder instead (e.g. runs/default/adhoc/03_spca-1a2b3c4d)")
+    c.add_argument("--profile", default="default", choices=PROFILES, help="the book whose runs --model names")
+    c.add_argument("--beam", type=int, default=3, help="beam size")
+    c.add_argument("--attention", metavar="PNG", help="write the per-word attention figure here")
+    c.add_argument("--device", default="auto")
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
     rd = sub.add_parser("readme", help="regenerate the README's chapter table")
@@ -387,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
             if a.open:
                 import webbrowser
                 webbrowser.open(site.as_uri())
+        elif a.cmd == "caption":
+            from capbook.caption import attention_png, caption_photos, find_run
+            check_int("beam", a.beam, lo=1)
+            run = find_run(a.model, a.run_dir, a.profile)
+            caps = caption_photos(a.photos, run, a.beam, a.device)
+            for cap in caps: print(f"{cap['photo']}: {cap['caption']}")
+            if a.attention: print(f"attention -> {attention_png(caps, a.attention, a.run_dir or a.model)}")
         elif a.cmd == "params":
             changed = sync_parameters(write=not a.check)
             print("\n".join(changed) or "parameters cells are current")
