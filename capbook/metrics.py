@@ -268,7 +268,7 @@ class CiderD:
 _TINY, _SMALL = 1e-15, 1e-9                 # pycocoevalcap's BLEU constants
 
 def image_stats(keys: list[str], words: list[list[str]], refs: list[list[list[str]]], gt: dict | None = None) -> dict[str, np.ndarray]:
-    "Per-image sufficient statistics of BLEU-4 (N, 10), CIDEr (N,) and, with shapes ground truth `gt`, semantic F1 (N, 4)."
+    "Per-image sufficient statistics of BLEU-4 (N, 10), CIDEr (N,) and, with shapes ground truth `gt`, semantic F1 (N, 4) overall and per tuple category."
     from pycocoevalcap.bleu.bleu_scorer import cook_refs, cook_test
     from pycocoevalcap.cider.cider import Cider
     gts, res, _ = tokenized({k: [" ".join(r) for r in rs] for k, rs in zip(keys, refs)},
@@ -277,9 +277,11 @@ def image_stats(keys: list[str], words: list[list[str]], refs: list[list[list[st
     bleu = [cook_test(res[k][0], cook_refs(gts[k]), eff="closest") for k in keys]
     out = {"BLEU-4": np.array([[c["testlen"], c["reflen"], *c["guess"], *c["correct"]] for c in bleu], dtype=np.float64),
            "CIDEr": np.asarray(Cider().compute_score(gts, res)[1], dtype=np.float64)}
-    if gt is not None:
-        from capbook.shapes import semantic_counts
-        out["semantic F1"] = np.stack([semantic_counts(w, r, gt["images"][k]).sum(0) for k, w, r in zip(keys, words, refs)]).astype(np.float64)
+    if gt is not None:                            # (N, 4 categories, 4 counts): all categories, and each on its own
+        from capbook.shapes import CATEGORIES, semantic_counts
+        sem = np.stack([semantic_counts(w, r, gt["images"][k]) for k, w, r in zip(keys, words, refs)]).astype(np.float64)
+        out["semantic F1"] = sem.sum(1)
+        out |= {f"{c} F1": sem[:, i] for i, c in enumerate(CATEGORIES)}
     return out
 
 def _bleu4(t: np.ndarray) -> np.ndarray:
@@ -293,7 +295,8 @@ def _f1(t: np.ndarray) -> np.ndarray:
     p, r = t[:, 0] / np.maximum(t[:, 1], 1), t[:, 2] / np.maximum(t[:, 3], 1)
     return np.where(p + r > 0, 2 * p * r / np.where(p + r > 0, p + r, 1), 0.0)
 
-FROM_SUMS = {"BLEU-4": lambda t, n: _bleu4(t), "CIDEr": lambda t, n: t / n, "semantic F1": lambda t, n: _f1(t)}
+FROM_SUMS = {"BLEU-4": lambda t, n: _bleu4(t), "CIDEr": lambda t, n: t / n, "semantic F1": lambda t, n: _f1(t),
+             **{f"{c} F1": lambda t, n: _f1(t) for c in ("objects", "attributes", "counts", "relations")}}
 
 def draws(n: int, resamples: int = 1000, seed: int = 0) -> np.ndarray:
     "How often each of `n` images is drawn in each of `resamples` bootstrap draws: counts (resamples, n), seeded."
