@@ -234,3 +234,22 @@ def test_smoke_book_semantic_and_glied_tables(book):
     claims = (figs / "table_glied_claims.md").read_text()
     assert sum(claims.count(v) for v in ("| holds", "| does not hold", "| cannot tell")) == 5, claims
     assert (figs / "fig_glied_figure3.png").stat().st_size > 10_000 and (figs / "fig_glied_scst.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_tables_show_intervals_and_paired_verdicts(book):
+    "Every measured row carries 95% bootstrap intervals; the chapters' claims are paired verdicts (issue 14)."
+    home, _ = book
+    figs = home / "runs" / "smoke" / "figures"
+    for name in ("table_sat_table1", "table_spca_table4", "table_ssa_table1", "table_glied_table1", "table_baselines_all"):
+        text = (figs / f"{name}.md").read_text()
+        head = [c.strip() for c in text.splitlines()[0].split("|")]
+        assert {"BLEU-4 95% CI", "CIDEr 95% CI", "semantic F1 95% CI"} <= set(head), name
+        rows = [[c.strip() for c in l.split("|")] for l in text.splitlines()[2:] if "paper (quoted)" not in l]
+        ci = [r[head.index("CIDEr 95% CI")] for r in rows]
+        assert ci and all(c.startswith("[") or "expected context" in " ".join(r) for c, r in zip(ci, rows)), (name, ci)
+    spca = (figs / "table_spca_claims.md").read_text()
+    assert spca.count("|") > 40 and all(any(v in l for v in ("holds", "does not hold", "cannot tell at this size"))
+                                        for l in spca.splitlines()[2:])
+    glied = (figs / "table_glied_claims.md").read_text()
+    assert "paired tests" in glied and "95% CI" in glied
