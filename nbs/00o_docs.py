@@ -241,6 +241,7 @@ def keep_notebooks(executed: list[Path], dst: Path) -> list[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
     return [dst / Path(p).name for p in executed]
 
+
 # %% [markdown]
 # A check on a small executed notebook: the injected cell becomes its note, the tokenizer line and the machine path
 # go, and an image taken out by `slim_notebook` comes back byte for byte.
