@@ -1,5 +1,6 @@
 # capbook: two commands for a newcomer (see README.md).
-#   make book        regenerate the book (PROFILE=default|smoke)
+#   make book        regenerate the book (PROFILE=default|smoke, JOBS notebooks side by side)
+#   make docs        build and open the docs site from the last book's kept notebooks (no training)
 #   make test        lint, then the whole test suite (smoke book, docs site in a browser, DDP included)
 #   make test-fast   lint, then everything but the slow end-to-end tests (about 2 minutes)
 # Both create .venv and install capbook into it first.
@@ -8,9 +9,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PROFILE ?= default
+JOBS ?= 2
 STAMP := $(VENV)/.capbook-installed
 
-.PHONY: book test test-fast lint hooks venv browser sync
+.PHONY: book docs test test-fast lint hooks venv browser sync
 
 venv: $(STAMP)
 
@@ -26,7 +28,10 @@ browser:
 	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq chromium >/dev/null; }
 
 book: venv
-	$(BIN)/capbook book --profile $(PROFILE)
+	$(BIN)/capbook book --profile $(PROFILE) -j $(JOBS)
+
+docs: venv
+	$(BIN)/capbook docs --open
 
 LINTED := capbook nbs/*.py tests
 

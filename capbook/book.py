@@ -16,7 +16,7 @@ from .runner import PROFILES, check_profile, out_dir, records, chapters, paramet
 # %% auto 0
 __all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
            'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish',
-           'run_plan', 'run_book', 'bench', 'cider_bench', 'train_cli', 'main']
+           'build_docs', 'run_plan', 'run_book', 'TutorialDecoder', 'bench', 'cider_bench', 'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -189,14 +189,28 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     return out, True
 
 def publish(profile: str, steps: list[Step]) -> Path:
-    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder."
+    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, and keep the reader's copies of the executed notebooks in its `notebooks/`."
+    from capbook.docs import keep_notebooks
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
-    for s in steps:
-        if s.tag: continue                          # ablation runs: their results reach the book through assembly notebooks
+    untagged = [s for s in steps if not s.tag]    # ablation runs reach the book through assembly notebooks
+    for s in untagged:
         for f in (runs_dir() / profile / s.name).glob("*"):
             if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv")):
                 tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
+    keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks")
     return dst
+
+def build_docs(profile: str = "default", log=print) -> Path:
+    "Build the docs site from the kept notebooks of the last book at `profile` (no training, no network); return its index page."
+    from capbook.docs import build_site
+    check_profile(profile)
+    kept, rank = out_dir(profile) / "notebooks", {nb: i for i, nb in enumerate(notebooks())}
+    pages = sorted((p for p in kept.glob("*.ipynb") if p.stem in rank), key=lambda p: rank[p.stem])
+    if not pages: raise CapbookError(f"{kept}: no kept notebooks of a {profile} book; run `capbook book --profile {profile}` first")
+    t0 = time.time()
+    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
+    log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
+    return site
 
 def _threads(jobs: int) -> int:
     "Intra-op threads for each of `jobs` side-by-side runs: the cores shared out, at least one."
@@ -239,17 +253,10 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps = time.time(), plan(profile)
     log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
-    outs = run_plan(profile, steps, force, jobs, log)
-    executed = [outs[s.name] for s in steps if not s.tag]    # the site shows each notebook once: its untagged run
+    run_plan(profile, steps, force, jobs, log)
     dst = publish(profile, steps)
-    log(f"tables and figures -> {dst}")
-    site = None
-    if docs:
-        from capbook.docs import build_site
-        rank = {nb: i for i, nb in enumerate(notebooks())}                       # the site in reading order
-        order = sorted(executed, key=lambda p: rank[p.stem])
-        site = build_site(order, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
-        log(f"docs site -> {site}")
+    log(f"tables, figures and the reader's notebooks -> {dst}")
+    site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
     secs = time.time() - t0
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
@@ -257,6 +264,36 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
 
 
 # %% ../nbs/00n_book.ipynb
+class TutorialDecoder(torch.nn.Module):
+    "A speed reference: the tutorial Show-Attend-Tell decoder described above (shrinking batch, per-step encoder projection, gate, one output layer)."
+    def __init__(self, n_words: int, D: int, emb: int = 128, hidden: int = 256, att: int = 128, dropout: float = 0.5):
+        super().__init__()
+        nn = torch.nn
+        self.enc_att, self.dec_att, self.full_att = nn.Linear(D, att), nn.Linear(hidden, att), nn.Linear(att, 1)
+        self.embed, self.drop = nn.Embedding(n_words, emb), nn.Dropout(dropout)
+        self.cell = nn.LSTMCell(emb + D, hidden)
+        self.init_h, self.init_c, self.f_beta = nn.Linear(D, hidden), nn.Linear(D, hidden), nn.Linear(hidden, D)
+        self.fc = nn.Linear(hidden, n_words)
+
+    def loss(self, feats: torch.Tensor, caps: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        "Cross-entropy over the real next words plus the doubly stochastic penalty, for captions `caps` (B, T) from <start>."
+        steps = (caps != pad).sum(1) - 1                              # words to predict per caption
+        order = steps.argsort(descending=True)
+        feats, caps, steps = feats[order], caps[order], steps[order].tolist()
+        mean = feats.mean(1)
+        h, c, e = self.init_h(mean), self.init_c(mean), self.embed(caps)
+        B, T = len(caps), max(steps)
+        logits, alphas = feats.new_zeros(B, T, self.fc.out_features), feats.new_zeros(B, T, feats.shape[1])
+        for t in range(T):
+            bt = sum(s > t for s in steps)                            # captions still running
+            a = self.full_att(torch.relu(self.enc_att(feats[:bt]) + self.dec_att(h[:bt]).unsqueeze(1))).squeeze(2).softmax(1)
+            z = torch.sigmoid(self.f_beta(h[:bt])) * (feats[:bt] * a.unsqueeze(2)).sum(1)
+            h, c = self.cell(torch.cat([e[:bt, t], z], 1), (h[:bt], c[:bt]))
+            logits[:bt, t], alphas[:bt, t] = self.fc(self.drop(h)), a
+        real = torch.arange(T)[None] < torch.tensor(steps)[:, None]
+        ce = torch.nn.functional.cross_entropy(logits[real], caps[:, 1:T + 1][real])
+        return ce + ((1 - alphas.sum(1)) ** 2).mean()
+
 def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     "Time training and batched vs per-image beam search for the soft-attention model; return the figures."
     from capbook.prepare import prepare
@@ -284,6 +321,18 @@ def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     for _ in range(train_batches):
         b = next(batches); train_step(model, model, objective, opt, b, dev, clip=5.0); n += len(b["caps"])
     train_cps = n / (time.time() - t0)
+    ref = TutorialDecoder(len(prep.vocab), prep.feat_shape[1]).to(dev).train()   # the same batches, optimiser, threads
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-4)
+    def ref_step(b):
+        loss = ref.loss(b["feats"].float().to(dev), b["caps"].to(dev))
+        ref_opt.zero_grad(set_to_none=True); loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 5.0); ref_opt.step()
+    batches = forever()
+    for _ in range(3): ref_step(next(batches))
+    t0, n = time.time(), 0
+    for _ in range(train_batches):
+        b = next(batches); ref_step(b); n += len(b["caps"])
+    ref_cps = n / (time.time() - t0)
     if trained: model.load_state_dict(load_torch(ck)["model"])
     model.eval()
     feats = torch.as_tensor(prep.test.feats[:]).float().to(dev)
@@ -297,11 +346,12 @@ def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     cider_ms, coco_ms = cider_bench(prep)
     out = {"profile": profile, "model": "sat_soft", "trained_weights": trained, "device": str(dev),
            "threads": torch.get_num_threads(), "train_captions_per_s": round(train_cps, 1),
+           "tutorial_train_captions_per_s": round(ref_cps, 1), "train_vs_tutorial": round(train_cps / ref_cps, 2),
            "beam_images_per_s": round(beam_ips, 1), "loop_beam_images_per_s": round(loop_ips, 1),
            "beam_speedup": round(beam_ips / loop_ips, 1), "n_params": model.n_params,
            "cider_d_batch_ms": round(cider_ms, 2), "pycocoevalcap_cider_batch_ms": round(coco_ms, 2),
            "cider_d_speedup": round(coco_ms / cider_ms, 1)}
-    log(f"training: {train_cps:.0f} captions/s; beam 3 batched: {beam_ips:.0f} images/s; "
+    log(f"training: {train_cps:.0f} captions/s (the tutorial decoder: {ref_cps:.0f}, {train_cps / ref_cps:.2f}x); beam 3 batched: {beam_ips:.0f} images/s; "
         f"one image at a time: {loop_ips:.1f} images/s ({beam_ips / loop_ips:.1f}x); SCST reward of 65 captions: "
         f"{cider_ms:.1f} ms (pycocoevalcap per batch {coco_ms:.1f} ms, {coco_ms / cider_ms:.1f}x)")
     return out
@@ -350,7 +400,7 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
 
 def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `bench`, `train`, `params` and `readme` subcommands."
+    "The `capbook` command: `book`, `docs`, `caption`, `bench`, `train`, `params` and `readme` subcommands."
     ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
@@ -365,6 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--run-dir", required=True); t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--ckpt-every", type=int, default=0); t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training)")
+    d.add_argument("--profile", default="default", choices=PROFILES)
+    d.add_argument("--open", action="store_true", help="open the site in the default browser")
+    c = sub.add_parser("caption", help="caption your own images with a trained model of the book")
+    c.add_argument("photos", nargs="+", metavar="PHOTO", help="image files (any format the loader reads)")
+    c.add_argument("--model", default="02_show_attend_tell", help="a run of the book (a plan step, e.g. 06_baselines-att2in)")
+    c.add_argument("--run-dir", help="a run folder instead (e.g. runs/default/adhoc/03_spca-1a2b3c4d)")
+    c.add_argument("--profile", default="default", choices=PROFILES, help="the book whose runs --model names")
+    c.add_argument("--beam", type=int, default=3, help="beam size")
+    c.add_argument("--attention", metavar="PNG", help="write the per-word attention figure here")
+    c.add_argument("--device", default="auto")
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
     rd = sub.add_parser("readme", help="regenerate the README's chapter table")
@@ -372,6 +433,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs)
+        elif a.cmd == "docs":
+            site = build_docs(a.profile)
+            if a.open:
+                import webbrowser
+                webbrowser.open(site.as_uri())
+        elif a.cmd == "caption":
+            from capbook.caption import attention_png, caption_photos, find_run
+            check_int("beam", a.beam, lo=1)
+            run = find_run(a.model, a.run_dir, a.profile)
+            caps = caption_photos(a.photos, run, a.beam, a.device)
+            for cap in caps: print(f"{cap['photo']}: {cap['caption']}")
+            if a.attention: print(f"attention -> {attention_png(caps, a.attention, a.run_dir or a.model)}")
         elif a.cmd == "params":
             changed = sync_parameters(write=not a.check)
             print("\n".join(changed) or "parameters cells are current")

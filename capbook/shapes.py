@@ -16,8 +16,8 @@ from .core import CapbookError, check_choice, check_int, data_dir, load_json
 # %% auto 0
 __all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'relation_holds', 'scene_relations',
            'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'statements', 'tuple_is_true',
-           'statement_truth', 'object_mentions', 'semantic_scores', 'make_captions', 'make_example', 'generate',
-           'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt']
+           'statement_truth', 'object_mentions', 'semantic_counts', 'semantic_scores', 'make_captions', 'make_example',
+           'generate', 'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt']
 
 # %% ../nbs/00a_shapes.ipynb
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
@@ -202,22 +202,23 @@ def object_mentions(tokens: list[str], gt_image: dict) -> list[tuple[int, list[i
 def _as_tokens(c: list[str] | str) -> list[str]:
     return c.split() if isinstance(c, str) else list(c)
 
+def semantic_counts(cand: list[str] | str, refs: list[list[str]], truth: dict) -> np.ndarray:
+    "One image's counts per tuple category (rows in `CATEGORIES` order): candidate tuples true of the image, candidate tuples, candidate tuples the references state, reference tuples."
+    ct, rt = caption_tuples(_as_tokens(cand)), {c: set() for c in CATEGORIES}
+    for r in refs:
+        for c, s in caption_tuples(_as_tokens(r)).items(): rt[c] |= s
+    return np.array([[sum(tuple_is_true(c, t, truth) for t in ct[c]), len(ct[c]), len(ct[c] & rt[c]), len(rt[c])]
+                     for c in CATEGORIES], dtype=np.int64)
+
 def semantic_scores(cands: dict[str, list[str]], refs: dict[str, list[list[str]]], gt: dict[str, dict]) -> dict:
     "Micro-averaged semantic precision, recall and F1 per tuple category and overall (`all`); keys are image filenames."
-    tp, nc, hit, nr = Counter(), Counter(), Counter(), Counter()
-    for key, cand in cands.items():
+    for key in cands:
         if key not in refs or key not in gt: raise CapbookError(f"semantic_scores: image {key!r} has no references or ground truth")
-        ct, rt = caption_tuples(_as_tokens(cand)), {c: set() for c in CATEGORIES}
-        for r in refs[key]:
-            for c, s in caption_tuples(_as_tokens(r)).items(): rt[c] |= s
-        for c in CATEGORIES:
-            tp[c] += sum(tuple_is_true(c, t, gt[key]) for t in ct[c]); nc[c] += len(ct[c])
-            hit[c] += len(ct[c] & rt[c]); nr[c] += len(rt[c])
+    n = sum((semantic_counts(cand, refs[key], gt[key]) for key, cand in cands.items()), np.zeros((len(CATEGORIES), 4), np.int64))
     out = {}
     for c in (*CATEGORIES, "all"):
-        cs = CATEGORIES if c == "all" else (c,)
-        p = sum(tp[x] for x in cs) / max(1, sum(nc[x] for x in cs))
-        r = sum(hit[x] for x in cs) / max(1, sum(nr[x] for x in cs))
+        tp, nc, hit, nr = n.sum(0) if c == "all" else n[CATEGORIES.index(c)]
+        p, r = float(tp / max(1, nc)), float(hit / max(1, nr))
         out[c] = dict(p=p, r=r, f1=2 * p * r / (p + r) if p + r else 0.0)
     return out
 

@@ -138,9 +138,9 @@ assert abs(_l.item() - (np.log(5) + 2.0 * 0.5)) < 1e-6
 # The objective is the variational lower bound $L_s = \sum_s p(s \mid a) \log p(y \mid s, a) \le \log p(y \mid a)$
 # (Eq. 5), whose gradient is estimated from sampled location sequences $\tilde s$, with a moving-average baseline and
 # an entropy term:
-# $$\frac{\partial L_s}{\partial W} \approx \frac1N \sum_{n=1}^N \Big[\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W}
-#   + \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big) \frac{\partial \log p(\tilde s^n \mid a)}{\partial W}
-#   + \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big], \qquad b_k = 0.9\, b_{k-1} + 0.1 \log p(y \mid \tilde s_k, a).$$
+# $$\frac{\partial L_s}{\partial W} \approx \frac1N \sum_{n=1}^N \Big[\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W} +
+#   \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big) \frac{\partial \log p(\tilde s^n \mid a)}{\partial W} +
+#   \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big], \qquad b_k = 0.9\, b_{k-1} + 0.1 \log p(y \mid \tilde s_k, a).$$
 #
 # The model (`capbook.attention.HardAttention` inside `capbook.sat.ShowAttendTell`) returns, per step, $\log
 # \alpha_{t,\tilde s_t}$ (`logp_s`), the entropy $H_t$ (`entropy`) and which captions used a sample rather than the

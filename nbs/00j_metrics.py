@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from capbook.core import atomic_write, check_choice, stable_hash
+from capbook.core import CapbookError, atomic_write, check_choice, stable_hash
 from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
@@ -53,21 +53,36 @@ def spice_jars() -> tuple[bool, str]:
     need = [lib / "stanford-corenlp-3.6.0.jar", lib / "stanford-corenlp-3.6.0-models.jar"]
     return all(p.exists() for p in need), str(lib)
 
+@contextlib.contextmanager
+def _quiet_fd2():
+    "Send file descriptor 2 (where child processes such as Java write) to a temporary file for the block; on an error, show what was written."
+    import os, sys, tempfile
+    with tempfile.TemporaryFile() as f:
+        sys.stderr.flush(); saved = os.dup(2); os.dup2(f.fileno(), 2)
+        try: yield
+        except BaseException:
+            os.dup2(saved, 2); f.seek(0); sys.stderr.write(f.read().decode(errors="replace")); raise
+        finally: os.dup2(saved, 2); os.close(saved)
+
+def tokenized(gts: dict, res: dict) -> tuple[dict, dict, dict]:
+    "References {id: [str]} and candidates {id: str} as pycocoevalcap scores them ({id: [tokenized str]}, PTB tokenizer on Java), and notes."
+    if shutil.which("java") is not None:
+        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+        tok = PTBTokenizer()
+        with _quiet_fd2():                                    # its Java process's "tokens per second" line
+            return (tok.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()}),
+                    tok.tokenize({k: [{"caption": c}] for k, c in res.items()}), {})
+    return ({k: [" ".join(c.lower().split()) for c in v] for k, v in gts.items()},
+            {k: [" ".join(c.lower().split())] for k, c in res.items()},
+            {"tokenizer": "Java not found: PTB tokenizer replaced by lower-case whitespace splitting"})
+
 def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -> tuple[dict, dict]:
     "Score candidate captions `res` {id: str} against references `gts` {id: [str]}: (scores, notes on what was unavailable)."
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.rouge.rouge import Rouge
     from pycocoevalcap.cider.cider import Cider
-    notes, java = {}, shutil.which("java") is not None
-    if java:
-        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-        tok = PTBTokenizer()
-        gts = tok.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()})
-        res = tok.tokenize({k: [{"caption": c}] for k, c in res.items()})
-    else:
-        notes["tokenizer"] = "Java not found: PTB tokenizer replaced by lower-case whitespace splitting"
-        gts = {k: [" ".join(c.lower().split()) for c in v] for k, v in gts.items()}
-        res = {k: [" ".join(c.lower().split())] for k, c in res.items()}
+    java = shutil.which("java") is not None
+    gts, res, notes = tokenized(gts, res)
     out = {}
     with contextlib.redirect_stdout(io.StringIO()):
         b, _ = Bleu(4).compute_score(gts, res, verbose=0)
@@ -336,6 +351,118 @@ class CiderD:
         per = np.zeros((R, n)); np.add.at(per, pc, val)
         return 10.0 * per.mean(1) / np.maximum(m, 1)
 
+
+# %% [markdown]
+# ## How sure is a number? Bootstrap intervals over test images
+#
+# A table row is one model on one test split of a few hundred images; another split of the same size would give
+# another number. The book's intervals answer "how much would this number move with other test images of the same
+# kind" by the percentile bootstrap (Efron & Tibshirani 1993; for MT metrics, Koehn 2004): draw the test images with
+# replacement, as many as there are, 1,000 times (seeded), score each draw, and report the 2.5 % and 97.5 % quantiles.
+# A claim "A beats B" is tested **paired**: both models are scored on the *same* draws, and the interval is that of
+# the difference — far tighter than two separate intervals, because the images that are hard for one are hard for
+# the other. The verdict: *holds* when the whole 95 % interval of the difference is on the claimed side of zero,
+# *does not hold* when it is on the other side, *cannot tell at this size* when it contains zero.
+#
+# Rescoring 1,000 draws with pycocoevalcap would take minutes per row; instead `image_stats` computes each test image's
+# **sufficient statistics** once, and every metric of a draw is a function of their weighted sums:
+#
+# - **BLEU-4** (corpus-level, as pycocoevalcap computes it): per image the candidate length, the closest reference
+#   length, and for n = 1..4 the candidate's n-gram count and its clipped matches; then
+#   $\mathrm{BLEU} = \mathrm{BP} \cdot \big(\prod_{n=1}^4 \frac{\sum \mathrm{correct}_n + 10^{-15}}{\sum \mathrm{guess}_n + 10^{-9}}\big)^{1/4}$,
+#   $\mathrm{BP} = e^{1 - r/c}$ when $c < r$ (pycocoevalcap's exact constants);
+# - **CIDEr**: each image's score with the document frequencies of the whole split held fixed (resampling a
+#   reference corpus would count an image's n-grams twice), then the mean;
+# - **semantic F1** (shapes): per image the true, candidate, matched and reference tuple counts (`semantic_counts`),
+#   micro-averaged as `semantic_scores` does.
+#
+# With the weights w (R × N: how often each image is drawn) the R scores are a few matrix products.
+
+# %%
+#| export
+_TINY, _SMALL = 1e-15, 1e-9                 # pycocoevalcap's BLEU constants
+
+def image_stats(keys: list[str], words: list[list[str]], refs: list[list[list[str]]], gt: dict | None = None) -> dict[str, np.ndarray]:
+    "Per-image sufficient statistics of BLEU-4 (N, 10), CIDEr (N,) and, with shapes ground truth `gt`, semantic F1 (N, 4) overall and per tuple category."
+    from pycocoevalcap.bleu.bleu_scorer import cook_refs, cook_test
+    from pycocoevalcap.cider.cider import Cider
+    gts, res, _ = tokenized({k: [" ".join(r) for r in rs] for k, rs in zip(keys, refs)},
+                            {k: " ".join(w) for k, w in zip(keys, words)})
+    gts, res = {k: gts[k] for k in keys}, {k: res[k] for k in keys}
+    bleu = [cook_test(res[k][0], cook_refs(gts[k]), eff="closest") for k in keys]
+    out = {"BLEU-4": np.array([[c["testlen"], c["reflen"], *c["guess"], *c["correct"]] for c in bleu], dtype=np.float64),
+           "CIDEr": np.asarray(Cider().compute_score(gts, res)[1], dtype=np.float64)}
+    if gt is not None:                            # (N, 4 categories, 4 counts): all categories, and each on its own
+        from capbook.shapes import CATEGORIES, semantic_counts
+        sem = np.stack([semantic_counts(w, r, gt["images"][k]) for k, w, r in zip(keys, words, refs)]).astype(np.float64)
+        out["semantic F1"] = sem.sum(1)
+        out |= {f"{c} F1": sem[:, i] for i, c in enumerate(CATEGORIES)}
+    return out
+
+def _bleu4(t: np.ndarray) -> np.ndarray:
+    "BLEU-4 from summed statistics t (R, 10): testlen, reflen, guess 1..4, correct 1..4."
+    b = np.prod((t[:, 6:10] + _TINY) / (t[:, 2:6] + _SMALL), axis=1) ** 0.25
+    ratio = (t[:, 0] + _TINY) / (t[:, 1] + _SMALL)
+    return b * np.where(ratio < 1, np.exp(1 - 1 / np.minimum(ratio, 1)), 1.0)
+
+def _f1(t: np.ndarray) -> np.ndarray:
+    "Micro F1 from summed (true, candidate, matched, reference) tuple counts t (R, 4)."
+    p, r = t[:, 0] / np.maximum(t[:, 1], 1), t[:, 2] / np.maximum(t[:, 3], 1)
+    return np.where(p + r > 0, 2 * p * r / np.where(p + r > 0, p + r, 1), 0.0)
+
+FROM_SUMS = {"BLEU-4": lambda t, n: _bleu4(t), "CIDEr": lambda t, n: t / n, "semantic F1": lambda t, n: _f1(t),
+             **{f"{c} F1": lambda t, n: _f1(t) for c in ("objects", "attributes", "counts", "relations")}}
+
+def draws(n: int, resamples: int = 1000, seed: int = 0) -> np.ndarray:
+    "How often each of `n` images is drawn in each of `resamples` bootstrap draws: counts (resamples, n), seeded."
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    w = np.zeros((resamples, n)); np.add.at(w, (np.arange(resamples)[:, None], idx), 1)
+    return w
+
+def resampled(stats: np.ndarray, metric: str, w: np.ndarray) -> np.ndarray:
+    "The metric (×100) of each draw: `w` (R, N) says how often each image is drawn; `stats` are `image_stats`' rows for the metric."
+    return 100 * FROM_SUMS[metric](w @ stats, w.sum(1)).reshape(len(w))
+
+def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, resamples: int = 1000, seed: int = 0,
+              level: float = 0.95, w: np.ndarray | None = None) -> dict:
+    "The metric (×100) and its percentile bootstrap interval over images; with `other` (another model on the same images) the paired difference, its interval and the verdict on 'this > other'."
+    n = len(stats)
+    if other is not None and len(other) != n: raise CapbookError(f"paired bootstrap: {n} images against {len(other)}; score both models on the same test images")
+    w, full = draws(n, resamples, seed) if w is None else w, np.ones((1, n))
+    a, value = resampled(stats, metric, w), float(resampled(stats, metric, full)[0])
+    if other is not None:                         # the same draws for both models
+        a, value = a - resampled(other, metric, w), value - float(resampled(other, metric, full)[0])
+    lo, hi = np.quantile(a, [(1 - level) / 2, (1 + level) / 2])
+    out = {"value": value, "lo": float(lo), "hi": float(hi), "resamples": len(w), "seed": seed, "level": level}
+    if other is not None:
+        out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
+    return out
+
+# %% [markdown]
+# A check against brute force on a tiny case: three candidate captions, and seven draws written out image by image.
+# For each draw, pycocoevalcap's own `BleuScorer` scores the drawn images (duplicates included) and the CIDEr and F1
+# are recomputed from the drawn list; the weighted sums must give the same numbers.
+
+# %%
+from pycocoevalcap.bleu.bleu_scorer import BleuScorer as _BleuScorer
+_keys = ["a", "b", "c"]
+_words = [["a", "red", "circle"], ["two", "blue", "squares", "left", "of", "a", "circle"], ["a", "small", "green", "triangle"]]
+_refs = [[["a", "red", "circle"], ["one", "red", "circle"]], [["two", "blue", "squares"], ["blue", "squares", "left", "of", "a", "circle"]],
+         [["a", "green", "triangle", "above", "a", "square"], ["small", "green", "triangle"]]]
+_st = image_stats(_keys, _words, _refs)
+_w = np.zeros((7, 3)); _picks = [[0, 0, 0], [1, 1, 2], [2, 0, 1], [2, 2, 2], [0, 1, 1], [1, 0, 0], [2, 1, 0]]
+for _r, _p in enumerate(_picks):
+    for _i in _p: _w[_r, _i] += 1
+for _r, _p in enumerate(_picks):
+    _bs = _BleuScorer(n=4)
+    for _i in _p: _bs += (" ".join(_words[_i]), [" ".join(x) for x in _refs[_i]])
+    _brute = _bs.compute_score(option="closest")[0][3]
+    assert abs(resampled(_st["BLEU-4"], "BLEU-4", _w)[_r] - 100 * _brute) < 1e-9, (_r, _brute)
+    assert abs(resampled(_st["CIDEr"], "CIDEr", _w)[_r] - 100 * np.mean(_st["CIDEr"][_p])) < 1e-9
+_ci = bootstrap(_st["BLEU-4"], "BLEU-4", resamples=1000, seed=0)
+assert _ci["lo"] <= _ci["value"] <= _ci["hi"] and bootstrap(_st["BLEU-4"], "BLEU-4", seed=0) == _ci    # seeded
+_pair = bootstrap(_st["CIDEr"], "CIDEr", other=_st["CIDEr"] * 0.5)
+print(_ci, _pair["verdict"])
 
 # %% [markdown]
 # ## One row of a results table

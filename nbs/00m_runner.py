@@ -28,9 +28,11 @@ import ast, dataclasses, inspect, os, platform, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
+import numpy as np
 import torch
-from capbook.core import (CapbookError, check_choice, check_float, check_int, code_version, get_device, io_errors_as_lines,
-                          load_json, project_root, runs_dir, save_json, save_torch, seed_everything, stable_hash)
+from capbook.core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
+                          io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch, seed_everything,
+                          stable_hash)
 
 # %% [markdown]
 # ## Profiles
@@ -361,6 +363,47 @@ def record_stage(rec: dict, which: str = "xe") -> dict:
     return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
             "best_epoch": rec.get("best_epoch")}
 
+def save_test_captions(path: Path, ev: dict, grid: list[int]) -> Path:
+    "An evaluation's test captions (keys, tokens, words, attention and its grid) for the assembly notebooks and their intervals."
+    return save_torch(path, {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
+                             "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": grid})
+
+def stage_stats(rec: dict, prep, which: str | None = None) -> dict | None:
+    "Per-image statistics of a run's test captions for bootstrap intervals (`capbook.metrics.image_stats`): its final captions, or those after cross-entropy (`which='xe'`) of a run that went on with SCST where it kept them; None where it kept none. Cached in the run folder, keyed by the captions' content, the data and the package code."
+    from capbook.metrics import image_stats
+    d, final = Path(rec["_dir"]), ("scst" if "stages" in rec else "xe")
+    which = which or final
+    f = d / ("test_captions.pt" if which == final else f"test_captions-{which}.pt")
+    if not f.exists(): return None
+    if rec.get("data", {}).get("fingerprint") != prep.fingerprint:
+        raise CapbookError(f"{d}: trained on other data than {prep.dataset} (fingerprint {prep.fingerprint}); its captions are not scored against these references")
+    cache = d / f"image_stats-{which}-{stable_hash([file_digests([f], 'test captions'), prep.fingerprint, package_hash()], 12)}.npz"
+    if cache.exists():
+        with np.load(cache) as z: return {k: z[k] for k in z.files}
+    cap = load_torch(f, "test captions")
+    if list(cap["keys"]) != list(prep.test.keys): raise CapbookError(f"{f}: captions of other test images than {prep.dataset}'s")
+    st = image_stats(list(prep.test.keys), cap["words"], prep.test.refs, prep.gt)
+    def write(t: Path):
+        with open(t, "wb") as fh: np.savez(fh, **st)
+    atomic_write(cache, write)
+    return st
+
+CI_METRICS = ("BLEU-4", "CIDEr", "semantic F1")
+
+def interval_cells(stats: dict | None, metrics: tuple[str, ...] = CI_METRICS) -> dict:
+    "A table row's 95 % bootstrap intervals over test images, one cell per metric ('[lo, hi]', ×100); '—' where the run kept no captions."
+    from capbook.metrics import bootstrap
+    cell = lambda m: ("—" if stats is None or m not in stats else "[{lo:.1f}, {hi:.1f}]".format(**bootstrap(stats[m], m)))
+    return {f"{m} 95% CI": cell(m) for m in metrics}
+
+def paired_verdict(a: dict | None, b: dict | None, metric: str = "CIDEr") -> dict:
+    "The paired bootstrap test of the claim 'a scores higher than b' on the same test images: difference, its 95 % interval, and holds / does not hold / cannot tell at this size."
+    from capbook.metrics import bootstrap
+    if a is None or b is None: return {"verdict": "cannot tell: captions not kept", "text": "cannot tell: a run kept no test captions"}
+    if metric not in a: return {"verdict": f"cannot tell: no {metric}", "text": f"cannot tell: no {metric} on this data"}
+    r = bootstrap(a[metric], metric, other=b[metric])
+    return {**r, "text": f"{r['verdict']} ({metric} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"}
+
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."
     if gt is None: return 0
@@ -425,6 +468,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
         stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "train_s": fitted.train_seconds,
                         "images_per_s": ev["timings"]["images_per_s"]}
+        save_test_captions(run.path("test_captions-xe.pt"), ev, list(getattr(model, "att_grid", prep.grid)))
         rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
         stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "train_s": rl.train_seconds,
                           "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
@@ -432,8 +476,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     extra = ch.measure(ctx) if ch.measure else {}
     grid = list(getattr(model, "att_grid", prep.grid))
-    save_torch(run.path("test_captions.pt"), {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
-               "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": grid})
+    save_test_captions(run.path("test_captions.pt"), ev, grid)
     ctx.record = run.record(measured(ev), timings={"train_s": train_s,
                             "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,

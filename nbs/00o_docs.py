@@ -122,6 +122,149 @@ assert _p.cells[1].outputs[0].data["text/markdown"] == "### f\n\n*Doc.*"
 assert sanitize_markdown("Title\n---") == "Title\n---" and _nb.cells[1].source.startswith("#| hide")
 
 # %% [markdown]
+# ## The book as readers meet it, and as the repository keeps it
+#
+# An executed notebook is a log as much as a chapter: papermill injects a `# Parameters` cell holding the run folder of
+# the machine that ran it, pycocoevalcap's Java tokenizer prints "PTBTokenizer tokenized … tokens per second" into
+# every evaluation, warnings and progress bars name files under the machine's virtual environment, and tables list
+# record paths. `reader_notebook` turns a copy into what a reader needs: the injected cell becomes one line — "This run
+# used `profile = 'default'`, …" (the run folder left out) — tool chatter is removed from the outputs, and every
+# machine path is written relative to the book's folder (`runs/default/…`), with the Python installation as
+# `<python>`, the home folder as `~` and the temporary folder as `<tmp>`.
+#
+# The default book's chapters are kept in the repository in that form (`figures/notebooks/`), so that a clone can
+# build the whole site without training (`capbook docs`). `slim_notebook` takes each image out of its notebook into
+# `img/<content hash>.png` beside it, so an image that did not change between two books is stored once, and git sees
+# text diffs of the notebooks; `inflate_notebook` puts the images back when the site is built. Cell timings and
+# papermill's metadata (which hold absolute paths and change on every run) are dropped.
+
+# %%
+#| export
+_CHATTER = re.compile(r"PTBTokenizer tokenized|tokens per second|it/s\]|s/it\]|\d+%\|"        # tokenizer, tqdm bars
+                      r"|TqdmWarning|from \.autonotebook import|^\s*$")
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")                 # a Python warning; its source line follows
+
+def _quiet(text: str) -> str:
+    "A stream's text without tool chatter: tokenizer and progress lines, Python warnings (and their source line)."
+    out, skip = [], False
+    for line in text.splitlines(keepends=True):
+        if skip and line.startswith("  "): skip = False; continue
+        skip = bool(_WARNING.match(line))
+        if not skip and not _CHATTER.search(line.rstrip("\n")): out.append(line)
+    return "".join(out)
+
+def machine_paths() -> list[tuple[str, str]]:
+    "(absolute prefix, what a reader sees instead), longest first: the book's folder, the Python installation, the home and temporary folders."
+    from capbook.core import project_root
+    pairs = [(str(project_root()), "."), (sys.prefix, "<python>"), (sys.base_prefix, "<python>"),
+             (os.path.realpath(sys.prefix), "<python>"), (os.path.expanduser("~"), "~"),
+             (tempfile.gettempdir(), "<tmp>")]
+    return sorted({(a.rstrip("/"), b) for a, b in pairs if len(a.rstrip("/")) > 1}, key=lambda p: -len(p[0]))
+
+def _relative(text: str, paths: list[tuple[str, str]]) -> str:
+    for a, b in paths: text = text.replace(a + "/", "" if b == "." else b + "/").replace(a, b)
+    return text
+
+def _injected_note(source: str) -> str:
+    "papermill's injected parameters as one line of markdown (the run folder left out)."
+    import ast
+    vals = [f"`{n.targets[0].id} = {ast.unparse(n.value)}`" for n in ast.parse(source).body
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id != "run_dir"]
+    return ("*This run used " + ", ".join(vals) + "; every other parameter has the default above.*" if vals
+            else "*This run used the defaults above.*")
+
+def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | None = None) -> nbformat.NotebookNode:
+    "A copy of an executed notebook as a reader meets it: the injected parameters as one line, no tool chatter, no machine paths, no timings."
+    paths, nb = machine_paths() if paths is None else paths, copy.deepcopy(nb)
+    nb.metadata = {k: v for k, v in nb.metadata.items() if k in ("kernelspec", "language_info", "jupytext")}
+    cells = []
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags:
+            cells.append(nbformat.v4.new_markdown_cell(_injected_note(cell.source))); continue
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
+        cell.source = _relative(cell.source, paths)
+        if cell.cell_type == "code":
+            cell.execution_count = None
+            outs = []
+            for o in cell.outputs:
+                if o.output_type == "stream":
+                    o.text = _relative(_quiet(o.text), paths)
+                    if not o.text: continue
+                for k, v in o.get("data", {}).items():
+                    if k.startswith("text/"): o.data[k] = _relative(v if isinstance(v, str) else "".join(v), paths)
+                if o.output_type == "execute_result": o.execution_count = None
+                outs.append(o)
+            cell.outputs = outs
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+_IMG_KEY = "capbook_image"                     # an output's metadata key naming its image file in `img/`
+
+def slim_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.NotebookNode:
+    "A copy of `nb` whose PNG outputs live in `img_dir/<sha256[:16]>.png` (written once per content) instead of inline."
+    import base64, hashlib
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if "image/png" not in o.get("data", {}): continue
+            raw = base64.b64decode(o.data.pop("image/png"))
+            name = f"{hashlib.sha256(raw).hexdigest()[:16]}.png"
+            if not (img_dir / name).exists(): atomic_write(img_dir / name, lambda t, raw=raw: t.write_bytes(raw))
+            o.metadata[_IMG_KEY] = name
+    return nb
+
+def inflate_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.NotebookNode:
+    "The inverse of `slim_notebook`: each image file back inline; a missing one stops with one line naming it."
+    import base64
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if (name := o.get("metadata", {}).pop(_IMG_KEY, None)) is None: continue
+            if not (img_dir / name).is_file(): raise CapbookError(f"{img_dir / name}: image of a kept notebook not found")
+            o.data["image/png"] = base64.b64encode((img_dir / name).read_bytes()).decode()
+    return nb
+
+def keep_notebooks(executed: list[Path], dst: Path) -> list[Path]:
+    "Write the reader's slim copies of `executed` notebooks to `dst` (images in `dst/img/`), replacing what was there; return them."
+    dst = Path(dst); dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    try:
+        new = tmp / "new"; (new / "img").mkdir(parents=True)
+        for p in executed:
+            nb = slim_notebook(reader_notebook(_read_notebook(Path(p))), new / "img")
+            atomic_write(new / Path(p).name, lambda t, nb=nb: nbformat.write(nb, t))
+        if dst.exists(): os.replace(dst, tmp / "old")                 # the old copies leave with the temporary folder
+        os.replace(new, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [dst / Path(p).name for p in executed]
+
+
+# %% [markdown]
+# A check on a small executed notebook: the injected cell becomes its note, the tokenizer line and the machine path
+# go, and an image taken out by `slim_notebook` comes back byte for byte.
+
+# %%
+import base64 as _b64
+_png = _b64.b64encode(b"\x89PNG fake bytes").decode()
+_ex = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("# Parameters\nprofile = \"smoke\"\nrun_dir = \"/x/runs/smoke/02\"",
+                                                                metadata={"tags": ["injected-parameters"]}),
+                                      nbformat.v4.new_code_cell("evaluate()")])
+_ex.cells[1].outputs = [nbformat.v4.new_output("stream", name="stderr", text="PTBTokenizer tokenized 3113 tokens at 36478.7 tokens per second.\n"),
+                        nbformat.v4.new_output("stream", name="stdout", text="record: /x/runs/smoke/02/record.json\n"),
+                        nbformat.v4.new_output("display_data", data={"image/png": _png, "text/plain": "<Figure>"})]
+_r = reader_notebook(_ex, [("/x", ".")])
+assert _r.cells[0].cell_type == "markdown" and _r.cells[0].source.startswith("*This run used `profile = 'smoke'`")
+assert [o.get("text") for o in _r.cells[1].outputs[:1]] == ["record: runs/smoke/02/record.json\n"]
+_img = Path(tempfile.mkdtemp())
+_s = slim_notebook(_r, _img)
+assert "image/png" not in _s.cells[1].outputs[1].data and len(list(_img.glob("*.png"))) == 1
+assert inflate_notebook(_s, _img).cells[1].outputs[1].data["image/png"] == _png
+print(_r.cells[0].source)
+
+# %% [markdown]
 # ## The Jupyter Book project
 #
 # `build_site` writes a throw-away Jupyter Book project next to the output folder: the prepared notebooks (the first
@@ -160,6 +303,11 @@ sphinx:
     default_role: literal
 """ + "    autodoc_member_order: bysource\n" * api
 
+_CSS = """/* capbook: code and outputs stay within the page: long lines wrap instead of scrolling sideways */
+div.cell div.highlight pre, div.cell_output pre, div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+div.cell_output table { display: block; max-width: 100%; overflow-x: auto; }
+"""
+
 def _toc_yml(chapters: list[str]) -> str:
     "A one-part book whose root is `index`."
     return "format: jb-book\nroot: index\n" + ("chapters:\n" + "".join(f"- file: {c}\n" for c in chapters) if chapters else "")
@@ -195,7 +343,11 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
     if dups := sorted({n for n in pages if pages.count(n) > 1}):
         raise CapbookError(f"build_site: two pages would be named {', '.join(dups)}; rename the notebook")
     if intro_md is not None: (src / "index.md").write_text(intro_md)
-    for p, name in zip(notebooks, names): nbformat.write(prepare_notebook(_read_notebook(p)), src / f"{name}.ipynb")
+    for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
+        nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"))
+        nbformat.write(nb, src / f"{name}.ipynb")
+    (src / "_static").mkdir(exist_ok=True)
+    (src / "_static" / "capbook.css").write_text(_CSS)
     modules, warnings = _importable(api_modules or [])
     if modules: (src / "api.rst").write_text(_api_rst(modules))
     (src / "_config.yml").write_text(_config_yml(title, bool(modules)))

@@ -91,9 +91,9 @@ from capbook.viz import soft_hard_figure
 # **Hard attention's learning rule** (§4.1). The objective is the variational lower bound
 # $L_s = \sum_s p(s \mid a) \log p(y \mid s, a) \le \log p(y \mid a)$ (Eq. 5), whose gradient is estimated from $N$
 # sampled location sequences $\tilde s^n$, with the moving-average baseline and the entropy term:
-# $$\frac{\partial L_s}{\partial W} \approx \frac1N \sum_{n=1}^N \Big[\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W}
-#   + \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big) \frac{\partial \log p(\tilde s^n \mid a)}{\partial W}
-#   + \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big], \qquad b_k = 0.9\, b_{k-1} + 0.1 \log p(y \mid \tilde s_k, a),$$
+# $$\frac{\partial L_s}{\partial W} \approx \frac1N \sum_{n=1}^N \Big[\frac{\partial \log p(y \mid \tilde s^n, a)}{\partial W} +
+#   \lambda_r \big(\log p(y \mid \tilde s^n, a) - b\big) \frac{\partial \log p(\tilde s^n \mid a)}{\partial W} +
+#   \lambda_e \frac{\partial H[\tilde s^n]}{\partial W}\Big], \qquad b_k = 0.9\, b_{k-1} + 0.1 \log p(y \mid \tilde s_k, a),$$
 # and "with probability 0.5 for a given image, we set the sampled attention location $\tilde s$ to its expected value
 # $\alpha$". In code: $\log p(\tilde s \mid a) = \sum_t \log \alpha_{t,\tilde s_t}$ (`logp_s`), $H[\tilde s] = \sum_t H_t$
 # (`entropy`), and the loss is the surrogate whose gradient is the rule's right-hand side (the reward is detached,

@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np, pandas as pd, torch
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import get_device, load_torch
-from capbook.runner import start_run, read_params
+from capbook.runner import start_run, read_params, stage_stats, interval_cells, paired_verdict
 from capbook.book import chapter_steps, step_record
 from capbook.prepare import prepare
 from capbook.decode import ms_per_image
-from capbook.metrics import evaluate, attention_on_references, results_row, semantic_table
+from capbook.metrics import evaluate, attention_on_references, image_stats, results_row, semantic_table
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.train import load_trained
@@ -61,6 +61,8 @@ models = {tag: load_trained(r["_dir"], prep).to(dev) for tag, r in recs.items()}
 models["soft"] = load_trained(soft_rec["_dir"], prep).to(dev)
 beam = p0["beam_size"]
 ev_soft = evaluate(models["soft"], prep, "test", beam_size=beam, device=dev)     # Soft-Attention* at SPCA's beam size
+ST = {tag: stage_stats(r, prep) for tag, r in recs.items()}   # per-image statistics of the test captions, for the intervals
+ST["soft"] = image_stats(list(prep.test.keys), ev_soft["words"], prep.test.refs, prep.gt)
 pd.DataFrame([{"run": s.name, "parameters": s.params, "record": r["_dir"]} for s, r in zip(steps.values(), recs.values())]
              + [{"run": "Soft-Attention*", "parameters": soft_rec["params"], "record": soft_rec["_dir"]}])
 
@@ -109,7 +111,7 @@ display(Markdown(save_table(table1, run.path("table_spca_table1"), floatfmt=".3g
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
 def measured(tag, rec=None, metrics=None):
     rec = rec or recs[tag]
-    row = {"dataset": ds_name, "source": "capbook (measured)", **results_row(metrics or rec["metrics"])}
+    row = {"dataset": ds_name, "source": "capbook (measured)", **results_row(metrics or rec["metrics"]), **interval_cells(ST.get(tag))}
     if tag in att_refs: row.update({"ref. mass": 100 * att_refs[tag]["mass"], "ref. hit": 100 * att_refs[tag]["hit"]})
     return row
 def label(structure): return {"none": "Baseline", "S||C": "S‖C"}.get(structure, structure)
@@ -150,12 +152,30 @@ t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
       {"model": "2D-latent-LSTM + SPCA", **measured("")}]
 hard_rec = step_record(profile, chapter_steps(profile, "02_show_attend_tell")["hard"])
 base_recs = baseline_records(profile, recs[""]["data"]["fingerprint"])
+ST |= {"hard": stage_stats(hard_rec, prep), **{tag: stage_stats(base_recs[tag], prep, "xe") for tag in ("nic", "sca-cnn", "att2in")}}
 t4 += [{"model": "Hard-Attention", **measured("hard", hard_rec), "note": "Show-Attend-Tell's chapter (6 epochs, beam 3)"}]
 t4 += [{"model": name, **measured(tag, base_recs[tag], record_stage(base_recs[tag])["metrics"]), "note": f"{BASELINE_NOTE}; beam 3"}
        for name, tag in (("Google NIC", "nic"), ("SCA-CNN", "sca-cnn"), ("ATT2in", "att2in"))]
 table4 = pd.concat([spca_table(4), pd.DataFrame(t4)], ignore_index=True)
 table4 = table4[["dataset", "model", "source"] + [c for c in table4.columns if c not in ("dataset", "model", "source")]]
 display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f")))
+
+# %% [markdown]
+# The paper's comparisons in Tables 2–4, each tested on the same test images by a paired bootstrap
+# (`capbook.runner.paired_verdict`: *holds* when the 95 % interval of the CIDEr difference is above zero, *does not
+# hold* below, *cannot tell at this size* when it contains zero; one seed per model, so the intervals cover the test
+# images, not training's randomness).
+
+# %%
+CLAIMS = [("Table 2: S‖C above the baseline (no attention)", "", "base"), ("Table 2: S‖C above S alone", "", "S"),
+          ("Table 2: S‖C above C alone", "", "C"), ("Table 2: S‖C above C-S", "", "C-S"), ("Table 2: S‖C above S-C", "", "S-C"),
+          ("Table 3: the 3×3 kernel above 1×1", "", "k1"), ("Table 3: the 3×3 kernel above 5×5", "", "k5"),
+          ("Table 4: 1D-LSTM + SPCA above Soft-Attention (same decoder)", "1d", "soft"),
+          ("Table 4: 2D-latent-LSTM + SPCA above SCA-CNN", "", "sca-cnn"), ("Table 4: 2D-latent-LSTM + SPCA above ATT2in", "", "att2in")]
+claims = pd.DataFrame([{"claim": c, **{k: v for k, v in paired_verdict(ST[a], ST[b]).items() if k in ("value", "lo", "hi")},
+                        "on this run": paired_verdict(ST[a], ST[b])["verdict"]} for c, a, b in CLAIMS])
+claims = claims.rename(columns={"value": "Δ CIDEr", "lo": "95% CI low", "hi": "95% CI high"})
+display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".1f")))
 
 # %% [markdown]
 # The semantic F1s of Tables 2–4 split into precision and recall per category (shapes only; see
@@ -206,7 +226,8 @@ if len(claim):
         f"{s1['ref. mass']:.1f} % (peak {s1['ref. hit']:.1f} %); uniform attention would put {g['uniform mass']:.1f} %. "
         f"The median max/min of the maps is {g['map max/min']:.3f} for grid attention and {s1['map max/min']:.3f} for SPCA. "
         f"The claim that convolutional attention localises more precisely than grid attention **{verdict}** here "
-        f"(one seed per model; mass and hit both have to be at least as good for it to hold)."))
+        f"(one seed per model; mass and hit both have to be at least as good for it to hold; the attention measures are "
+        f"per word, not per image, and carry no bootstrap interval here)."))
 
 # %% [markdown]
 # **Reading the answer.** SPCA's $M^S$ is a sigmoid gate, not a distribution: nothing makes its cells compete, and

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError, load_torch
-from capbook.runner import start_run, read_params, figure_pick
+from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, paired_verdict
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
@@ -47,6 +47,7 @@ steps, recs = compared_runs(profile, {"ssa": ("04_spatial_self_attention", None)
 caps = {k: load_torch(Path(r["_dir"]) / "test_captions.pt") for k, r in recs.items()}
 p0 = recs["ssa", ""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
+stats = {k: stage_stats(r, prep) for k, r in recs.items()}    # per-image statistics of each run's test captions
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "record": recs[k]["_dir"], "data": recs[k]["data"]["fingerprint"]}
               for k, s in steps.items()])
 
@@ -67,7 +68,7 @@ def sizes(rec): return f"d={rec['hparams']['d_model']}, h={rec['hparams']['heads
 def row(model, k):
     rec = recs[k]
     return {"dataset": ds_name, "model": model, "source": "capbook (measured)", **results_row(rec["metrics"]),
-            "train min": rec["timings"]["train_s"] / 60, "epochs": len(rec["history"]), "params (M)": rec["n_params"] / 1e6}
+            **interval_cells(stats[k]), "train min": rec["timings"]["train_s"] / 60, "epochs": len(rec["history"]), "params (M)": rec["n_params"] / 1e6}
 ours = [row("Show, Attend and Tell (soft attention)", ("sat", "")),
         row(f"Proposed Model (transformer, τ paper; {sizes(recs['ssa', ''])})", ("ssa", ""))]
 table1 = pd.concat([ssa_table1(), pd.DataFrame(ours)], ignore_index=True)
@@ -81,7 +82,9 @@ P = ssa_table1().set_index("model")
 gap = lambda col: M["ssa", ""].get(col, np.nan) - M["sat", ""].get(col, np.nan)
 display(Markdown(
     f"Measured on this run of the book (one seed each): the transformer scores {gap('BLEU-4'):+.1f} BLEU-4, "
-    f"{gap('METEOR'):+.1f} METEOR and {gap('CIDEr'):+.1f} CIDEr against soft attention. The paper's Table 1: "
+    f"{gap('METEOR'):+.1f} METEOR and {gap('CIDEr'):+.1f} CIDEr against soft attention; paired on the same test "
+    f"images, the transformer above soft attention {paired_verdict(stats['ssa', ''], stats['sat', ''])['text']} and, in "
+    f"BLEU-4, {paired_verdict(stats['ssa', ''], stats['sat', ''], 'BLEU-4')['text']}. The paper's Table 1: "
     f"{P.loc['Proposed Model', 'BLEU-4'] - P.loc['Show, Attend and Tell', 'BLEU-4']:+.1f} BLEU-4 and "
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
     "below Show-Attend-Tell: \"Further work has to be done to improve the model's performance\")."))
@@ -115,7 +118,9 @@ display(Markdown(
     f"Mean entropy over the decoder layers: τ paper {ent('paper'):.3f}, τ standard {ent('standard'):.3f} — the paper's "
     f"claim that its τ spreads the attention **{'holds' if ent('paper') > ent('standard') else 'does not hold'}** on this "
     f"run (one seed). BLEU-4: paper {H.loc['paper', 'BLEU-4']:.1f}, standard {H.loc['standard', 'BLEU-4']:.1f}; CIDEr: "
-    f"paper {H.loc['paper', 'CIDEr']:.1f}, standard {H.loc['standard', 'CIDEr']:.1f}."))
+    f"paper {H.loc['paper', 'CIDEr']:.1f}, standard {H.loc['standard', 'CIDEr']:.1f}. That the larger τ is beneficial "
+    f"(\"beneficial\" read as a higher CIDEr, paired on the same test images): "
+    f"{paired_verdict(stats['ssa', ''], stats['ssa', 'tau-standard'])['text']}."))
 
 
 # %% [markdown]

@@ -35,7 +35,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params, record_stage
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, paired_verdict
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -84,11 +84,14 @@ display(Markdown(save_table(attr_tab, run.path("table_glied_attributes"), floatf
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
 T1 = ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE"]
+ST = {(k, st): stage_stats(recs[k], prep, st) for k in [("glied", ""), ("glied", "base"), ("base", ""), ("base", "att2in")]
+      for st in ("xe", "scst")}                  # per-image statistics of each stage's test captions, for the intervals
 def stage_row(model, k, stage):
     rec = recs[k]
     m = rec["stages"][stage]["metrics"]
     return {"dataset": ds_name, "model": model, "training": {"xe": "cross-entropy", "scst": "+ self-critical (CIDEr-D)"}[stage],
             "source": "capbook (measured)", **results_row(m), **({"SPICE": 100 * m["SPICE"]} if "SPICE" in m else {}),
+            **interval_cells(ST[k, stage]),
             "train min": rec["stages"][stage]["train_s"] / 60, "note": spice_note(rec)}
 def spice_note(rec):                                      # the record's note names this machine's folders: the table does not
     note = rec.get("notes", {}).get("SPICE", "")
@@ -106,18 +109,17 @@ table1 = table1[cols + [c for c in table1.columns if c not in cols + ["note"]] +
 display(Markdown(save_table(table1, run.path("table_glied_table1"), floatfmt=".2f")))
 
 # %%
-M = {(k, st): results_row(recs[k]["stages"][st]["metrics"]) for k in [("glied", ""), ("glied", "base"), ("base", ""), ("base", "att2in")]
-     for st in ("xe", "scst")}
-d = lambda a, b, c="CIDEr": M[a].get(c, np.nan) - M[b].get(c, np.nan)
 g, b = ("glied", ""), ("glied", "base")
+v = lambda a, b_: paired_verdict(ST[a], ST[b_])["text"]      # the claim "a scores a higher CIDEr than b", paired
 display(Markdown(
-    f"On this run of the book (one seed): GLIED against the base, {d((g, 'xe'), (b, 'xe')):+.1f} CIDEr under "
-    f"cross-entropy and {d((g, 'scst'), (b, 'scst')):+.1f} after self-critical training (the paper: GLIED above the base "
-    f"in both). Self-critical training moved CIDEr by {d((b, 'scst'), (b, 'xe')):+.1f} for the base and "
-    f"{d((g, 'scst'), (g, 'xe')):+.1f} for GLIED. Against the baselines the paper quotes (it reports GLIED above all of "
-    f"them): GLIED minus Up-Down {d((g, 'xe'), (('base', ''), 'xe')):+.1f} CIDEr under cross-entropy and "
-    f"{d((g, 'scst'), (('base', ''), 'scst')):+.1f} after self-critical training; GLIED minus SCST (Att2in) "
-    f"{d((g, 'xe'), (('base', 'att2in'), 'xe')):+.1f} and {d((g, 'scst'), (('base', 'att2in'), 'scst')):+.1f}."))
+    "On this run of the book (one seed; each claim a paired bootstrap test on the same test images):\n\n"
+    f"- GLIED above the base under cross-entropy: {v((g, 'xe'), (b, 'xe'))}; after self-critical training: "
+    f"{v((g, 'scst'), (b, 'scst'))} (the paper: GLIED above the base in both).\n"
+    f"- Self-critical training raises CIDEr: for the base {v((b, 'scst'), (b, 'xe'))}; for GLIED {v((g, 'scst'), (g, 'xe'))}.\n"
+    f"- GLIED above Up-Down (the paper: above all its baselines): under cross-entropy {v((g, 'xe'), (('base', ''), 'xe'))}; "
+    f"after self-critical training {v((g, 'scst'), (('base', ''), 'scst'))}.\n"
+    f"- GLIED above SCST (Att2in): under cross-entropy {v((g, 'xe'), (('base', 'att2in'), 'xe'))}; after self-critical "
+    f"training {v((g, 'scst'), (('base', 'att2in'), 'scst'))}."))
 
 # %% [markdown]
 # What self-critical training does to what the captions *say*: the semantic F1s of the relations and counts before and
@@ -225,31 +227,40 @@ table4 = pd.DataFrame([t4_row(*o) for o in order])
 display(Markdown(save_table(table4, run.path("table_glied_table4"), floatfmt=".1f")))
 
 # %% [markdown]
-# The paper's claims about each row, checked against the measured change from the base (one seed; whether a change
-# is larger than seed noise needs the confidence intervals of a later issue):
+# The paper's claims about each row, each tested against the base by a paired bootstrap on the same test images
+# (`capbook.runner.paired_verdict`; the Δ columns are the measured changes, one seed):
 
 # %%
 T4 = table4.set_index("model")
 def delta(row, col): return T4.loc[row, col] - T4.loc["Base", col] if col in T4 else np.nan
 NEEDS = {"+ global visual": ("CIDEr", "relations F1", "counts F1"), "+ global attribute": ("CIDEr", "attributes F1"),
          "+ global": ("CIDEr",), "+ local": ("CIDEr",), "GLIED": ("CIDEr", "relations F1", "counts F1")}
+T4_STATS = {name: stage_stats(recs["glied", tag], prep, "xe") for name, tag in order}   # Table 4 is under cross-entropy
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
+    tests = {c: paired_verdict(T4_STATS[row], T4_STATS["Base"], c) for c in NEEDS[row]}
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
     elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"
-    else:
-        ok = {"+ local": abs(d["CIDEr"]) < 2.0 or d["CIDEr"] < 0}.get(row, all(d[c] > 0 for c in NEEDS[row]))
-        says = "holds" if ok else "does not hold"
-    return {"row": row, "the paper says": GLIED_TABLE4_CLAIMS[row], **{f"Δ {c}": v for c, v in d.items()}, "on this run": says}
+    elif kept := [t["text"] for t in tests.values() if t["verdict"].startswith("cannot tell:")]: says = kept[0]
+    elif row == "+ local":                        # "almost the same, if not worse": not reliably better
+        says = "does not hold" if tests["CIDEr"]["verdict"] == "holds" else "holds"
+    else:                                         # higher in every score it names: each reliably so
+        vs = [t["verdict"] for t in tests.values()]
+        says = ("holds" if all(x == "holds" for x in vs) else "does not hold" if "does not hold" in vs
+                else "cannot tell at this size")
+    return {"row": row, "the paper says": GLIED_TABLE4_CLAIMS[row], **{f"Δ {c}": v for c, v in d.items()},
+            "paired tests": "; ".join(f"{c}: {t['text']}" for c, t in tests.items()), "on this run": says}
 claims = pd.DataFrame([verdict(r) for r, _ in order[1:]])
 display(Markdown(save_table(claims, run.path("table_glied_claims"), floatfmt=".1f")))
 
 # %% [markdown]
 # *capbook:* how a claim is read as a test. "Overall improvement" is a higher CIDEr; "higher Relations and Count" a
-# higher F1 in both; "almost the same, if not worse" a CIDEr within 2 points of the base or below it; GLIED's "especially
-# Relations and Count" a higher CIDEr and higher relation and count F1s. A sub-category whose F1 is 0 for every row
-# (the model never states it) cannot carry the claim either way.
+# higher F1 in both; GLIED's "especially Relations and Count" a higher CIDEr and higher relation and count F1s — each
+# *holds* only when every named score is reliably higher (its paired 95 % interval above zero), *does not hold* when one
+# is reliably lower, and otherwise *cannot tell at this size*. "Almost the same, if not worse" holds unless the CIDEr is
+# reliably higher. A sub-category whose F1 is 0 for every row (the model never states it) cannot carry the claim
+# either way. The intervals cover the choice of test images, not the seed: one seed per row.
 #
 # ## Figure 3: what each distilling step attends to
 #

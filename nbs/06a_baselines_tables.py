@@ -35,8 +35,9 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, paired_verdict
 from capbook.book import compared_runs
+from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.viz import save_figure, save_table
 
@@ -71,27 +72,32 @@ steps, recs = compared_runs(profile, {"sat": ("02_show_attend_tell", ("", "hard"
                                       "ssa": ("04_spatial_self_attention", ("",)),
                                       "glied": ("05_glied", ("", "base")),
                                       "base": ("06_baselines", None)})
-data = recs["base", ""]["data"]
+data, p0 = recs["base", ""]["data"], recs["base", ""]["params"]
 print(f"{len(steps)} runs, all trained on {data['dataset']} ({data['encoder']} features, data {data['fingerprint']})")
+prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])   # the test references
 
 # %% [markdown]
 # ## The table
 #
-# Test split, beam 3 (SPCA's runs: beam 2, the paper's), one seed each. Scores ×100.
+# Test split, beam 3 (SPCA's runs: beam 2, the paper's), one seed each. Scores ×100, each with its 95 % bootstrap
+# interval over the test images (1,000 seeded draws; `capbook.metrics.bootstrap`): how far the number would move on
+# another test set of the same size. "—": the run kept no captions of that stage.
 
 # %%
-rows = []
+rows, stats = [], {}
 for label, family, k, st in MODELS:
     rec = recs[k]
     s = record_stage(rec, st)
     xe = record_stage(rec, "xe")
     epochs = len(rec["history"]) + (len(rec["stages"]["scst"]["history"]) if st == "scst" else 0)
+    stats[label] = stage_stats(rec, prep, st)
     rows.append({"model": label, "family": family, "training": "+ self-critical" if st == "scst" else "cross-entropy",
-                 **results_row(s["metrics"]), "params (M)": rec["n_params"] / 1e6,
+                 **results_row(s["metrics"]), **interval_cells(stats[label]), "params (M)": rec["n_params"] / 1e6,
                  "train min": (xe["train_s"] + (s["train_s"] if st == "scst" else 0)) / 60, "epochs": epochs,
                  "images/s": s["images_per_s"]})
 table = pd.DataFrame(rows)
-keep = ["model", "family", "training", "BLEU-4", "METEOR", "CIDEr", "F1 all", "F1 counts", "F1 relations",
+keep = ["model", "family", "training", "BLEU-4", "BLEU-4 95% CI", "METEOR", "CIDEr", "CIDEr 95% CI", "F1 all",
+        "semantic F1 95% CI", "F1 counts", "F1 relations",
         "att. mass", "att. hit", "params (M)", "train min", "epochs", "images/s"]
 table = table[[c for c in keep if c in table.columns]]
 display(Markdown(save_table(table, run.path("table_baselines_all"), floatfmt=".1f")))
@@ -125,12 +131,16 @@ plt.close(fig)
 display(IPImage(filename=str(fig_path)))
 
 # %% [markdown]
-# What the runs say, computed from the table above (one seed each: a gap of a few points is within run-to-run noise;
-# the confidence intervals of a later chapter will say which gaps are real).
+# What the runs say, computed from the table above. Each comparison is a paired bootstrap test on the same test images
+# (the claim "the first scores higher"): *holds* when the 95 % interval of the difference is above zero, *does not
+# hold* when below, *cannot tell at this size* when it contains zero. One seed each: the intervals cover the choice
+# of test images, not the randomness of training.
 
 # %%
 best = T["CIDEr"].idxmax()
-lines = [f"The best caption metrics: **{best}** ({T.loc[best, 'CIDEr']:.1f} CIDEr, {T.loc[best, 'BLEU-4']:.1f} BLEU-4)."]
+second = T["CIDEr"].drop(best).idxmax()
+lines = [f"The best caption metrics: **{best}** ({T.loc[best, 'CIDEr']:.1f} CIDEr, {T.loc[best, 'BLEU-4']:.1f} BLEU-4); "
+         f"ahead of the next, {second}: {paired_verdict(stats[best], stats[second])['text']}."]
 if has_sem:
     sem = T["F1 all"].idxmax()
     lines.append(f"The most accurate statements: **{sem}** (semantic F1 {T.loc[sem, 'F1 all']:.1f}).")
@@ -142,8 +152,8 @@ if "att. mass" in T and T["att. mass"].notna().any():
                  f"peak on the object {T.loc[look, 'att. hit']:.0f} % of the time).")
 for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("SCA-CNN", "Soft-Attention"),
               ("Show and Tell (NIC)", "LSTM, image every step"), ("GLIED", "Up-Down"), ("GLIED base", "CT (6-block transformer decoder)")):
-    lines.append(f"{a} against {b_}: {T.loc[a, 'CIDEr'] - T.loc[b_, 'CIDEr']:+.1f} CIDEr.")
+    lines.append(f"{a} above {b_}: {paired_verdict(stats[a], stats[b_])['text']}.")
 for a in ("Att2in", "Up-Down", "GLIED"):
-    lines.append(f"Self-critical training moved {a} by {T.loc[a + ' + SCST', 'CIDEr'] - T.loc[a, 'CIDEr']:+.1f} CIDEr"
-                 + (f" and {T.loc[a + ' + SCST', 'F1 relations'] - T.loc[a, 'F1 relations']:+.1f} relation F1." if has_sem else "."))
+    lines.append(f"Self-critical training raised {a}'s CIDEr: {paired_verdict(stats[a + ' + SCST'], stats[a])['text']}"
+                 + (f"; its relation F1 moved {T.loc[a + ' + SCST', 'F1 relations'] - T.loc[a, 'F1 relations']:+.1f}." if has_sem else "."))
 display(Markdown("\n".join(f"- {l}" for l in lines)))

@@ -70,6 +70,21 @@ def test_docs_site_shows_table_and_attention_figure(book):
     assert not list(site.glob("03_spca-*.html")), "each notebook appears once on the site"
 
 
+@pytest.mark.slow
+def test_docs_command_rebuilds_the_site_a_reader_meets(book):
+    "`capbook docs` builds the same site from the kept notebooks alone; every chapter reads as a book in Chromium."
+    from sitecheck import check_site
+    home, _ = book
+    kept = home / "runs" / "smoke" / "figures" / "notebooks"
+    assert (kept / "02_show_attend_tell.ipynb").exists() and not list(kept.glob("*-hard*"))    # untagged runs only
+    p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "smoke"], capture_output=True, text=True, timeout=600)
+    from capbook.book import notebooks
+    assert p.returncode == 0 and f"docs site of {len(notebooks())} chapters" in p.stdout, p.stdout + p.stderr
+    check_site(home / "runs" / "smoke" / "site" / "index.html", kept)
+    p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "paper"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no kept notebooks of a paper book; run `capbook book --profile paper` first" in p.stderr
+
+
 def test_step_record_prefers_book_run_then_exact_hand_run(home):
     from capbook.book import nb_defaults, step_record
     from capbook.core import save_json
@@ -219,3 +234,22 @@ def test_smoke_book_semantic_and_glied_tables(book):
     claims = (figs / "table_glied_claims.md").read_text()
     assert sum(claims.count(v) for v in ("| holds", "| does not hold", "| cannot tell")) == 5, claims
     assert (figs / "fig_glied_figure3.png").stat().st_size > 10_000 and (figs / "fig_glied_scst.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_tables_show_intervals_and_paired_verdicts(book):
+    "Every measured row carries 95% bootstrap intervals; the chapters' claims are paired verdicts (issue 14)."
+    home, _ = book
+    figs = home / "runs" / "smoke" / "figures"
+    for name in ("table_sat_table1", "table_spca_table4", "table_ssa_table1", "table_glied_table1", "table_baselines_all"):
+        text = (figs / f"{name}.md").read_text()
+        head = [c.strip() for c in text.splitlines()[0].split("|")]
+        assert {"BLEU-4 95% CI", "CIDEr 95% CI", "semantic F1 95% CI"} <= set(head), name
+        rows = [[c.strip() for c in l.split("|")] for l in text.splitlines()[2:] if "paper (quoted)" not in l]
+        ci = [r[head.index("CIDEr 95% CI")] for r in rows]
+        assert ci and all(c.startswith("[") or "expected context" in " ".join(r) for c, r in zip(ci, rows)), (name, ci)
+    spca = (figs / "table_spca_claims.md").read_text()
+    assert spca.count("|") > 40 and all(any(v in l for v in ("holds", "does not hold", "cannot tell at this size"))
+                                        for l in spca.splitlines()[2:])
+    glied = (figs / "table_glied_claims.md").read_text()
+    assert "paired tests" in glied and "95% CI" in glied

@@ -10,7 +10,7 @@ import pytest
 
 import capbook.docs as docs
 from capbook.core import CapbookError
-from capbook.docs import build_site, chromium_dom, chromium_screenshot, nbdev_directives, prepare_notebook
+from capbook.docs import build_site, chromium_dom, chromium_screenshot, keep_notebooks, nbdev_directives, prepare_notebook
 
 v4 = nbformat.v4
 SHOW_DOC_MD = ("---\n\n### attend\n\n>      attend (e:torch.Tensor, dim:int=-1)\n\n*Soft attention weights.*\n\n"
@@ -131,7 +131,8 @@ def test_book_project(tmp_path):
     for p in (a, b): nbformat.write(_executed_notebook(), p)
     src = tmp_path / "src"; src.mkdir()
     assert docs.write_book([a, b], src, api_modules=["capbook.core"]) == []
-    assert sorted(p.name for p in src.iterdir()) == ["02_b.ipynb", "_config.yml", "_toc.yml", "api.rst", "index.ipynb"]
+    assert sorted(p.name for p in src.iterdir()) == ["02_b.ipynb", "_config.yml", "_static", "_toc.yml", "api.rst", "index.ipynb"]
+    assert "pre-wrap" in (src / "_static" / "capbook.css").read_text()          # code wraps within the page
     assert (src / "_toc.yml").read_text().endswith("chapters:\n- file: 02_b\n- file: api\n")
     assert "#|" not in (src / "index.ipynb").read_text() and ".. automodule:: capbook.core" in (src / "api.rst").read_text()
 
@@ -155,3 +156,44 @@ def test_bad_inputs(tmp_path, monkeypatch):
     with pytest.raises(CapbookError, match="two pages would be named a"): build_site([nb_path, nb_path, nb_path], tmp_path / "s")
     monkeypatch.setattr(docs, "_CHROMIUM", ("no-such-chromium",))
     with pytest.raises(CapbookError, match="apt-get install chromium"): chromium_dom(nb_path)
+
+
+def test_kept_copies_read_as_a_book(tmp_path):
+    "The repository's copy of an executed notebook: papermill's cell as one line, no tool chatter, no machine path, images as files stored once by content; the site gets them back."
+    nb = _executed_notebook()
+    nb.cells.append(_code("evaluate()", v4.new_output("stream", name="stderr", text="PTBTokenizer tokenized 3113 tokens at 36478.67 tokens per second.\n"),
+                          v4.new_output("stream", name="stdout", text=f"record -> {tmp_path}/runs/smoke/03/record.json\n")))
+    nb.cells[3].source += f'run_dir = "{tmp_path}/runs/smoke/03"\n'
+    run = tmp_path / "run"; run.mkdir()
+    for name in ("01_a", "02_b"): nbformat.write(nb, run / f"{name}.ipynb")
+    kept = keep_notebooks([run / "01_a.ipynb", run / "02_b.ipynb"], tmp_path / "kept")
+    text = kept[0].read_text()
+    assert "PTBTokenizer tokenized" not in text and str(tmp_path) not in text and "image/png" not in text
+    assert "record -> <tmp>/" in text and "This run used `profile = 'smoke'`" in text and "run_dir" not in text
+    assert len(list((tmp_path / "kept" / "img").glob("*.png"))) == 1                 # the same image, stored once
+    assert keep_notebooks([run / "01_a.ipynb"], tmp_path / "kept") and sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["01_a.ipynb", "img"]
+    src = tmp_path / "src"; src.mkdir()
+    docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
+    assert nbformat.read(src / "index.ipynb", 4).cells[-3].outputs[0].data["image/png"] == nb.cells[-3].outputs[0].data["image/png"]
+    next((tmp_path / "kept" / "img").glob("*.png")).unlink()
+    with pytest.raises(CapbookError, match="image of a kept notebook not found"): docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
+
+
+@pytest.mark.slow
+def test_repository_book_site(tmp_path):
+    "What a fresh clone reads: the site built from the default book kept in figures/notebooks/, every chapter opened in Chromium (its tables and images there, no error, machine path or tool chatter), two pages photographed."
+    from pathlib import Path
+    from capbook.book import api_modules, notebooks
+    from sitecheck import check_site
+    kept = Path(__file__).resolve().parent.parent / "figures" / "notebooks"
+    rank = {nb: i for i, nb in enumerate(notebooks())}
+    pages = sorted(kept.glob("*.ipynb"), key=lambda p: rank.get(p.stem, len(rank)))
+    assert [p.stem for p in pages] == notebooks(), "figures/notebooks/ must hold every notebook of the book: run `make book`"
+    index = build_site(pages, tmp_path / "site", api_modules=api_modules())
+    seen = check_site(index, kept)
+    for name in notebooks():
+        if name[:2].isdigit() and not name.startswith("00"):
+            assert seen[name][0] > 0 and seen[name][1] > 0, (name, seen[name])      # every chapter has a table and a figure
+    for name in ("02_show_attend_tell", "03a_spca_tables"):
+        png = chromium_screenshot(index.parent / f"{name}.html", tmp_path / f"{name}.png", size=(1280, 2400)).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 100_000

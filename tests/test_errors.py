@@ -129,7 +129,7 @@ def test_bench_smoke_profile(smoke, home):
     p = cli("bench", "--profile", "smoke", home=home)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["train_captions_per_s"] > 0 and out["beam_images_per_s"] > 0
+    assert out["train_captions_per_s"] > 0 and out["beam_images_per_s"] > 0 and out["tutorial_train_captions_per_s"] > 0
 
 
 # Each chapter's parameters and values to draw from (all valid; `valid` filters joint constraints).

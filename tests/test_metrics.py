@@ -43,3 +43,67 @@ def test_attention_correctness_on_a_known_object():
     assert good["n"] == bad["n"] == 2
     assert good["hit"] == 1.0 and bad["hit"] == 0.0
     assert good["mass"] > 0.6 and bad["mass"] < 0.1
+
+
+# --- bootstrap intervals over test images ------------------------------------------------------------------------
+
+def _smoke_captions(smoke, n=40):
+    "The first `n` test images of the smoke set, captioned by another image's first reference (right and wrong ones)."
+    keys, refs = smoke.test.keys[:n], smoke.test.refs[:n]
+    words = [refs[(i * 7) % n][0] if i % 3 else refs[i][0] for i in range(n)]
+    return keys, words, refs
+
+
+def test_interval_statistics_reproduce_pycocoevalcap_and_semantic_scores(smoke):
+    "With every image drawn once, the sums give the evaluator's own BLEU-4, CIDEr and semantic F1."
+    import numpy as np
+    from capbook.shapes import semantic_scores
+    keys, words, refs = _smoke_captions(smoke)
+    st = M.image_stats(keys, words, refs, smoke.gt)
+    scores, _ = M.coco_scores({k: [" ".join(r) for r in rs] for k, rs in zip(keys, refs)},
+                              {k: " ".join(w) for k, w in zip(keys, words)}, meteor=False, spice=False)
+    assert abs(M.bootstrap(st["BLEU-4"], "BLEU-4")["value"] - 100 * scores["BLEU-4"]) < 1e-9
+    assert abs(M.bootstrap(st["CIDEr"], "CIDEr")["value"] - 100 * scores["CIDEr"]) < 1e-9
+    sem = semantic_scores(dict(zip(keys, words)), dict(zip(keys, refs)), smoke.gt["images"])["all"]["f1"]
+    ci = M.bootstrap(st["semantic F1"], "semantic F1")
+    assert abs(ci["value"] - 100 * sem) < 1e-9 and ci["lo"] < ci["value"] < ci["hi"]
+    w = M.draws(len(keys), 1000, seed=3)
+    assert w.shape == (1000, len(keys)) and (w.sum(1) == len(keys)).all() and (w == M.draws(len(keys), 1000, seed=3)).all()
+    assert np.isfinite(w @ st["BLEU-4"]).all()
+
+
+def test_bootstrap_equals_brute_force_rescoring(smoke):
+    "Each draw scored through the sums = the drawn images (duplicates included) rescored from scratch by pycocoevalcap's BleuScorer, CIDEr's per-image mean and the micro F1 of the drawn tuple counts."
+    import numpy as np
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+    from capbook.shapes import semantic_counts
+    keys, words, refs = _smoke_captions(smoke, n=6)
+    st = M.image_stats(keys, words, refs, smoke.gt)
+    w = M.draws(6, 25, seed=1)
+    idx = [np.repeat(np.arange(6), w[r].astype(int)) for r in range(25)]
+    bleu, cider, f1 = (M.bootstrap(st[m], m, w=w) for m in ("BLEU-4", "CIDEr", "semantic F1"))
+    for r, picks in enumerate(idx):
+        bs = BleuScorer(n=4)
+        for i in picks: bs += (" ".join(words[i]), [" ".join(x) for x in refs[i]])
+        brute_bleu = bs.compute_score(option="closest")[0][3]
+        tp, nc, hit, nr = sum(semantic_counts(words[i], refs[i], smoke.gt["images"][keys[i]]).sum(0) for i in picks)
+        p, rec = tp / max(nc, 1), hit / max(nr, 1)
+        brute_f1 = 2 * p * rec / (p + rec) if p + rec else 0.0
+        assert abs(M.resampled(st["BLEU-4"], "BLEU-4", w)[r] - 100 * brute_bleu) < 1e-9
+        assert abs(M.resampled(st["CIDEr"], "CIDEr", w)[r] - 100 * st["CIDEr"][picks].mean()) < 1e-9
+        assert abs(M.resampled(st["semantic F1"], "semantic F1", w)[r] - 100 * brute_f1) < 1e-9
+    for m, ci in zip(("BLEU-4", "CIDEr", "semantic F1"), (bleu, cider, f1)):            # the interval: their quantiles
+        assert np.allclose([ci["lo"], ci["hi"]], np.quantile(M.resampled(st[m], m, w), [0.025, 0.975]))
+
+
+def test_paired_verdicts():
+    import numpy as np
+    import pytest
+    from capbook.core import CapbookError
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.5, 1.5, 300)
+    assert M.bootstrap(a, "CIDEr", other=a)["verdict"] == "cannot tell at this size"          # no difference at all
+    assert M.bootstrap(a + 0.2, "CIDEr", other=a)["verdict"] == "holds"
+    assert M.bootstrap(a, "CIDEr", other=a + 0.2)["verdict"] == "does not hold"
+    assert M.bootstrap(a + rng.normal(0, 0.3, 300), "CIDEr", other=a)["verdict"] == "cannot tell at this size"
+    with pytest.raises(CapbookError, match="300 images against 299"): M.bootstrap(a, "CIDEr", other=a[:-1])

@@ -1,0 +1,63 @@
+"`capbook caption`: a real photograph captioned with a trained run, its attention drawn by the book's plotting code, and every model or file it cannot honestly caption refused in one line."
+import json, shutil, subprocess, sys
+from pathlib import Path
+import matplotlib
+import pytest
+import torch
+from capbook.caption import caption_photos, encode_photos, find_run, image_encoder, load_captioner
+from capbook.core import CapbookError
+
+BIN = Path(sys.executable).parent
+PHOTO = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"     # a photograph shipped with matplotlib
+
+
+@pytest.fixture(scope="module")
+def run(smoke, tmp_path_factory):
+    "A soft-attention model trained for one epoch at the smoke profile, in a run folder of its own."
+    from capbook.runner import run_chapter
+    from capbook.sat import SATParams
+    d = tmp_path_factory.mktemp("caption") / "sat"
+    run_chapter("02_show_attend_tell", SATParams(profile="smoke", epochs=1, run_dir=str(d)), log=lambda s: None)
+    return d
+
+
+def test_encoder_rebuilt_for_captioning_gives_the_stored_features(smoke):
+    net = image_encoder(smoke, {"profile": "smoke", "seed": 0})
+    paths = [r.path for r in smoke.kdata.split("test")[:4]]
+    got = encode_photos(paths, net, smoke.image_size)
+    assert got.shape == (4, *smoke.feat_shape)
+    assert torch.allclose(got, torch.tensor(smoke.test.feats[:4], dtype=torch.float32), atol=1e-2)
+
+
+@pytest.mark.slow
+def test_caption_a_photograph_and_draw_its_attention(run, tmp_path):
+    p = subprocess.run([str(BIN / "capbook"), "caption", str(PHOTO), "--run-dir", str(run), "--attention",
+                        str(tmp_path / "att.png"), "--beam", "2"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = p.stdout.splitlines()[0]
+    assert line.startswith(f"{PHOTO}: ") and len(line) > len(str(PHOTO)) + 3
+    model, prep, _ = load_captioner(run, "cpu")
+    words = line[len(str(PHOTO)) + 2:].split()
+    assert all(w in prep.vocab.stoi for w in words)                       # the model's own vocabulary
+    assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "att.png").stat().st_size > 20_000
+    caps = caption_photos([PHOTO, PHOTO], run, beam_size=2, device="cpu")
+    assert caps[0]["caption"] == caps[1]["caption"] == " ".join(words)
+    assert caps[0]["alpha"].shape == (len(words), prep.feat_shape[0])
+    assert torch.allclose(caps[0]["alpha"].sum(1), torch.ones(len(words)), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_refusals_are_one_line(run, tmp_path, home):
+    bad = tmp_path / "not_an_image.jpg"; bad.write_text("hello")
+    with pytest.raises(CapbookError, match="not_an_image.jpg: cannot read image") as e: caption_photos([bad], run)
+    assert "\n" not in str(e.value)
+    with pytest.raises(CapbookError, match="no trained run here"): find_run("02_no_such_run", None, "smoke")
+    other = tmp_path / "other"; shutil.copytree(run, other)              # a run whose data this machine cannot rebuild
+    rec = json.loads((other / "record.json").read_text()); rec["data"]["fingerprint"] = "0123456789abcdef"
+    (other / "record.json").write_text(json.dumps(rec))
+    with pytest.raises(CapbookError, match="encoder or vocabulary cannot be rebuilt here"): caption_photos([PHOTO], other)
+    rec["params"]["regions"] = "/data/bottom-up"; (other / "record.json").write_text(json.dumps(rec))
+    with pytest.raises(CapbookError, match="precomputed region features"): caption_photos([PHOTO], other)
+    p = subprocess.run([str(BIN / "capbook"), "caption", str(PHOTO), "--run-dir", str(tmp_path / "nowhere")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no trained run here" in p.stderr
