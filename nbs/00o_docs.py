@@ -125,7 +125,7 @@ assert sanitize_markdown("Title\n---") == "Title\n---" and _nb.cells[1].source.s
 # ## The book as readers meet it, and as the repository keeps it
 #
 # An executed notebook is a log as much as a chapter: papermill injects a `# Parameters` cell holding the run folder of
-# the machine that ran it, pycocoevalcap's Java tokenizer prints "PTBTokenizer tokenized … tokens per second" into
+# the machine that ran it, pycocoevalcap's Java tokenizer prints a line on its own speed into
 # every evaluation, warnings and progress bars name files under the machine's virtual environment, and tables list
 # record paths. `reader_notebook` turns a copy into what a reader needs: the injected cell becomes one line — "This run
 # used `profile = 'default'`, …" (the run folder left out) — tool chatter is removed from the outputs, and every

@@ -42,7 +42,7 @@ def check_site(index: Path, kept: Path, shots: Path | None = None) -> dict[str, 
         shown = _CODE_INPUT.sub("", html)             # what the run printed and the prose
         assert "Traceback (most recent call last)" not in shown and 'class="output traceback' not in shown, name
         assert not (m := MACHINE_PATH.search(shown)), (name, shown[max(0, m.start() - 80):m.end() + 80])
-        assert not [c for c in CHATTER if c in html], (name, [c for c in CHATTER if c in html])
+        assert not [c for c in CHATTER if c in shown], (name, [c for c in CHATTER if c in shown])
         if any(c.source.startswith("*This run used") for c in nbformat.read(nb_path, as_version=4).cells):
             assert "This run used" in html, name               # the injected parameters, as one line
         seen[name] = (tables, images)
