@@ -37,18 +37,15 @@ def image_encoder(prep, params: dict) -> torch.nn.Module:
 
 def load_captioner(run: str | Path, device: str = "auto") -> tuple[Any, Any, torch.nn.Module]:
     "(model, prepared data, image encoder) of the run in `run`, each checked to be the one the run was trained with."
-    from capbook.prepare import prepare
-    from capbook.runner import chapter
+    from capbook.runner import chapter, chapter_data, read_params
     from capbook.train import load_trained
     run = Path(run)
     rec = load_json(run / "record.json", "results record")
     p, data = rec.get("params", {}), rec.get("data", {})
     if p.get("regions") is not None:
         raise CapbookError(f"{run}: trained on precomputed region features ({p['regions']}); a new photograph has no detector regions to give it")
-    encoder = p.get("encoder")
-    if encoder is None and p.get("dataset") != "shapes": encoder = chapter(rec["notebook"]).encoder
-    prep = prepare(p.get("dataset", "shapes"), p.get("profile", "default"), seed=p.get("seed", 0), data_path=p.get("data_path"),
-                   encoder=encoder, device=device, weights=p.get("weights", "imagenet"))
+    ch = chapter(rec.get("notebook", ""))
+    prep = chapter_data(ch, ch.resolve(read_params(ch.params, p)), device)   # the run's own data, as its chapter prepared it
     if prep.fingerprint != data.get("fingerprint"):
         raise CapbookError(f"{run}: trained on {data.get('dataset')} with encoder {data.get('encoder')} (data fingerprint "
                            f"{data.get('fingerprint')}); this machine's data/ gives {prep.encoder} (fingerprint {prep.fingerprint}): "

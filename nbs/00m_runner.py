@@ -428,9 +428,15 @@ def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[
     return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device))
 
 @io_errors_as_lines
+def chapter_data(ch: Chapter, p: Any, device: str | None = None):
+    "The prepared data a run of chapter `ch` with parameters `p` trains on: on real data the chapter's paper's encoder unless `p.encoder` names one."
+    from capbook.prepare import prepare
+    encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
+    return prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=device or p.device,
+                   weights=p.weights, regions=p.regions)
+
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
-    from capbook.prepare import prepare
     from capbook.models import build, make_config
     from capbook.train import TrainConfig, fit
     from capbook.metrics import evaluate
@@ -445,9 +451,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     hp = model_hparams(name, p)
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
     run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
-    encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
-    prep = prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=p.device,
-                   weights=p.weights, regions=p.regions)
+    prep = chapter_data(ch, p)
     log(prep.describe())
     inputs = ch.inputs(prep, p, log) if ch.inputs else {}      # per-image inputs besides the features (attributes)
     seed_everything(p.seed)
@@ -465,17 +469,17 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     model.to(dev)
     ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev)
     stages, train_s = {}, fitted.train_seconds
+    grid = list(getattr(model, "att_grid", prep.grid))  # a model may attend over its own map (the 2D LSTMs)
     if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
         stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "train_s": fitted.train_seconds,
                         "images_per_s": ev["timings"]["images_per_s"]}
-        save_test_captions(run.path("test_captions-xe.pt"), ev, list(getattr(model, "att_grid", prep.grid)))
+        save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
         rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
         stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "train_s": rl.train_seconds,
                           "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
         train_s += rl.train_seconds
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     extra = ch.measure(ctx) if ch.measure else {}
-    grid = list(getattr(model, "att_grid", prep.grid))
     save_test_captions(run.path("test_captions.pt"), ev, grid)
     ctx.record = run.record(measured(ev), timings={"train_s": train_s,
                             "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},

@@ -396,7 +396,7 @@ class TutorialDecoder(torch.nn.Module):
             z = torch.sigmoid(self.f_beta(h[:bt])) * (feats[:bt] * a.unsqueeze(2)).sum(1)
             h, c = self.cell(torch.cat([e[:bt, t], z], 1), (h[:bt], c[:bt]))
             logits[:bt, t], alphas[:bt, t] = self.fc(self.drop(h)), a
-        real = torch.arange(T)[None] < torch.tensor(steps)[:, None]
+        real = torch.arange(T, device=caps.device)[None] < torch.tensor(steps, device=caps.device)[:, None]
         ce = torch.nn.functional.cross_entropy(logits[real], caps[:, 1:T + 1][real])
         return ce + ((1 - alphas.sum(1)) ** 2).mean()
 

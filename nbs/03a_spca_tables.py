@@ -175,8 +175,9 @@ CLAIMS = [("Table 2: S‖C above the baseline (no attention)", "", "base"), ("Ta
           ("Table 4: 1D-LSTM + SPCA above Soft-Attention (same decoder)", "1d", "soft"),
           ("Table 4: 2D-latent-LSTM + SPCA (beam 2) above SCA-CNN (beam 3: not like for like)", "", "sca-cnn"),
           ("Table 4: 2D-latent-LSTM + SPCA (beam 2) above ATT2in (beam 3: not like for like)", "", "att2in")]
-claims = pd.DataFrame([{"claim": c, **{k: v for k, v in paired_verdict(ST[a], ST[b]).items() if k in ("value", "lo", "hi")},
-                        "on this run": paired_verdict(ST[a], ST[b])["verdict"]} for c, a, b in CLAIMS])
+tests = [(c, paired_verdict(ST[a], ST[b])) for c, a, b in CLAIMS]
+claims = pd.DataFrame([{"claim": c, **{k: v for k, v in t.items() if k in ("value", "lo", "hi")}, "on this run": t["verdict"]}
+                       for c, t in tests])
 claims = claims.rename(columns={"value": "Δ CIDEr", "lo": "95% CI low", "hi": "95% CI high"})
 display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".1f")))
 
