@@ -40,13 +40,20 @@ class SoftAttention(Attention):
         self.w = nn.Linear(att_dim, 1)                        # w^T tanh(.)
     def precompute(self, a):                                  # a: (B, L, D)
         return self.W_a(a)                                    # (B, L, att)
+    _chunks = (None, 0, ())
+    def _split(self, pre, n):
+        "`pre.split(n)`, split once per batch in training: every step's gradient then flows into the same chunks, concatenated once."
+        if not pre.requires_grad: return pre.split(n)
+        if self._chunks[0] is not pre or self._chunks[1] != n: self._chunks = (pre, n, pre.split(n))
+        return self._chunks[2]
     def scores(self, pre, h):                                 # pre: (B, L, att); h: (B*K, n)
         B, L, A = pre.shape
         q, w = self.W_h(h).view(B, -1, 1, A), self.w.weight[0]  # W_h h_{t-1}: (B, K, 1, att); w: (att,)
         n = max(1, _CHUNK // (q.shape[1] * L * A))            # images per chunk
-        # w^T tanh(u) + b with tanh(u) = 2 sigmoid(2u) - 1, in cache-sized chunks of images (see the note above)
-        e = torch.cat([torch.sigmoid((pre[s:s + n, None] + q[s:s + n]).mul_(2)) @ w
-                       for s in range(0, B, n)])             # w^T sigmoid(2u): (B, K, L)
+        # w^T tanh(u) + b with tanh(u) = 2 sigmoid(2u) - 1, in cache-sized chunks of images (see the note above);
+        # chunks by split, not slicing: a slice's gradient would be a zero-filled (B, L, att) tensor per chunk
+        e = torch.cat([torch.sigmoid((p[:, None] + k).mul_(2)) @ w
+                       for p, k in zip(self._split(pre, n), q.split(n))])   # w^T sigmoid(2u): (B, K, L)
         return (2 * e - w.sum() + self.w.bias).view(-1, L)    # e_t = w^T tanh(W_a a_i + W_h h_{t-1}) + b: (B*K, L)
     def forward(self, a, pre, h, expected=None, mask=None):   # a: (B, L, D); h: (B*K, n); `expected`: no sampling here
         B, e = a.shape[0], self.scores(pre, h)

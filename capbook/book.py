@@ -14,9 +14,10 @@ from .core import CapbookError, check_int, error_line, io_error, load_json, os_e
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
-__all__ = ['Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
-           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'publish',
-           'build_docs', 'run_plan', 'run_book', 'TutorialDecoder', 'bench', 'cider_bench', 'train_cli', 'main']
+__all__ = ['PHASES', 'Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
+           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'run_step', 'book_times',
+           'publish', 'build_docs', 'run_plan', 'run_book', 'TutorialDecoder', 'bench', 'cider_bench', 'train_cli',
+           'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -188,6 +189,25 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
     return out, True
 
+PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a training run's phases (its record's timings)
+
+def book_times(profile: str, steps: list[Step]):
+    "Where the book's time went: each step's notebook minutes (as it last ran), split into the phases its training run recorded; the rest is the notebook's own cells (tables, figures, intervals) and kernel start."
+    import pandas as pd
+    rows = []
+    for s in steps:
+        d = runs_dir() / profile / s.name
+        if not (d / "done.json").exists(): continue
+        total = load_json(d / "done.json")["seconds"]
+        t = load_json(d / "record.json")["timings"] if s.params and (d / "record.json").exists() else {}
+        ph = {k[:-2]: t.get(k, 0.0) / 60 for k in PHASES}
+        rows.append({"step": s.name, "minutes": total / 60, **ph, "rest": total / 60 - sum(ph.values()),
+                     "captions / s": t.get("train_captions_per_s")})
+    df = pd.DataFrame(rows)
+    if len(df): df = pd.concat([df, pd.DataFrame([{"step": "total (one after another)", **df.drop(columns=["step", "captions / s"]).sum()}])],
+                               ignore_index=True)
+    return df
+
 def publish(profile: str, steps: list[Step]) -> Path:
     "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, and keep the reader's copies of the executed notebooks in its `notebooks/`."
     from capbook.docs import keep_notebooks
@@ -198,6 +218,9 @@ def publish(profile: str, steps: list[Step]) -> Path:
             if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv")):
                 tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
     keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks")
+    from capbook.viz import save_table
+    times = book_times(profile, steps)
+    if len(times): save_table(times, dst / "table_book_times", floatfmt=".2f")
     return dst
 
 def build_docs(profile: str = "default", log=print) -> Path:
@@ -218,7 +241,7 @@ def _threads(jobs: int) -> int:
 
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print) -> dict[str, Path]:
     "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
-    from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
+    from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
     import multiprocessing as mp
     ups = {s.name: [u.name for u in upstream_of(s, steps)] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
@@ -238,6 +261,10 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                     s = running.pop(f)
                     try: outs[s.name] = f.result()[0]
                     except CapbookError as e: failed = failed or e; continue
+                    except BrokenExecutor:                # a worker killed (out of memory, a signal): its step did not finish
+                        failed = failed or CapbookError(f"{s.name}: the process running it died (out of memory or killed); "
+                                                        f"the runs finished so far are kept: run the book again to go on")
+                        continue
                     keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
     finally:
         for k, v in threads.items():
@@ -294,7 +321,7 @@ class TutorialDecoder(torch.nn.Module):
         ce = torch.nn.functional.cross_entropy(logits[real], caps[:, 1:T + 1][real])
         return ce + ((1 - alphas.sum(1)) ** 2).mean()
 
-def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
+def bench(profile: str = "default", train_batches: int = 60, rounds: int = 6, log=print) -> dict:
     "Time training and batched vs per-image beam search for the soft-attention model; return the figures."
     from capbook.prepare import prepare
     from capbook.models import build
@@ -314,28 +341,28 @@ def bench(profile: str = "default", train_batches: int = 30, log=print) -> dict:
     objective = objective_for(model)
     def forever():                                  # as many batches as asked for, epoch after epoch
         for epoch in itertools.count(): yield from prep.train.batches(64, epoch=epoch, seed=0)
-    batches = forever()
-    model.train()
-    for _ in range(3): train_step(model, model, objective, opt, next(batches), dev, clip=5.0)     # warm-up
-    t0, n = time.time(), 0
-    for _ in range(train_batches):
-        b = next(batches); train_step(model, model, objective, opt, b, dev, clip=5.0); n += len(b["caps"])
-    train_cps = n / (time.time() - t0)
     ref = TutorialDecoder(len(prep.vocab), prep.feat_shape[1]).to(dev).train()   # the same batches, optimiser, threads
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-4)
     def ref_step(b):
         loss = ref.loss(b["feats"].float().to(dev), b["caps"].to(dev))
         ref_opt.zero_grad(set_to_none=True); loss.backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 5.0); ref_opt.step()
+    ours_step = lambda b: train_step(model, model, objective, opt, b, dev, clip=5.0)
     batches = forever()
-    for _ in range(3): ref_step(next(batches))
-    t0, n = time.time(), 0
-    for _ in range(train_batches):
-        b = next(batches); ref_step(b); n += len(b["caps"])
-    ref_cps = n / (time.time() - t0)
+    model.train()
+    for _ in range(3): b = next(batches); ours_step(b); ref_step(b)                            # warm-up
+    secs, n = {"ours": 0.0, "ref": 0.0}, 0                      # rounds alternate, so a busy spell slows both alike
+    for _ in range(rounds):
+        work = [next(batches) for _ in range(train_batches // rounds)]
+        for name, fn in (("ours", ours_step), ("ref", ref_step)):
+            t0 = time.time()
+            for b in work: fn(b)
+            secs[name] += time.time() - t0
+        n += sum(len(b["caps"]) for b in work)
+    train_cps, ref_cps = n / secs["ours"], n / secs["ref"]
     if trained: model.load_state_dict(load_torch(ck)["model"])
     model.eval()
-    feats = torch.as_tensor(prep.test.feats[:]).float().to(dev)
+    feats = torch.from_numpy(np.array(prep.test.feats[:], dtype=np.float32)).to(dev)   # a writable copy
     beam_search(model, feats[:10], 3, prep.max_len)                                       # warm-up
     t0 = time.time()
     for i in range(0, len(feats), 100): beam_search(model, feats[i:i + 100], 3, prep.max_len)

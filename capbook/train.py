@@ -141,7 +141,8 @@ class FitResult:
     history: list = field(default_factory=list)
     best_epoch: int = -1
     best_score: float = float("-inf")
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0       # optimisation steps only
+    val_seconds: float = 0.0         # the validation decodes and scores after each epoch
     captions_per_s: float = 0.0
     resumed_from: tuple | None = None
     world_size: int = 1
@@ -180,7 +181,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         epoch, skip, bad, step = ck["epoch"], ck["batches_done"], ck["bad_epochs"], ck["step"]
         tot, n = ck["epoch_sums"], ck["epoch_batches"]
         res.history, res.best_epoch, res.best_score = ck["history"], ck["best_epoch"], ck["best_score"]
-        res.train_seconds = ck["train_seconds"]; res.resumed_from = (epoch, skip)
+        res.train_seconds, res.val_seconds = ck["train_seconds"], ck.get("val_seconds", 0.0); res.resumed_from = (epoch, skip)
         _set_rng_state(ck["rng"])
         if ck.get("finished"): epoch = cfg.epochs
         log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
@@ -193,8 +194,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                           "epoch": epoch, "batches_done": skip, "step": step, "epoch_sums": tot, "epoch_batches": n,
                           "bad_epochs": bad, "history": res.history,
                           "best_epoch": res.best_epoch, "best_score": res.best_score, "train_seconds": res.train_seconds,
-                          "rng": _rng_state(), "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {},
-                          "code": code, "finished": finished})
+                          "val_seconds": res.val_seconds, "rng": _rng_state(), "vocab": data.vocab.itos,
+                          "config": asdict(cfg), "meta": meta or {}, "code": code, "finished": finished})
 
     sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
@@ -214,7 +215,9 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         sched.step()
         stop = torch.zeros(1)
         if rank == 0:
+            tv = time.time()
             scores = val_score(model, data.val, data.vocab, cfg, device)
+            res.val_seconds += time.time() - tv
             score = scores[cfg.metric]
             means = {k: v / max(n, 1) for k, v in tot.items()}
             res.history.append({"epoch": epoch, **means, **{f"val {k}": v for k, v in scores.items()},

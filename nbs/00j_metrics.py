@@ -438,6 +438,7 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
         out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
 
+
 # %% [markdown]
 # A check against brute force on a tiny case: three candidate captions, and seven draws written out image by image.
 # For each draw, pycocoevalcap's own `BleuScorer` scores the drawn images (duplicates included) and the CIDEr and F1

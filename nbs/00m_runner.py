@@ -451,9 +451,11 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     hp = model_hparams(name, p)
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
     run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
+    phase = {"data_s": time.time()}               # where the run's time goes: data, train, val, test, measure, figure
     prep = chapter_data(ch, p)
     log(prep.describe())
     inputs = ch.inputs(prep, p, log) if ch.inputs else {}      # per-image inputs besides the features (attributes)
+    phase["data_s"] = time.time() - phase["data_s"]
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
@@ -467,29 +469,35 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
     dev = get_device(p.device)
     model.to(dev)
+    t = time.time()
     ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev)
-    stages, train_s = {}, fitted.train_seconds
+    phase |= {"train_s": fitted.train_seconds, "val_s": fitted.val_seconds, "test_s": time.time() - t}
+    stages = {}
     grid = list(getattr(model, "att_grid", prep.grid))  # a model may attend over its own map (the 2D LSTMs)
     if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
         stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "train_s": fitted.train_seconds,
                         "images_per_s": ev["timings"]["images_per_s"]}
         save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
+        t = time.time()
         rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
         stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "train_s": rl.train_seconds,
                           "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
-        train_s += rl.train_seconds
+        phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
+        phase["test_s"] += time.time() - t - rl.train_seconds - rl.val_seconds     # its test decode and scores
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
+    t = time.time()
     extra = ch.measure(ctx) if ch.measure else {}
+    phase["measure_s"], t = time.time() - t, time.time()
     save_test_captions(run.path("test_captions.pt"), ev, grid)
-    ctx.record = run.record(measured(ev), timings={"train_s": train_s,
-                            "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
+    if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
+        i = figure_pick(ev, prep.gt)
+        ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
+                                        "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
+    phase["figure_s"] = time.time() - t
+    ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,
                             history=fitted.history, model=name, hparams=hp,
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **({"stages": stages} if stages else {}), **inputs, **extra)
-    if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
-        i = figure_pick(ev, prep.gt)
-        ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
-                                        "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     return ctx

@@ -30,6 +30,7 @@ import torch
 from capbook.core import CapbookError, autocast, get_device, load_json, runs_dir
 from capbook.data import load_image, load_rgb
 
+
 # %% [markdown]
 # ## From a run folder back to a working captioner
 #
@@ -91,6 +92,7 @@ def load_captioner(run: str | Path, device: str = "auto") -> tuple[Any, Any, tor
                            f"computed for a new photograph; caption with a model that reads only the image")
     return model, prep, image_encoder(prep, p)
 
+
 # %% [markdown]
 # ## Encoding a photograph as the training images were
 #
@@ -110,6 +112,7 @@ def encode_photos(paths: list[str | Path], net: torch.nn.Module, size: int, devi
     net = net.eval().to(dev)
     with autocast(dev): maps = net(x)                          # (N, D, h, w)
     return maps.float().flatten(2).transpose(1, 2).half().float()   # (N, L = h·w, D)
+
 
 # %% [markdown]
 # ## Captioning, and drawing where the model looked
@@ -143,6 +146,7 @@ def attention_png(captions: list[dict], path: str | Path, label: str = "") -> Pa
     rows = [{"label": f"{Path(c['photo']).name}: {c['caption']}", "image": c["image"], "words": c["words"],
              "alpha": c["alpha"], "grid": c["grid"]} for c in captions]
     return attention_figure(rows, path)
+
 
 # %% [markdown]
 # From the command line (`capbook caption --help`):

@@ -122,6 +122,19 @@ def test_side_by_side_failure_keeps_the_other_run(home):
     assert (runs_dir() / "smoke" / "00_core" / "done.json").exists()
 
 
+def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
+    "`-j 2`: a worker process killed under a step (out of memory) ends the book with one line naming the step, not a traceback."
+    import capbook.book as book
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))      # the spawned workers import it from here too
+    import dying_worker
+    monkeypatch.setattr(book, "run_step", dying_worker.run_step)
+    with pytest.raises(CapbookError) as e:
+        book.run_plan("smoke", [Step("00_core"), Step("00a_shapes")], jobs=2)
+    msg = str(e.value)
+    assert msg.endswith("run the book again to go on") and "the process running it died" in msg and "\n" not in msg
+    assert msg.split(":")[0] in ("00_core", "00a_shapes")
+
+
 def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
     p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "02_show_attend_tell.ipynb"),
                         str(tmp_path / "out.ipynb"), "-p", "profile", "huge"], capture_output=True, text=True, timeout=300)
