@@ -222,7 +222,15 @@ def sync_readme(path: Path | None = None, write: bool = True) -> bool:
 # under `-j 2` and one under `-j 1` agree to about 1e-5 in their parameters, not bit for bit; the record keeps
 # `threads`. Data that runs share — the prepared features, the attribute detector — is built by one process while
 # the others wait (`capbook.core.one_at_a_time`). If a run fails, the runs under way finish, no new one starts, and the
-# book stops with the failure's line.
+# book stops with the failure's line; so does a run whose process dies (killed for memory).
+#
+# **Where the time goes.** Every training run's record splits its time into phases — `data` (preparing or loading
+# features, the attribute detector), `train` (optimisation steps, cross-entropy and self-critical), `val` (the
+# validation decode and scores after each epoch), `test` (beam search over the test split and every metric,
+# pycocoevalcap's Java tools included), `measure` (the chapter's own extra measurements) and `figure` (the run's
+# attention figure) — and `publish` writes `table_book_times` beside the other tables: each step's minutes as it last
+# ran, those phases, and the rest (kernel start, imports, the notebook's own tables, figures and bootstrap intervals).
+# Its last row sums the steps one after another; under `-j 2` the wall time is about half of it.
 
 # %%
 #| export

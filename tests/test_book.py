@@ -2,7 +2,7 @@
 import json, subprocess, sys
 from pathlib import Path
 import pytest
-from capbook.book import Step, run_step
+from capbook.book import Step
 from capbook.core import CapbookError
 
 BIN = Path(sys.executable).parent
@@ -103,22 +103,16 @@ def test_step_record_prefers_book_run_then_exact_hand_run(home):
     assert step_record("paper", step)["_dir"].endswith("02_show_attend_tell-hard")
 
 
-def test_failing_notebook_names_notebook_and_cell(home):
-    with pytest.raises(CapbookError) as e:
-        run_step(Step("02_show_attend_tell", {"profile": "smoke", "beam_size": 0}, tag="bad"), "smoke", log=lambda s: None)
-    msg = str(e.value)
-    assert "02_show_attend_tell.ipynb failed in cell" in msg and "beam_size" in msg and "\n" not in msg
-
-
 def test_side_by_side_failure_keeps_the_other_run(home):
-    "`-j 2`: one step fails; the step beside it still finishes (nothing computed is lost), the book stops with the failure's line."
+    "`-j 2`: one step fails; the step beside it still finishes (nothing computed is lost), the book stops with the failure's line, naming the notebook, the cell and the parameter."
     from capbook.book import run_plan
     from capbook.core import runs_dir
     steps = [Step("02_show_attend_tell", {"profile": "smoke", "beam_size": 0}, tag="bad-j2"), Step("00_core")]
     (runs_dir() / "smoke" / "00_core" / "done.json").unlink(missing_ok=True)
     with pytest.raises(CapbookError) as e:
         run_plan("smoke", steps, jobs=2)
-    assert "02_show_attend_tell.ipynb failed in cell" in str(e.value) and "\n" not in str(e.value)
+    msg = str(e.value)
+    assert "02_show_attend_tell.ipynb failed in cell" in msg and "beam_size" in msg and "\n" not in msg
     assert (runs_dir() / "smoke" / "00_core" / "done.json").exists()
 
 
@@ -172,10 +166,13 @@ def test_smoke_book_spca_tables(book):
     ("structure", "SC", "parameter structure='SC' is invalid: allowed values are 'S', 'C', 'C-S', 'S-C', 'S||C', 'none'"),
     ("decoder", "3d", "parameter decoder='3d' is invalid: allowed values are '1d', '2d'")])
 def test_spca_invalid_parameters_are_one_line(home, tmp_path, param, value, message):
+    "In-process, through the checks the notebook's first cell runs (the notebook's own one-line path: test_papermill_*)."
+    from capbook.runner import run_chapter
+    before = sorted((home / "runs" / "smoke").glob("adhoc/*"))
     with pytest.raises(CapbookError) as e:
-        run_step(Step("03_spca", {"profile": "smoke", param: int(value) if value.isdigit() else value}, tag="bad"),
-                 "smoke", log=lambda s: None)
-    assert message in str(e.value) and "03_spca.ipynb failed in cell" in str(e.value) and "\n" not in str(e.value)
+        run_chapter("03_spca", {"profile": "smoke", param: int(value) if value.isdigit() else value}, log=lambda s: None)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert sorted((home / "runs" / "smoke").glob("adhoc/*")) == before    # stopped before any work: no run folder
 
 
 def test_misspelt_papermill_parameter_stops_with_one_line(home, tmp_path):

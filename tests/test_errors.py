@@ -41,18 +41,26 @@ def test_cuda_without_a_gpu_is_one_line_in_the_notebook(home):
     (["--epochs", "0"], "parameter epochs=0 is invalid: expected an integer >= 1"),
     (["--model", "sat_sfot"], "parameter model='sat_sfot' is invalid: allowed values are"),
 ])
-def test_cli_bad_arguments_are_one_line(tmp_path, args, message):
-    p = cli("train", "--run-dir", tmp_path / "run", *args, home=tmp_path / "home")
-    assert p.returncode == 2 and p.stderr.startswith("error: ")
-    one_line(p.stderr, message, "(traceback: ")
+def test_cli_bad_arguments_are_one_line(tmp_path, monkeypatch, capsys, args, message):
+    "The first case as a process (the installed command), the others through the same `main` in-process."
+    if args[0] == "--batch-size":
+        p = cli("train", "--run-dir", tmp_path / "run", *args, home=tmp_path / "home")
+        code, err = p.returncode, p.stderr
+    else:
+        from capbook.book import main
+        monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path / "home"))
+        code, err = main(["train", "--run-dir", str(tmp_path / "run"), *args]), capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ")
+    one_line(err, message, "(traceback: ")
     assert not (tmp_path / "home" / "data").exists()               # stopped before any work
 
 
-def test_cli_file_as_run_dir_is_one_line(tmp_path):
+def test_cli_file_as_run_dir_is_one_line(tmp_path, monkeypatch, capsys):
+    from capbook.book import main                                   # in-process: the command's own path is tested above
     (tmp_path / "run").write_text("a file, not a folder")
-    p = cli("train", "--run-dir", tmp_path / "run", home=tmp_path / "home")
-    assert p.returncode == 2
-    one_line(p.stderr, f"{tmp_path / 'run' / 'ckpt'}: cannot create the run folder (a path component is a file, not a folder)")
+    monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path / "home"))
+    assert main(["train", "--run-dir", str(tmp_path / "run")]) == 2
+    one_line(capsys.readouterr().err, f"{tmp_path / 'run' / 'ckpt'}: cannot create the run folder (a path component is a file, not a folder)")
 
 
 def test_home_under_a_file_is_one_line(tmp_path, monkeypatch):

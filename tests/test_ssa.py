@@ -166,8 +166,11 @@ def test_spread_of_uniform_and_one_hot_attention():
     ({"tau": "big"}, "parameter tau='big' is invalid: allowed values are 'paper', 'standard'"),
     ({"max_words": -1}, "parameter max_words=-1 is invalid")])
 def test_ssa_invalid_parameters_are_one_line(home, params, message):
-    from capbook.book import Step, run_step
+    "In-process, through the checks the notebook's first cell runs (the notebook's own one-line path: test_book's papermill tests)."
     from capbook.core import CapbookError
+    from capbook.runner import run_chapter
+    before = sorted((home / "runs" / "smoke").glob("adhoc/*"))
     with pytest.raises(CapbookError) as e:
-        run_step(Step("04_spatial_self_attention", {"profile": "smoke", **params}, tag="bad"), "smoke", log=lambda s: None)
-    assert message in str(e.value) and "04_spatial_self_attention.ipynb failed in cell" in str(e.value) and "\n" not in str(e.value)
+        run_chapter("04_spatial_self_attention", {"profile": "smoke", **params}, log=lambda s: None)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert sorted((home / "runs" / "smoke").glob("adhoc/*")) == before    # stopped before any work: no run folder
