@@ -107,8 +107,8 @@ class CaptionModel(nn.Module):
 def unroll(step: Callable, xs: torch.Tensor, memory: dict, state: dict) -> dict:
     "Run `step(xs[:, t], memory, state)` for every t: logits (B, T, V) and every extra stacked (B, T, ...); an extra a step gives as None (an attention without that part) is left out."
     logits, extras = [], {}
-    for t in range(xs.shape[1]):
-        lg, state, aux = step(xs[:, t], memory, state)
+    for x in xs.unbind(1):              # unbind, not xs[:, t]: for an input with gradients (SPCA's K_X * X_t) each index
+        lg, state, aux = step(x, memory, state)   # zero-fills a (B, T, ...) gradient; unbind stacks them once (same bits)
         logits.append(lg)
         for k, v in aux.items():
             if v is not None: extras.setdefault(k, []).append(v)

@@ -115,3 +115,31 @@ def test_1d_decoder_with_channel_only_spca_teacher_forces():
     m = build("lstm1d_spca", 12, 4, (3, 3), structure="C", reduction=2).eval()
     out = m({"feats": torch.randn(2, 9, 4), "caps": torch.randint(4, 12, (2, 5))})
     assert out["logits"].shape == (2, 4, 12) and out.get("alpha") is None
+
+
+def test_unrolled_word_maps_train_the_same_weights_as_indexing(monkeypatch):
+    "Teacher forcing unrolls K_X * X_t with unbind (one stacked gradient, faster); the weights equal those of indexing xs[:, t], bit for bit."
+    import capbook.models as M
+    import capbook.spca as S
+    from capbook.objectives import objective_for
+    def indexed(step, xs, memory, state):                   # the unroll before: a zero-filled (B, T, ...) gradient per step
+        logits, extras = [], {}
+        for t in range(xs.shape[1]):
+            lg, state, aux = step(xs[:, t], memory, state)
+            logits.append(lg)
+            for k, v in aux.items():
+                if v is not None: extras.setdefault(k, []).append(v)
+        return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
+    torch.manual_seed(1)
+    batches = [{"feats": torch.randn(5, 16, 6), "caps": torch.cat([torch.ones(5, 1, dtype=torch.long),
+                torch.randint(3, 11, (5, 4)), torch.full((5, 1), 2)], 1)} for _ in range(3)]
+    def train(unroll):
+        monkeypatch.setattr(S, "unroll", unroll)
+        torch.manual_seed(0)
+        m = build("lstm2d_spca", 11, 6, (4, 4), channels=3, map_size=2, att_dim=2, reduction=2).train()
+        obj, opt = objective_for(m), torch.optim.Adam(m.parameters(), lr=1e-2)
+        for b in batches:
+            loss, _ = obj.loss(obj.outputs(m, b), b)
+            opt.zero_grad(); loss.backward(); opt.step()
+        return torch.cat([p.detach().flatten() for p in m.parameters()])
+    assert torch.equal(train(M.unroll), train(indexed))
