@@ -306,7 +306,7 @@ def glied_measure(r) -> dict:
     from capbook.shapes import COLOURS, SHAPES
     i = figure_pick(r.ev, r.prep.gt)
     test, words = r.prep.test, r.ev["words"][i]
-    feats = torch.as_tensor(np.asarray(test.feats[i]), dtype=torch.float32, device=r.device)
+    feats = torch.tensor(np.asarray(test.feats[i]), dtype=torch.float32, device=r.device)
     attrs = torch.as_tensor(test.inputs["attrs"][i], device=r.device)
     fm = test.inputs.get("feat_mask")
     dw = distilling_weights(r.model, feats, attrs, r.ev["captions"][i].tokens,

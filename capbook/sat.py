@@ -173,9 +173,10 @@ def sat_measure(r) -> dict:
         heads = [{t for t, _ in object_mentions(w, prep.gt["images"][k])} for w, k in zip(ev["words"], ev["keys"])]
         on = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t in heads[i]]
         off = [float(beta[i, t]) for i, c in enumerate(ev["captions"]) for t in range(len(c.tokens)) if t not in heads[i]]
-        out["gate_beta"] = {"object_words": float(np.mean(on)), "other_words": float(np.mean(off)), "n_object": len(on)}
-        print(f"mean beta_t when the next word is an object noun: {np.mean(on):.3f} ({len(on)} words); "
-              f"other words: {np.mean(off):.3f}")
+        mean = lambda x: float(np.mean(x)) if x else None     # a weak model may name no object at all
+        out["gate_beta"] = {"object_words": mean(on), "other_words": mean(off), "n_object": len(on)}
+        print(f"mean beta_t when the next word is an object noun: {mean(on):.3f} ({len(on)} words); other words: {mean(off):.3f}"
+              if on and off else f"mean beta_t: the test captions name {len(on)} objects in {len(on) + len(off)} words; no comparison")
     return out
 
 SAT = register_chapter(Chapter(

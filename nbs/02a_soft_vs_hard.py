@@ -246,4 +246,5 @@ display(Markdown("\n".join([
     f"above hard in CIDEr {v('', sel)}; attention above none {v('', 'none')}."]
     + ([f"- **Gate values:** mean β is {g['object_words']:.3f} at steps that emit an object noun and "
         f"{g['other_words']:.3f} at the others: the paper's observation "
-        f"{'holds' if g['object_words'] > g['other_words'] else 'does not hold'} here."] if g else []))))
+        f"{'holds' if g['object_words'] > g['other_words'] else 'does not hold'} here."]
+       if g and g["object_words"] is not None and g["other_words"] is not None else []))))

@@ -354,7 +354,7 @@ class SSAParams(SSAConfig, RunConfig):
 
 def ssa_measure(r) -> dict:
     "The spread of the inter-attention on the test captions (entropy and peak weight, per layer and for the head mean)."
-    feats = torch.as_tensor(np.asarray(r.prep.test.feats[:]), dtype=torch.float32, device=r.device)
+    feats = torch.tensor(np.asarray(r.prep.test.feats[:]), dtype=torch.float32, device=r.device)
     sp = inter_attention_spread(r.model, feats, [c.tokens for c in r.ev["captions"]])
     print("inter-attention, normalised entropy per decoder layer (1 = uniform over the regions): "
           + ", ".join(f"{l['entropy']:.3f}" for l in sp["layers"]) + f"; head mean of the last layer: {sp['head_mean']['entropy']:.3f}")
