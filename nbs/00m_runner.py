@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import ast, dataclasses, inspect, os, platform, re, time
+import ast, contextlib, dataclasses, inspect, os, platform, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -411,6 +411,13 @@ def figure_pick(ev: dict, gt: dict | None) -> int:
     return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
                  if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
 
+@contextlib.contextmanager
+def timed(phase: dict, key: str):
+    "Add the seconds the `with` block takes to `phase[key]` (a run's time per phase: data, test, measure, figure)."
+    t0 = time.time()
+    try: yield
+    finally: phase[key] = phase.get(key, 0.0) + time.time() - t0
+
 def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Any, dict]:
     "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective, the best validation CIDEr kept; returns the fit and the test evaluation."
     from capbook.objectives import SelfCritical
@@ -451,11 +458,11 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     hp = model_hparams(name, p)
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
     run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
-    phase = {"data_s": time.time()}               # where the run's time goes: data, train, val, test, measure, figure
-    prep = chapter_data(ch, p)
-    log(prep.describe())
-    inputs = ch.inputs(prep, p, log) if ch.inputs else {}      # per-image inputs besides the features (attributes)
-    phase["data_s"] = time.time() - phase["data_s"]
+    phase = {}                                    # where the run's time goes: data, train, val, test, measure, figure
+    with timed(phase, "data_s"):
+        prep = chapter_data(ch, p)
+        log(prep.describe())
+        inputs = ch.inputs(prep, p, log) if ch.inputs else {}  # per-image inputs besides the features (attributes)
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
@@ -469,31 +476,27 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
     dev = get_device(p.device)
     model.to(dev)
-    t = time.time()
-    ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev)
-    phase |= {"train_s": fitted.train_seconds, "val_s": fitted.val_seconds, "test_s": time.time() - t}
+    with timed(phase, "test_s"): ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev)
+    phase |= {"train_s": fitted.train_seconds, "val_s": fitted.val_seconds}
     stages = {}
     grid = list(getattr(model, "att_grid", prep.grid))  # a model may attend over its own map (the 2D LSTMs)
     if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
         stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "train_s": fitted.train_seconds,
                         "images_per_s": ev["timings"]["images_per_s"]}
         save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
-        t = time.time()
-        rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
+        with timed(phase, "test_s"): rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
         stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "train_s": rl.train_seconds,
                           "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
         phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
-        phase["test_s"] += time.time() - t - rl.train_seconds - rl.val_seconds     # its test decode and scores
+        phase["test_s"] -= rl.train_seconds + rl.val_seconds   # self_critical's own time left in test: its test decode
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
-    t = time.time()
-    extra = ch.measure(ctx) if ch.measure else {}
-    phase["measure_s"], t = time.time() - t, time.time()
+    with timed(phase, "measure_s"): extra = ch.measure(ctx) if ch.measure else {}
     save_test_captions(run.path("test_captions.pt"), ev, grid)
-    if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
-        i = figure_pick(ev, prep.gt)
-        ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
-                                        "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
-    phase["figure_s"] = time.time() - t
+    with timed(phase, "figure_s"):
+        if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
+            i = figure_pick(ev, prep.gt)
+            ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
+                                            "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,
                             history=fitted.history, model=name, hparams=hp,
