@@ -280,7 +280,10 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps = time.time(), plan(profile)
     log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
-    run_plan(profile, steps, force, jobs, log)
+    from capbook.metrics import meteor_service
+    with meteor_service() as meteor:              # one METEOR JVM for every run's scoring, not one per run
+        run_plan(profile, steps, force, jobs, log)
+    if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
     dst = publish(profile, steps)
     log(f"tables, figures and the reader's notebooks -> {dst}")
     site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks

@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import contextlib, hashlib, io, shutil, time
+import atexit, contextlib, hashlib, io, shutil, threading, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -43,6 +43,13 @@ from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 # Stanford CoreNLP 3.6.0's jars, which pycocoevalcap downloads on first use; they cannot be downloaded on machines with
 # no internet, so SPICE is reported unavailable unless the jars are already in `pycocoevalcap/spice/lib`.
 # Scores are fractions in [0, 1]; tables show them ×100 as the papers do.
+#
+# Java's start is most of what scoring costs: METEOR's process loads its paraphrase tables for about 7 s before it
+# scores 250 captions in under one. So the tokenizer runs once for references and candidates together (it works line by
+# line: the same tokens as two calls), a run's second scoring of the same captions reuses the first's tokens, and
+# a process keeps its METEOR process for its next scoring, and `capbook book` serves its own to all the book's runs
+# (`meteor_service`, over a private Unix socket); a run outside a book, or one whose service has gone, starts its own.
+# Every score is the same either way (tested).
 
 # %%
 #| export
@@ -64,17 +71,104 @@ def _quiet_fd2():
             os.dup2(saved, 2); f.seek(0); sys.stderr.write(f.read().decode(errors="replace")); raise
         finally: os.dup2(saved, 2); os.close(saved)
 
+_TOKENIZED: dict = {}
+
 def tokenized(gts: dict, res: dict) -> tuple[dict, dict, dict]:
     "References {id: [str]} and candidates {id: str} as pycocoevalcap scores them ({id: [tokenized str]}, PTB tokenizer on Java), and notes."
-    if shutil.which("java") is not None:
+    if shutil.which("java") is None:
+        return ({k: [" ".join(c.lower().split()) for c in v] for k, v in gts.items()},
+                {k: [" ".join(c.lower().split())] for k, c in res.items()},
+                {"tokenizer": "Java not found: PTB tokenizer replaced by lower-case whitespace splitting"})
+    key = stable_hash([sorted((str(k), v) for k, v in gts.items()), sorted((str(k), c) for k, c in res.items())], 32)
+    if key not in _TOKENIZED:                     # a run scores the same captions twice (metrics, then per-image statistics)
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-        tok = PTBTokenizer()
-        with _quiet_fd2():                                    # its Java process's "tokens per second" line
-            return (tok.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()}),
-                    tok.tokenize({k: [{"caption": c}] for k, c in res.items()}), {})
-    return ({k: [" ".join(c.lower().split()) for c in v] for k, v in gts.items()},
-            {k: [" ".join(c.lower().split())] for k, c in res.items()},
-            {"tokenizer": "Java not found: PTB tokenizer replaced by lower-case whitespace splitting"})
+        both = {("ref", k): [{"caption": c} for c in v] for k, v in gts.items()} | {("cand", k): [{"caption": c}] for k, c in res.items()}
+        with _quiet_fd2():                        # one Java start for both (it tokenizes line by line); quiet: its "tokens per second" line
+            out = PTBTokenizer().tokenize(both)
+        _TOKENIZED.clear()
+        _TOKENIZED[key] = ({k: out[("ref", k)] for k in gts}, {k: out[("cand", k)] for k in res})
+    g, r = _TOKENIZED[key]
+    return {k: list(v) for k, v in g.items()}, {k: list(v) for k, v in r.items()}, {}
+
+METEOR_ENV = "CAPBOOK_METEOR"                    # "socket path|authkey" of the METEOR service a book's runs share
+
+def _meteor_end(m) -> None:
+    "End a pycocoevalcap `Meteor`'s Java process now. A failed `compute_score` leaves its lock held, on which its `__del__` would wait forever."
+    with contextlib.suppress(Exception): m.meteor_p.kill(); m.meteor_p.wait()
+    if m.lock.locked(): m.lock.release()
+
+_METEOR: dict = {"process": None, "pid": None, "lock": threading.Lock()}
+
+def _meteor_here(gts: dict, res: dict) -> float:
+    "METEOR through this process's own Java process, started at the first call (its paraphrase tables take seconds to load) and kept for the next."
+    import os
+    from pycocoevalcap.meteor.meteor import Meteor
+    with _METEOR["lock"]:
+        if _METEOR["pid"] != os.getpid():         # none yet, or a forked child's copy of its parent's: start one
+            _METEOR.update(process=(m := Meteor()), pid=os.getpid())
+            drain = lambda f: all(True for _ in f)        # a kept process must not stall on a full stderr pipe
+            threading.Thread(target=drain, args=(m.meteor_p.stderr,), daemon=True).start()
+        try: return float(_METEOR["process"].compute_score(gts, res)[0])
+        except BaseException: _meteor_close(locked=True); raise        # a fresh process for the next call
+
+def _meteor_close(locked: bool = False) -> None:
+    import os
+    with contextlib.nullcontext() if locked else _METEOR["lock"]:
+        if _METEOR["pid"] == os.getpid(): _meteor_end(_METEOR["process"])
+        _METEOR.update(process=None, pid=None)
+
+atexit.register(_meteor_close)
+
+def meteor_score(gts: dict, res: dict) -> float:
+    "METEOR 1.5 of tokenized candidates {id: [str]} against references {id: [str]}: through the book's shared METEOR process when one serves (`meteor_service`), else through a Java process of its own. The same score either way."
+    import os
+    from multiprocessing.connection import Client
+    if (addr := os.environ.get(METEOR_ENV)):
+        path, key = addr.rsplit("|", 1)
+        try:
+            with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
+                c.send((gts, res)); ok, v = c.recv()
+            if ok: return v
+        except (OSError, EOFError): pass          # the service is gone: score here
+    return _meteor_here(gts, res)
+
+@contextlib.contextmanager
+def meteor_service():
+    "Serve one METEOR process to every run started inside the block (children inherit `$CAPBOOK_METEOR`), so its tables load once per book instead of once per run. Yields the service's counters."
+    import os, secrets, tempfile
+    from multiprocessing.connection import Client, Listener
+    d = tempfile.mkdtemp(prefix="capbook-meteor-")      # private (0700): only this user reaches the socket
+    key, state = secrets.token_bytes(16), {"served": 0}
+    listener = Listener(os.path.join(d, "meteor.sock"), family="AF_UNIX", authkey=key)
+
+    def serve(conn):
+        with conn:
+            try:
+                gts, res = conn.recv()
+                try: reply = (True, _meteor_here(gts, res)); state["served"] += 1
+                except Exception as e: reply = (False, f"{e.__class__.__name__}: {e}")   # the run then tries its own
+                conn.send(reply)
+            except (OSError, EOFError): pass
+
+    def accept():
+        while True:
+            try: conn = listener.accept()
+            except OSError: return
+            except Exception: continue            # a client that failed the handshake
+            if state.get("closing"): conn.close(); return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    old = os.environ.get(METEOR_ENV)
+    os.environ[METEOR_ENV] = f"{listener.address}|{key.hex()}"
+    try: yield state
+    finally:
+        if old is None: os.environ.pop(METEOR_ENV, None)
+        else: os.environ[METEOR_ENV] = old
+        state["closing"] = True                   # wake the accepting thread (closing a socket does not), then close
+        with contextlib.suppress(Exception): Client(listener.address, family="AF_UNIX", authkey=key).close()
+        listener.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -> tuple[dict, dict]:
     "Score candidate captions `res` {id: str} against references `gts` {id: [str]}: (scores, notes on what was unavailable)."
@@ -89,10 +183,7 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
     out.update({f"BLEU-{i+1}": float(v) for i, v in enumerate(b)})
     if meteor and not java: notes["METEOR"] = "unavailable: Java not found (METEOR 1.5 runs on Java)"
     elif meteor:
-        from pycocoevalcap.meteor.meteor import Meteor
-        try:
-            m = Meteor(); out["METEOR"] = float(m.compute_score(gts, res)[0])
-            with contextlib.suppress(Exception): m.close()
+        try: out["METEOR"] = meteor_score(gts, res)
         except Exception as e: notes["METEOR"] = f"unavailable: {e.__class__.__name__}: {e}"
     out["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
@@ -105,6 +196,15 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
             out["SPICE"] = float(Spice().compute_score(gts, res)[0])
     return out, notes
 
+
+# %% [markdown]
+# The service is an environment variable for the block's children, gone after it (no Java starts until a run scores):
+
+# %%
+import os
+with meteor_service() as _svc:
+    assert os.environ[METEOR_ENV].count("|") == 1 and _svc["served"] == 0
+assert METEOR_ENV not in os.environ
 
 # %% [markdown]
 # ## Attention correctness (shapes)

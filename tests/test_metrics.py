@@ -1,5 +1,6 @@
 "The evaluator: pycocoevalcap scores, graceful METEOR/SPICE unavailability, attention correctness."
 import shutil
+import pytest
 import torch
 import capbook.metrics as M
 from capbook.decode import Caption
@@ -107,3 +108,39 @@ def test_paired_verdicts():
     assert M.bootstrap(a, "CIDEr", other=a + 0.2)["verdict"] == "does not hold"
     assert M.bootstrap(a + rng.normal(0, 0.3, 300), "CIDEr", other=a)["verdict"] == "cannot tell at this size"
     with pytest.raises(CapbookError, match="300 images against 299"): M.bootstrap(a, "CIDEr", other=a[:-1])
+
+
+def test_one_tokenizer_call_gives_the_tokens_of_two(monkeypatch):
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+    gts = {1: ["A Red-circle, above a BLUE square.", "there's a circle"], 2: ["two  green stars!"]}
+    res = {1: "", 2: "Two green stars, (left)"}             # an empty candidate keeps its line
+    tok = PTBTokenizer()
+    two = (tok.tokenize({k: [{"caption": c} for c in v] for k, v in gts.items()}),
+           tok.tokenize({k: [{"caption": c}] for k, c in res.items()}))
+    M._TOKENIZED.clear()
+    g, r, notes = M.tokenized(gts, res)
+    assert (g, r) == two and notes == {}
+    calls = []
+    monkeypatch.setattr(PTBTokenizer, "tokenize", lambda self, d: calls.append(d))
+    assert M.tokenized(gts, res)[:2] == two and calls == []       # the same captions again: no second Java start
+    g[1].append("x")                                                 # callers get copies
+    assert M.tokenized(gts, res)[:2] == two
+
+
+@pytest.mark.slow
+def test_the_shared_meteor_process_scores_as_a_runs_own(monkeypatch):
+    import os
+    import multiprocessing as mp
+    g, r, _ = M.tokenized(GTS | {"c": ["a small red circle", "a red circle on the left"]}, RES | {"c": "a large red circle"})
+    M._meteor_close()
+    fresh = M.meteor_score(g, r)                                   # a Java process started for this call
+    assert M.METEOR_ENV not in os.environ and 0 < fresh < 1
+    M.meteor_score(g, {k: ["two blue squares"] for k in g})         # kept for the next call ...
+    assert M.meteor_score(g, r) == fresh                           # ... which scores the same
+    with M.meteor_service() as svc:
+        with mp.get_context("spawn").Pool(2) as pool:              # runs in other processes, as the book's kernels
+            shared = pool.starmap(M.meteor_score, [(g, r), (g, r)])
+        assert shared == [fresh, fresh] and svc["served"] == 2
+    assert M.METEOR_ENV not in os.environ
+    monkeypatch.setenv(M.METEOR_ENV, "/nonexistent/meteor.sock|00")   # a service that has gone: the run scores itself
+    assert M.meteor_score(g, r) == fresh
