@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import argparse, ast, json, os, re, shutil, sys, time
+import argparse, ast, json, os, re, shutil, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -255,6 +255,24 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     return [s for s in before if s.params and s.notebook != step.notebook
             and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
 
+@lru_cache(None)
+def kernel_manager():
+    "Papermill's kernel manager with the kernel on local IPC sockets in Jupyter's runtime folder instead of TCP ports: nothing listens on the network, side-by-side runs cannot race for a port, and the kernel has no plain-TCP warning to print."
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self): return "ipc"
+        @default("ip")                            # the sockets' path prefix (files <ip>-<n>, removed at shutdown)
+        def _ip_default(self):
+            d = jupyter_runtime_dir()
+            if len(d) > 80: d = tempfile.mkdtemp(prefix="capbook-")     # a socket's path has at most 107 bytes
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            return os.path.join(d, f"capbook-{uuid.uuid4().hex[:12]}")
+    return IPCKernelManager
+
 def run_step(step: Step, profile: str, force: bool = False, log=print, upstream: dict | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless unchanged; return (executed notebook path, whether it ran)."
     import papermill as pm
@@ -269,7 +287,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     t0 = time.time()
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
-                            kernel_name="python3")
+                            kernel_name="python3", kernel_manager_class=kernel_manager())
     except pm.PapermillExecutionError as e:
         raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
                            f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
