@@ -309,8 +309,6 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
 
-
-
 # %% ../nbs/00n_book.ipynb
 class TutorialDecoder(torch.nn.Module):
     "A speed reference: the tutorial Show-Attend-Tell decoder described above (shrinking batch, per-step encoder projection, gate, one output layer)."

@@ -398,6 +398,13 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     return {"seconds": secs, "site": site, "out": dst}
 
 
+# %% [markdown]
+# Each notebook's kernel listens on IPC sockets of its own, named in Jupyter's runtime folder (nothing is created until
+# a kernel starts):
+
+# %%
+_km = kernel_manager()()
+assert _km.transport == "ipc" and os.path.basename(_km.ip).startswith("capbook-") and _km.ip != kernel_manager()().ip
 
 # %% [markdown]
 # ## Benchmark
