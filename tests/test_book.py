@@ -13,6 +13,7 @@ def book(home):
     p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2"], capture_output=True, text=True,
                        timeout=1200)              # side by side; the skip test below reruns it one at a time
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "without encryption" not in p.stderr, "kernels over TCP: the book's IPC kernel manager was not used"
     return home, p.stdout
 
 
@@ -40,6 +41,7 @@ def test_smoke_book_publishes_tables_figures_records(book):
     assert hard["params"]["attention"] == "hard" and "metrics_expected_context" in hard
     none = json.loads((home / "runs" / "smoke" / "02_show_attend_tell-none" / "record.json").read_text())
     assert none["metrics"]["attention"]["n"] == 0 and none["metrics"]["BLEU-1"] > 0
+    assert "one METEOR process scored" in log and "METEOR" in rec["metrics"]     # the book's shared METEOR served its runs
 
 
 @pytest.mark.slow
