@@ -451,7 +451,8 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
         if attrs:
             ax.set_xlabel("\n".join(f"{attr_words[a]} ({float(weights[a]):.2f})" for a in attrs), fontsize=9)
         ax.set_title(title, fontsize=9); ax.set_xticks([]); ax.set_yticks([])
-    fig.suptitle(f"input \u201c{prev}\u201d \u2192 output \u201c{words[t]}\u201d: {' '.join(words)}", fontsize=9)
+    out = words[t] if t < len(words) else "<end>"           # a caption that ends at once shows its <end> step
+    fig.suptitle(f"input \u201c{prev}\u201d \u2192 output \u201c{out}\u201d: {' '.join(words) or '(empty caption)'}", fontsize=9)
     fig.tight_layout()
     if path is None: return fig
     save_figure(fig, path); plt.close(fig)

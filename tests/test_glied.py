@@ -206,3 +206,14 @@ def test_bottom_up_regions_are_padded_masked_and_read_only_by_models_that_mask(t
     one.unlink()
     with pytest.raises(CapbookError, match="no region features for image"):
         prepare("coco", data_path=root, regions=folder, min_count=1)
+
+
+def test_figure3_of_a_caption_that_ends_at_once(tmp_path):
+    "A weak model may emit <end> first (a one-epoch smoke run did): Figure 3 shows that step instead of failing."
+    from capbook.glied import distilling_figure, figure3_step
+    torch.manual_seed(0)
+    dw = {"final_regions": torch.rand(1, 4), "final_attrs": torch.rand(1, 3), "groups": torch.rand(4, 4),
+          "collocations": torch.rand(1, 3)}
+    t = figure3_step([], {"circle"}, {"red"})
+    out = distilling_figure(np.zeros((32, 32, 3), np.uint8), [], ["red", "circle", "—"], dw, t, (2, 2), tmp_path / "f3.png")
+    assert t == 0 and out.stat().st_size > 1000
