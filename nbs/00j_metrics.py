@@ -198,13 +198,15 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
 
 
 # %% [markdown]
-# The service is an environment variable for the block's children, gone after it (no Java starts until a run scores):
+# The service is an environment variable for the block's children, restored after it (no Java starts until a run
+# scores; inside `capbook book` this notebook runs under the book's own service):
 
 # %%
 import os
+_before = os.environ.get(METEOR_ENV)
 with meteor_service() as _svc:
-    assert os.environ[METEOR_ENV].count("|") == 1 and _svc["served"] == 0
-assert METEOR_ENV not in os.environ
+    assert os.environ[METEOR_ENV] != _before and os.environ[METEOR_ENV].count("|") == 1 and _svc["served"] == 0
+assert os.environ.get(METEOR_ENV) == _before
 
 # %% [markdown]
 # ## Attention correctness (shapes)
