@@ -257,7 +257,7 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
 
 @lru_cache(None)
 def kernel_manager():
-    "Papermill's kernel manager with the kernel on local IPC sockets in Jupyter's runtime folder instead of TCP ports: nothing listens on the network, side-by-side runs cannot race for a port, and the kernel has no plain-TCP warning to print."
+    "Papermill's kernel manager with the kernel on local IPC sockets in Jupyter's runtime folder instead of TCP ports: nothing listens on the network, side-by-side runs cannot race for a port, and the kernel has no plain-TCP warning to print. A finished notebook's kernel is shut down without the interrupt that precedes it."
     from jupyter_client.manager import AsyncKernelManager
     from jupyter_core.paths import jupyter_runtime_dir
     from traitlets import default
@@ -271,6 +271,10 @@ def kernel_manager():
             if len(d) > 80: d = tempfile.mkdtemp(prefix="capbook-")     # a socket's path has at most 107 bytes
             os.makedirs(d, mode=0o700, exist_ok=True)
             return os.path.join(d, f"capbook-{uuid.uuid4().hex[:12]}")
+
+        async def _async_interrupt_kernel(self):  # jupyter_client interrupts before every shutdown, and a kernel caught
+            if not self.shutting_down:            # mid-message logs an ERROR; papermill shuts down only finished notebooks
+                await super()._async_interrupt_kernel()
     return IPCKernelManager
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, upstream: dict | None = None) -> tuple[Path, bool]:

@@ -14,6 +14,7 @@ def book(home):
                        timeout=1200)              # side by side; the skip test below reruns it one at a time
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "without encryption" not in p.stderr, "kernels over TCP: the book's IPC kernel manager was not used"
+    assert "KeyboardInterrupt" not in p.stderr, "a kernel interrupted at shutdown"
     return home, p.stdout
 
 
