@@ -199,6 +199,8 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     if not force and done.exists() and out.exists() and load_json(done).get("key") == key:
         log(f"  {step.name}: unchanged, skipped"); return out, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
+    for f in [*d.glob("fig_*.png"), *d.glob("table_*.md"), *d.glob("table_*.csv")]:
+        f.unlink()                                # what the last execution drew: this one must draw its own or none
     params = {**step.params, "run_dir": str(d)} if step.params else {}
     t0 = time.time()
     try:

@@ -106,6 +106,17 @@ def test_step_record_prefers_book_run_then_exact_hand_run(home):
     assert step_record("paper", step)["_dir"].endswith("02_show_attend_tell-hard")
 
 
+def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
+    "A figure the new execution does not draw (a weak model may give it nothing to show) must not be published from the old one."
+    from capbook.book import run_step
+    from capbook.core import runs_dir
+    d = runs_dir() / "smoke" / "00_core"
+    d.mkdir(parents=True, exist_ok=True)
+    for f in ("fig_old.png", "table_old.md", "table_old.csv", "keep.json"): (d / f).write_text("old")
+    run_step(Step("00_core"), "smoke", force=True, log=lambda s: None)
+    assert sorted(p.name for p in d.iterdir() if "old" in p.name or p.name == "keep.json") == ["keep.json"]
+
+
 def test_side_by_side_failure_keeps_the_other_run(home):
     "`-j 2`: one step fails; the step beside it still finishes (nothing computed is lost), the book stops with the failure's line, naming the notebook, the cell and the parameter."
     from capbook.book import run_plan
