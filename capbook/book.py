@@ -189,6 +189,10 @@ def kernel_manager():
                 await super()._async_interrupt_kernel()
     return IPCKernelManager
 
+def _published(f: Path) -> bool:
+    "Whether a file of a run folder is one the book publishes: a figure (.png) or a table (table_*.md, table_*.csv)."
+    return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
+
 def run_step(step: Step, profile: str, force: bool = False, log=print, upstream: dict | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless unchanged; return (executed notebook path, whether it ran)."
     import papermill as pm
@@ -199,7 +203,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     if not force and done.exists() and out.exists() and load_json(done).get("key") == key:
         log(f"  {step.name}: unchanged, skipped"); return out, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
-    for f in [*d.glob("fig_*.png"), *d.glob("table_*.md"), *d.glob("table_*.csv")]:
+    for f in filter(_published, d.glob("*")):
         f.unlink()                                # what the last execution drew: this one must draw its own or none
     params = {**step.params, "run_dir": str(d)} if step.params else {}
     t0 = time.time()
@@ -238,9 +242,8 @@ def publish(profile: str, steps: list[Step]) -> Path:
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     untagged = [s for s in steps if not s.tag]    # ablation runs reach the book through assembly notebooks
     for s in untagged:
-        for f in (runs_dir() / profile / s.name).glob("*"):
-            if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv")):
-                tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
+        for f in filter(_published, (runs_dir() / profile / s.name).glob("*")):
+            tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
     keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks")
     from capbook.viz import save_table
     times = book_times(profile, steps)

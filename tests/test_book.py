@@ -112,7 +112,7 @@ def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
     from capbook.core import runs_dir
     d = runs_dir() / "smoke" / "00_core"
     d.mkdir(parents=True, exist_ok=True)
-    for f in ("fig_old.png", "table_old.md", "table_old.csv", "keep.json"): (d / f).write_text("old")
+    for f in ("fig_old.png", "old_plot.png", "table_old.md", "table_old.csv", "keep.json"): (d / f).write_text("old")
     run_step(Step("00_core"), "smoke", force=True, log=lambda s: None)
     assert sorted(p.name for p in d.iterdir() if "old" in p.name or p.name == "keep.json") == ["keep.json"]
 
