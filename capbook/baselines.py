@@ -13,7 +13,7 @@ from .attention import Attention, SoftAttention
 from .models import CaptionModel, register
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell
-from .ssa import SSAConfig, SpatialTransformer
+from .ssa import NOAM, SSAConfig, SpatialTransformer
 from .runner import Chapter, RunConfig, register_chapter
 
 # %% auto 0
@@ -182,11 +182,12 @@ class SCAttention(Attention):
     def forward(self, a, pre, h, expected=None):                   # a: (B, L, C); pre: v̄ (B, C); h: (R, d)
         R, L = len(h), a.shape[1]
         weighted = lambda alpha: torch.bmm(alpha.view(len(a), -1, L), a).view(R, -1)   # sum_i alpha_i v_i: (R, C)
+        C = a.shape[-1]
         if self.order == "C-S":
             # beta = Phi_c(h_{t-1}, V): (R, C)
             beta = self.channel(_rows(pre, R), h)
-            # alpha = Phi_s(h_{t-1}, f_c(V, beta)): (R, L)
-            alpha = self.spatial(a, h, beta)
+            # alpha = Phi_s(h_{t-1}, f_c(V, C beta)): (R, L); C beta of mean 1, as the authors' code scales it
+            alpha = self.spatial(a, h, C * beta)
             av = weighted(alpha)
         else:
             # alpha = Phi_s(h_{t-1}, V): (R, L)
@@ -194,8 +195,8 @@ class SCAttention(Attention):
             av = weighted(alpha)
             # beta = Phi_c(h_{t-1}, f_s(V, alpha)), the channels' means of the spatially weighted map: (R, C)
             beta = self.channel(av / L, h)
-        # X = sum_i alpha_i (beta ⊙ v_i) = beta ⊙ sum_i alpha_i v_i: (R, C)
-        z = beta * av
+        # X = sum_i alpha_i (C beta ⊙ v_i) = C beta ⊙ sum_i alpha_i v_i: (R, C)
+        z = C * beta * av
         return z, self.keep(alpha), {"channel": beta}
 
 @dataclass
@@ -255,7 +256,7 @@ def updown(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
     return UpDown(cfg, vocab_size, feat_dim, grid)
 
 # %% ../nbs/06_baselines.ipynb
-@register("ct", SSAConfig, enc_layers=0, dec_layers=6, tau="standard")
+@register("ct", SSAConfig, train=NOAM, enc_layers=0, dec_layers=6, tau="standard")
 def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "CT (Zhu et al. 2018): the book's transformer with no region encoder, six decoder blocks and τ = √d_attn."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)

@@ -13,7 +13,7 @@ from .core import CapbookError, check_float, check_int, save_torch
 from .attention import MultiHeadAttention
 from .models import CaptionModel, image_rows, register
 from .runner import Chapter, RunConfig, register_chapter
-from .ssa import FeedForward, sinusoid
+from .ssa import NOAM, FeedForward, sinusoid
 
 # %% auto 0
 __all__ = ['GLIED_CHAPTER', 'Sublayer', 'Refine', 'CrossModal', 'GLIEDConfig', 'GLIED', 'glied', 'direct_attention',
@@ -194,7 +194,7 @@ class GLIED(CaptionModel):
         logits, w, _ = self.decode(self.embed(caps, 0), mem, mask=mask)
         return {"logits": logits, **self._alphas(w)}             # (N, T, V), (N, T, L), (N, T, K)
 
-@register("glied", GLIEDConfig)
+@register("glied", GLIEDConfig, train=NOAM)             # the Transformer's warm-up and decay
 def glied(cfg: GLIEDConfig, vocab_size, feat_dim, grid):
     "Liu et al. 2019: GLIED, and with its switches off the cross-modal base model (Table 4's rows)."
     return GLIED(cfg, vocab_size, feat_dim, grid)

@@ -98,20 +98,21 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torc
 # %% ../nbs/00f_models.ipynb
 @dataclass
 class ModelSpec:
-    "A registry entry: the factory, its config class, fixed config values, and the objective the paper trains it with."
+    "A registry entry: the factory, its config class, fixed config values, the objective the paper trains it with and its training recipe."
     name: str
     factory: Callable[..., CaptionModel]
     config: type
     preset: dict = field(default_factory=dict)
     objective: Callable[[Any], Any] | None = None
     doc: str = ""
+    train: dict = field(default_factory=dict)    # TrainConfig fields this kind of model trains with (a schedule)
 
 REGISTRY: dict[str, ModelSpec] = {}
 
-def register(name: str, config: type, objective: Callable[[Any], Any] | None = None, **preset):
-    "Decorator: register a model factory `f(cfg, vocab_size, feat_dim, grid)` under `name` with its config class."
+def register(name: str, config: type, objective: Callable[[Any], Any] | None = None, train: dict | None = None, **preset):
+    "Decorator: register a model factory `f(cfg, vocab_size, feat_dim, grid)` under `name` with its config class (and `train`: TrainConfig fields)."
     def deco(factory):
-        REGISTRY[name] = ModelSpec(name, factory, config, preset, objective, (factory.__doc__ or "").strip())
+        REGISTRY[name] = ModelSpec(name, factory, config, preset, objective, (factory.__doc__ or "").strip(), dict(train or {}))
         return factory
     return deco
 

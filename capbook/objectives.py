@@ -121,13 +121,18 @@ class SelfCritical(Objective):
         self.vocab, self.n, self.temperature, self.max_len, self.baseline = vocab, n, temperature, max_len, baseline
         self.cider = CiderD(corpus, vocab=vocab, end=end, cache=cache)      # df of the training references, cached
 
-    def _ids(self, tokens: torch.Tensor) -> list[np.ndarray]:
-        "Sampled token rows up to (not including) <end> — CiderD appends it when the end token counts."
-        out = []
+    def _ids(self, tokens: torch.Tensor) -> tuple[list[np.ndarray], list[bool]]:
+        "Sampled token rows up to (not including) <end>, and whether each ended: CiderD appends <end> to those that did, so a sample cut at max_len loses the n-grams that end a reference."
+        out, ended = [], []
         for row in tokens.cpu().numpy():
             stop = np.flatnonzero(row == CaptionModel.end)
-            out.append(row[:stop[0]] if len(stop) else row)
-        return out
+            out.append(row[:stop[0]] if len(stop) else row); ended.append(bool(len(stop)))
+        return out, ended
+
+    def reward(self, tokens: torch.Tensor, refs: list[list]) -> np.ndarray:
+        "CIDEr-D of sampled token rows (R, T) against each row's references (lists of words): (R,)."
+        rows, ended = self._ids(tokens)
+        return self.cider.score(rows, refs, ended=ended)
 
     def outputs(self, net, batch):
         img = batch["img"].tolist()
@@ -139,9 +144,9 @@ class SelfCritical(Objective):
         with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^
         net.train(was)
         s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len)      # w^s ~ p(w | I)
-        refs = [[self.cider.ids(r) for r in rs] for rs in b["refs"]]
-        r_g = self.cider.score(self._ids(greedy.tokens), refs)               # r(w^): (B,)
-        r_s = self.cider.score(self._ids(s.tokens), [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
+        refs = b["refs"]                                                     # each image's reference word lists
+        r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
+        r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
         if self.baseline == "greedy": base = np.repeat(r_g, self.n)          # b = r(w^) (Rennie et al.)
         else:
             # b_i = (sum_j r(w^s_j) - r(w^s_i)) / (n - 1) over the image's other samples

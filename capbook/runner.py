@@ -297,13 +297,15 @@ def timed(phase: dict, key: str):
     finally: phase[key] = phase.get(key, 0.0) + time.time() - t0
 
 def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Any, dict]:
-    "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective, the best validation CIDEr kept; returns the fit and the test evaluation."
+    "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective; the best validation CIDEr kept, the cross-entropy model's included; returns the fit and the test evaluation."
     from capbook.objectives import SelfCritical
     from capbook.train import fit
     from capbook.metrics import evaluate
     from capbook.core import data_dir
-    scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, lr_gamma=1.0, metric="CIDEr", patience=p.scst_epochs,
-                               batch_order="image", max_words=0)                  # whole images: one row each
+    # a constant small rate (Rennie et al.; ruotianluo's recipes), whole images (one row each), and the cross-entropy
+    # model validated first and kept unless a self-critical epoch beats it on validation CIDEr: the stage cannot lose
+    scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=0.0, lr_gamma=1.0,
+                               metric="CIDEr", patience=p.scst_epochs, batch_order="image", max_words=0, validate_start=True)
     objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=p.scst_baseline,
                              cache=data_dir() / "cider")
     log(f"self-critical training: {scfg.epochs} epochs, 5 samples per image, baseline {p.scst_baseline}, lr {scfg.lr:g}, "
@@ -322,7 +324,7 @@ def chapter_data(ch: Chapter, p: Any, device: str | None = None):
 
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
-    from capbook.models import build, make_config
+    from capbook.models import build, make_config, spec
     from capbook.train import TrainConfig, fit
     from capbook.metrics import evaluate
     from capbook.viz import attention_figure
@@ -345,7 +347,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
     epochs = ch.epochs[p.profile]
-    cfg = TrainConfig(**{**ch.train, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs), "max_len": prep.max_len,
+    cfg = TrainConfig(**{**spec(name).train, **ch.train, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs), "max_len": prep.max_len,
                          "val_beam": p.beam_size})
     kept = prep.train.n_kept(cfg.max_words)
     log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"

@@ -31,13 +31,13 @@ class SATConfig:
     hidden_dim: int = 256         # n, the LSTM size
     att_dim: int = 128            # size of f_att's hidden layer
     dropout: float = 0.5
-    penalty: float | None = None  # λ of the doubly stochastic penalty (Eq. 9); None: 1 for soft, 0 otherwise (the paper's)
-    gate: bool | None = None      # the gating scalar β (§4.2.1); None: on for soft, off otherwise (the paper's)
+    penalty: float | None = None  # λ of the doubly stochastic penalty (Eq. 9); None: 1 with attention (soft, hard), 0 without
+    gate: bool | None = None      # the gating scalar β (§4.2.1); None: on with attention (soft, hard), off without
     samples: int = 1              # hard: N, sampled attention sequences per caption (Eq. 7)
     lambda_r: float = 0.1         # hard: weight of the REINFORCE term (chosen on validation, see below)
     lambda_e: float = 0.002       # hard: weight of the entropy term
     p_expected: float = 0.5       # hard: probability that a caption is trained with the expected context instead of a sample
-    test_context: str = "argmax"  # hard: the context at test time, argmax (the most probable location) | expected
+    test_context: str = "expected"  # hard: the context at test time, expected (the authors' decoder) | argmax (the most probable location)
 
     def check(self):
         "Stop with one line on an invalid value."
@@ -51,9 +51,9 @@ class SATConfig:
         check_choice("test_context", self.test_context, ["argmax", "expected"])
 
     @property
-    def use_gate(self) -> bool: return self.attention == "soft" if self.gate is None else self.gate
+    def use_gate(self) -> bool: return self.attention != "none" if self.gate is None else self.gate
     @property
-    def penalty_value(self) -> float: return (1.0 if self.attention == "soft" else 0.0) if self.penalty is None else self.penalty
+    def penalty_value(self) -> float: return (1.0 if self.attention != "none" else 0.0) if self.penalty is None else self.penalty
 
 # %% ../nbs/02_show_attend_tell.ipynb
 class ShowAttendTell(CaptionModel):
@@ -122,7 +122,7 @@ def sat_objective(cfg: SATConfig):
 def _sat(attention):
     def factory(cfg, vocab_size, feat_dim, grid):
         return ShowAttendTell(cfg, vocab_size, feat_dim, grid)
-    factory.__doc__ = f"Show-Attend-Tell with {attention} attention; gate and penalty default to the paper's choice for it."
+    factory.__doc__ = f"Show-Attend-Tell with {attention} attention; gate and penalty on by default where there is attention."
     return register(f"sat_{attention}", SATConfig, objective=sat_objective, attention=attention)(factory)
 
 sat_soft, sat_hard, sat_none = _sat("soft"), _sat("hard"), _sat("none")
@@ -155,13 +155,14 @@ class SATParams(SATConfig, RunConfig):
     "The Show-Attend-Tell chapter's parameters: the run's (`RunConfig`), then the model's (`SATConfig`)."
 
 def sat_measure(r) -> dict:
-    "Hard attention decoded with the expected context; the gate's mean β on object-noun steps and on the others."
+    "Hard attention decoded with the other test context (`metrics_<context>_context`); the gate's mean β on object-noun steps and on the others."
     from capbook.metrics import evaluate
     from capbook.shapes import object_mentions
     model, prep, ev, out = r.model, r.prep, r.ev, {}
     if isinstance(model.att, HardAttention):
-        model.att.test_context = "expected"
-        out["metrics_expected_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device))
+        other = "argmax" if model.cfg.test_context == "expected" else "expected"
+        model.att.test_context = other
+        out[f"metrics_{other}_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device))
         model.att.test_context = model.cfg.test_context
     if model.gate and prep.gt is not None:                  # §4.2.1: is beta larger when the decoder names an object?
         from capbook.decode import pad_captions

@@ -16,7 +16,7 @@ from .runner import Chapter, RunConfig, register_chapter
 from .papers import ssa_table1
 
 # %% auto 0
-__all__ = ['SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderLayer', 'SSAConfig', 'SpatialTransformer', 'ssa',
+__all__ = ['NOAM', 'SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderLayer', 'SSAConfig', 'SpatialTransformer', 'ssa',
            'inter_attention_spread', 'SSAParams', 'ssa_measure']
 
 # %% ../nbs/04_spatial_self_attention.ipynb
@@ -101,6 +101,8 @@ class SpatialTransformer(CaptionModel):
         self.L = grid[0] * grid[1]
         self.proj = nn.Identity() if feat_dim == d else nn.Linear(feat_dim, d)
         self.E = nn.Embedding(vocab_size, d, padding_idx=self.pad)
+        # E ~ N(0, 1/d), so that E w sqrt(d) is of unit scale beside the positional encoding (padding row stays 0)
+        with torch.no_grad(): nn.init.normal_(self.E.weight, 0.0, d ** -0.5); self.E.weight[self.pad].zero_()
         self.register_buffer("pe_img", sinusoid(self.L, d), persistent=False)
         self.register_buffer("pe_txt", sinusoid(cfg.max_positions, d), persistent=False)
         self.enc = nn.ModuleList(EncoderLayer(d, cfg.heads, cfg.d_hidden, cfg.tau, cfg.dropout) for _ in range(cfg.enc_layers))
@@ -159,7 +161,9 @@ class SpatialTransformer(CaptionModel):
             y, w = layer(y, layer.self_att.keys_values(y), ikv, mask)
         return {"logits": self.out(y), "alpha": w.mean(1)}      # (N, T, V), (N, T, L)
 
-@register("ssa", SSAConfig)
+NOAM = {"schedule": "noam", "warmup": 1.0}   # the Transformer's schedule: one epoch of warm-up, then 1/sqrt(step)
+
+@register("ssa", SSAConfig, train=NOAM)
 def ssa(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "Springenberg et al. 2018: the spatial self-attention transformer (τ = √(d_len + d_attn) unless tau='standard')."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)
@@ -191,7 +195,8 @@ class SSAParams(SSAConfig, RunConfig):
     lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
     d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
-    max_words: int = 14                 # train on captions of at most this many words (§3); 0: all
+    heads: int | None = None            # h; None: the profile's, so that d_attn = d_model / h is the paper's 64 (paper 8, default 2, smoke 1)
+    max_words: int = 0                  # train on captions of at most this many words; 0: all (as every compared row; §3 says 14)
 
 def ssa_measure(r) -> dict:
     "The spread of the inter-attention on the test captions (entropy and peak weight, per layer and for the head mean)."
@@ -209,9 +214,9 @@ SSA = register_chapter(Chapter(
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
     epochs={"smoke": 2, "default": 6, "paper": 30},                      # as Show-Attend-Tell's, for the time table
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128}, "default": {"d_model": 128, "d_hidden": 256},
-           "paper": {"d_model": 512, "d_hidden": 1024}},
-    train={"batch_order": "image", "lr_gamma": 1.0},                        # Adam at a fixed rate (§3)
+    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 128, "d_hidden": 256, "heads": 2},
+           "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
+    train={"batch_order": "image"},                     # Adam peaking at l (§3), the Transformer's warm-up (registry)
     label=lambda p: f"Transformer, τ {p.tau}",
     figure=lambda p: f"fig_ssa_{p.tau}_attention.png",
     check=lambda p: check_int("max_words", p.max_words, lo=0),

@@ -157,7 +157,8 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torc
 # `@register(name, Config, objective=..., **preset)` on a factory `f(cfg, vocab_size, feat_dim, grid)` registers it.
 # `preset` fixes fields for that name (`sat_hard` is `ShowAttendTell` with `attention='hard'`); `objective` builds
 # the model's training objective from its config (`capbook.objectives`: cross-entropy when not given), so the
-# objective lives outside the model and the trainer takes it from the registry. The paper modules register their
+# objective lives outside the model and the trainer takes it from the registry, and so does the training recipe the
+# model's paper or its peers use (`train`: `TrainConfig` fields, e.g. the transformers' warm-up schedule). The paper modules register their
 # models on import; `build` imports every capbook module on first use, so `capbook.models.build("sat_soft", ...)`
 # works from a plain `import capbook`, and a new paper adds nothing to any list.
 
@@ -165,20 +166,21 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torc
 #| export
 @dataclass
 class ModelSpec:
-    "A registry entry: the factory, its config class, fixed config values, and the objective the paper trains it with."
+    "A registry entry: the factory, its config class, fixed config values, the objective the paper trains it with and its training recipe."
     name: str
     factory: Callable[..., CaptionModel]
     config: type
     preset: dict = field(default_factory=dict)
     objective: Callable[[Any], Any] | None = None
     doc: str = ""
+    train: dict = field(default_factory=dict)    # TrainConfig fields this kind of model trains with (a schedule)
 
 REGISTRY: dict[str, ModelSpec] = {}
 
-def register(name: str, config: type, objective: Callable[[Any], Any] | None = None, **preset):
-    "Decorator: register a model factory `f(cfg, vocab_size, feat_dim, grid)` under `name` with its config class."
+def register(name: str, config: type, objective: Callable[[Any], Any] | None = None, train: dict | None = None, **preset):
+    "Decorator: register a model factory `f(cfg, vocab_size, feat_dim, grid)` under `name` with its config class (and `train`: TrainConfig fields)."
     def deco(factory):
-        REGISTRY[name] = ModelSpec(name, factory, config, preset, objective, (factory.__doc__ or "").strip())
+        REGISTRY[name] = ModelSpec(name, factory, config, preset, objective, (factory.__doc__ or "").strip(), dict(train or {}))
         return factory
     return deco
 

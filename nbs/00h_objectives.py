@@ -247,13 +247,18 @@ class SelfCritical(Objective):
         self.vocab, self.n, self.temperature, self.max_len, self.baseline = vocab, n, temperature, max_len, baseline
         self.cider = CiderD(corpus, vocab=vocab, end=end, cache=cache)      # df of the training references, cached
 
-    def _ids(self, tokens: torch.Tensor) -> list[np.ndarray]:
-        "Sampled token rows up to (not including) <end> — CiderD appends it when the end token counts."
-        out = []
+    def _ids(self, tokens: torch.Tensor) -> tuple[list[np.ndarray], list[bool]]:
+        "Sampled token rows up to (not including) <end>, and whether each ended: CiderD appends <end> to those that did, so a sample cut at max_len loses the n-grams that end a reference."
+        out, ended = [], []
         for row in tokens.cpu().numpy():
             stop = np.flatnonzero(row == CaptionModel.end)
-            out.append(row[:stop[0]] if len(stop) else row)
-        return out
+            out.append(row[:stop[0]] if len(stop) else row); ended.append(bool(len(stop)))
+        return out, ended
+
+    def reward(self, tokens: torch.Tensor, refs: list[list]) -> np.ndarray:
+        "CIDEr-D of sampled token rows (R, T) against each row's references (lists of words): (R,)."
+        rows, ended = self._ids(tokens)
+        return self.cider.score(rows, refs, ended=ended)
 
     def outputs(self, net, batch):
         img = batch["img"].tolist()
@@ -265,9 +270,9 @@ class SelfCritical(Objective):
         with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^
         net.train(was)
         s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len)      # w^s ~ p(w | I)
-        refs = [[self.cider.ids(r) for r in rs] for rs in b["refs"]]
-        r_g = self.cider.score(self._ids(greedy.tokens), refs)               # r(w^): (B,)
-        r_s = self.cider.score(self._ids(s.tokens), [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
+        refs = b["refs"]                                                     # each image's reference word lists
+        r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
+        r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
         if self.baseline == "greedy": base = np.repeat(r_g, self.n)          # b = r(w^) (Rennie et al.)
         else:
             # b_i = (sum_j r(w^s_j) - r(w^s_i)) / (n - 1) over the image's other samples
@@ -304,6 +309,15 @@ _l, _st = _sc.loss(_o, _bt)
 assert _o["samples"].tokens.shape[0] == 6 and _o["advantage"].shape == (6,) and _l.requires_grad
 assert _sc.cider.score([["a", "red", "circle"], ["blue"]], _refs).tolist()[0] > 0 == _sc.cider.score([["blue"]], _refs[:1])[0]
 print(_st)
+
+# %% [markdown]
+# A sample cut off at `max_len` (no `<end>`) is scored without the end token, so it misses the n-grams that end a
+# reference: the same words score less than when the caption ended.
+
+# %%
+_w = [_v.stoi[w] for w in ("a", "red", "circle")]
+_r = [_sc.reward(torch.tensor([t]), [_refs[0]])[0] for t in (_w + [CaptionModel.end], _w)]   # ended; cut at max_len
+assert _r[0] > _r[1] > 0, _r
 
 # %% [markdown]
 # With the mean of the other samples as baseline, the advantages of an image's samples sum to zero: the update only

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # train
 #
-# > One trainer for every model and objective: Adam with step decay, clipping, early stopping, exact resume after a kill, autocast on GPU and DistributedDataParallel under `torchrun`.
+# > One trainer for every model and objective: Adam with a learning-rate schedule (step decay, or warm-up and inverse-square-root decay), clipping, early stopping, exact resume after a kill, autocast on GPU and DistributedDataParallel under `torchrun`.
 
 # %%
 #| default_exp train
@@ -47,6 +47,14 @@ from capbook.decode import decode_split
 # early stopping on validation BLEU ("the only other regularization strategy we used was early stopping on BLEU
 # score"), mini-batches of 64 captions. Learning-rate step decay and gradient-norm clipping are the usual practice of the
 # later papers (SPCA, GLIED) and are set here once for all models.
+#
+# The learning-rate schedule is one function of the step, `lr_factor`, for every model: `schedule='step'` multiplies
+# the rate by `lr_gamma` every `lr_step` epochs (the LSTM papers); `schedule='noam'` is the Transformer's (Vaswani et
+# al. §5.3): a linear warm-up over `warmup` epochs to `lr`, then decay with the inverse square root of the step. A
+# model whose paper or peers train it so declares it once in its registry entry (`register(..., train=...)`: the
+# book's transformers), not per chapter. *capbook:* the warm-up is counted in epochs rather than steps so that one
+# setting serves the smoke, default and paper profiles, whose epochs differ a hundredfold in steps; peers' 4k–33k
+# steps are one to several COCO epochs.
 
 # %%
 #| export
@@ -56,8 +64,10 @@ class TrainConfig:
     epochs: int = 10            # maximum number of epochs
     batch_size: int = 64        # captions per step (per process under DDP)
     lr: float = 4e-4            # Adam learning rate
-    lr_step: int = 3            # decay the learning rate every lr_step epochs ...
+    schedule: str = "step"      # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step)
+    lr_step: int = 3            # step: decay the learning rate every lr_step epochs ...
     lr_gamma: float = 0.8       # ... by this factor
+    warmup: float = 0.0         # epochs of linear warm-up from 0 to lr (either schedule; noam needs some)
     clip: float = 5.0           # gradient-norm clipping (0: off)
     patience: int = 3           # early stopping: epochs without a better validation score
     metric: str = "BLEU-4"      # validation metric for early stopping and model selection
@@ -69,12 +79,16 @@ class TrainConfig:
     max_words: int = 0          # train on captions of at most this many words (0: every caption)
     device: str = "auto"
     progress: bool = True       # tqdm progress bars
+    validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
         check_int("epochs", self.epochs, lo=1); check_int("batch_size", self.batch_size, lo=1)
         check_float("lr", self.lr, lo=1e-9, hi=10.0); check_int("lr_step", self.lr_step, lo=1)
         check_float("lr_gamma", self.lr_gamma, lo=1e-6, hi=1.0); check_float("clip", self.clip, lo=0.0)
+        check_choice("schedule", self.schedule, LR_SCHEDULES); check_float("warmup", self.warmup, lo=0.0)
+        if self.schedule == "noam" and not self.warmup:
+            raise CapbookError("parameter warmup=0 is invalid with schedule='noam': expected a positive number of epochs")
         check_int("patience", self.patience, lo=1); check_choice("metric", self.metric, VAL_METRICS)
         check_int("val_beam", self.val_beam, lo=1); check_int("max_len", self.max_len, lo=1)
         check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0)
@@ -83,6 +97,38 @@ class TrainConfig:
         return self
 
 VAL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
+LR_SCHEDULES = ("step", "noam")
+
+
+# %% [markdown]
+# ## The learning-rate schedule
+#
+# With $s$ the optimisation steps taken (from 1), $e$ the epoch, $w$ the warm-up in steps (`warmup` epochs):
+#
+# $$\text{step:}\quad lr \cdot \min(1, s/w) \cdot \gamma^{\lfloor e / \text{lr\_step} \rfloor} \qquad\qquad
+#   \text{noam:}\quad lr \cdot \min(s/w, \sqrt{w/s})$$
+#
+# Noam's rate peaks at `lr` when the warm-up ends ($s = w$), as in the reference implementations that parameterise it
+# by its peak; Vaswani et al.'s $d^{-0.5}$ factor is folded into `lr`.
+
+# %%
+#| export
+def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int) -> float:
+    "The multiplier of `cfg.lr` for optimisation step `step` (1-based) in epoch `epoch`."
+    w = cfg.warmup * steps_per_epoch                           # warm-up steps
+    # min(1, s / w): linear warm-up
+    warm = min(1.0, step / w) if w > 0 else 1.0
+    if cfg.schedule == "noam":
+        # min(s / w, sqrt(w / s))
+        return min(warm, (w / step) ** 0.5)
+    # gamma^floor(e / lr_step)
+    return warm * cfg.lr_gamma ** (epoch // cfg.lr_step)
+
+# %%
+_c = TrainConfig(schedule="noam", warmup=1.0)
+assert [round(lr_factor(_c, s, 0, 100), 3) for s in (1, 50, 100, 400)] == [0.01, 0.5, 1.0, 0.5]
+_c = TrainConfig(lr_step=2, lr_gamma=0.5)
+assert [lr_factor(_c, 1, e, 100) for e in range(5)] == [1.0, 1.0, 0.5, 0.5, 0.25]
 
 
 # %% [markdown]
@@ -248,7 +294,6 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     model.to(device); objective.to(device)
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma)
     res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, {}, 0
     code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
@@ -260,7 +305,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         ck = None
     if ck is not None:
         check_vocab(ck, data.vocab, last)
-        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); sched.load_state_dict(ck["scheduler"])
+        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"])
         objective.load_state_dict(ck["objective"])
         epoch, skip, bad, step = ck["epoch"], ck["batches_done"], ck["bad_epochs"], ck["step"]
         tot, n = ck["epoch_sums"], ck["epoch_batches"]
@@ -273,7 +318,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
 
     def save_last(finished=False):
         if rank: return
-        save_torch(last, {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        save_torch(last, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                           "objective": objective.state_dict(),
                           "epoch": epoch, "batches_done": skip, "step": step, "epoch_sums": tot, "epoch_batches": n,
                           "bad_epochs": bad, "history": res.history,
@@ -281,38 +326,45 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                           "val_seconds": res.val_seconds, "rng": _rng_state(), "vocab": data.vocab.itos,
                           "config": asdict(cfg), "meta": meta or {}, "code": code, "finished": finished})
 
+    def validate(epoch: int, means: dict) -> bool:
+        "Score the current weights on validation, log them, keep them as best.pt if they are the best so far."
+        tv = time.time()
+        scores = val_score(model, data.val, data.vocab, cfg, device)
+        res.val_seconds += time.time() - tv
+        res.history.append({"epoch": epoch, **means, **{f"val {k}": v for k, v in scores.items()}, "train_s": res.train_seconds})
+        log(f"epoch {epoch}: " + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
+            + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+        if scores[cfg.metric] <= res.best_score: return False
+        res.best_score, res.best_epoch = scores[cfg.metric], epoch
+        save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": epoch,
+                          "scores": scores, "meta": meta or {}})
+        return True
+
+    if ck is None and cfg.validate_start and rank == 0:
+        # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
+        # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
+        net.eval(); validate(-1, {})
     sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
     while epoch < cfg.epochs:
         net.train(); objective.train(); t0 = time.time()
         n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
+        per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)
         it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
                    mininterval=10, leave=False)
         for b in bar:
+            lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch)
+            for g in opt.param_groups: g["lr"] = lr
             stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}")
             skip += 1; step += 1; n += 1
-            for k, v in stats.items(): tot[k] = tot.get(k, 0.0) + v
+            for k, v in {**stats, "lr": lr}.items(): tot[k] = tot.get(k, 0.0) + v
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
                 res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
         res.train_seconds += time.time() - t0
-        sched.step()
         stop = torch.zeros(1)
         if rank == 0:
-            tv = time.time()
-            scores = val_score(model, data.val, data.vocab, cfg, device)
-            res.val_seconds += time.time() - tv
-            score = scores[cfg.metric]
-            means = {k: v / max(n, 1) for k, v in tot.items()}
-            res.history.append({"epoch": epoch, **means, **{f"val {k}": v for k, v in scores.items()},
-                                "train_s": res.train_seconds})
-            log(f"epoch {epoch}: " + "  ".join(f"{k} {v:.4f}" for k, v in means.items()) + "  | val "
-                + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
-            if score > res.best_score:
-                res.best_score, res.best_epoch, bad = score, epoch, 0
-                save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": epoch,
-                                  "scores": scores, "meta": meta or {}})
-            else: bad += 1
+            bad = 0 if validate(epoch, {k: v / max(n, 1) for k, v in tot.items()}) else bad + 1
             stop[0] = float(bad >= cfg.patience)
         if world > 1: dist.broadcast(stop, 0)
         epoch += 1; skip = 0; tot, n = {}, 0
@@ -328,7 +380,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         dist.barrier()
     ck = load_torch(best); check_vocab(ck, data.vocab, best)
     model.load_state_dict(ck["model"])
-    res.captions_per_s = len(res.history) * data.train.n_kept(cfg.max_words) / res.train_seconds if res.train_seconds else 0.0
+    res.captions_per_s = sum(h["epoch"] >= 0 for h in res.history) * data.train.n_kept(cfg.max_words) / res.train_seconds if res.train_seconds else 0.0
     return res
 
 

@@ -366,13 +366,13 @@ class CiderD:
             if self.cache_path is not None:
                 atomic_write(self.cache_path, lambda t: np.savez(open(t, "wb"), codes=self.df_codes, df=self.df))
 
-    def ids(self, words) -> np.ndarray:
+    def ids(self, words, ended: bool = True) -> np.ndarray:
         "A caption — words, or an id array/tensor when built with a vocabulary — as ids, the end token appended if `end`."
         if isinstance(words, (np.ndarray, torch.Tensor)): a = np.asarray(words, np.int64)
         elif self.vocab is not None: a = np.array([self._ids.get(w, self.vocab.unk) for w in words], np.int64)
         else: a = np.array([self._ids.setdefault(w, len(self._ids)) for w in words], np.int64)
         if len(self._ids) > self.BASE - 2: raise ValueError(f"CiderD: more than {self.BASE - 2} distinct words")
-        return np.append(a, self._ids[self.END]) if self.end else a
+        return np.append(a, self._ids[self.END]) if self.end and ended else a
 
     def doc_freq(self, ngram: list[str]) -> int:
         "df of one n-gram (a list of words) in the corpus."
@@ -398,14 +398,15 @@ class CiderD:
             out.append((r, code[r, j], np.full(len(r), k - 1)))
         return tuple(np.concatenate(x) for x in zip(*out))
 
-    def score(self, cands: list, refs: list[list], chunk: int = 512) -> np.ndarray:
+    def score(self, cands: list, refs: list[list], chunk: int = 512, ended: list[bool] | None = None) -> np.ndarray:
         "CIDEr-D of each candidate (words or ids) against its references (lists of words or ids): (len(cands),)."
         out = np.zeros(len(cands))
         for s in range(0, len(cands), chunk):
             # reference sets given as the same list object (an image's, repeated for its samples) are converted once
             sets, which = {}, []
             for rs in refs[s:s + chunk]: which.append(sets.setdefault(id(rs), (len(sets), rs))[0])
-            out[s:s + chunk] = self._score([self.ids(c) for c in cands[s:s + chunk]],
+            ends = ended[s:s + chunk] if ended is not None else [True] * len(cands[s:s + chunk])
+            out[s:s + chunk] = self._score([self.ids(c, e) for c, e in zip(cands[s:s + chunk], ends)],
                                            [[self.ids(r) for r in rs] for _, rs in sets.values()], np.array(which))
         return out
 

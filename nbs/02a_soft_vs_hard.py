@@ -83,8 +83,9 @@ display(Markdown(save_table(lam, run.path("table_sat_hard_lambda"), floatfmt=".2
 # paper's in absolute terms; what carries over is the method and how the models stand relative to each other. BLEU
 # and METEOR ×100; capbook's rows add ROUGE-L and CIDEr and, on shapes, the semantic F1s and attention correctness
 # (attention mass on the named object and how often the attention peak falls on it; see `capbook.metrics`), and the
-# training time. The hard model appears twice: decoded with the most probable location (capbook's choice, see
-# `capbook.attention.HardAttention`) and with the expected context. "No attention" is the same decoder fed the mean
+# training time. The hard model appears twice: decoded with the expected context (the authors' released decoder, and
+# the default; see `02_show_attend_tell`) and with the most probable location at every step. Soft and hard attention
+# run with the same gate and penalty. "No attention" is the same decoder fed the mean
 # annotation vector at every step — the Google NIC rows' idea (the image, not where to look) on capbook's decoder;
 # Google NIC itself (Vinyals et al.: the image once, as the first input) is measured in the baselines chapter
 # (`06_baselines`), on the same data and features, and its row stands beside the quoted ones. *capbook:* the other
@@ -99,7 +100,7 @@ def row(model, m, rec, st=None):
             "train min": rec["timings"]["train_s"] / 60, "params (M)": rec["n_params"] / 1e6}
 ours = [row("Soft-Attention", recs[""]["metrics"], recs[""], stats[""]),
         row("Hard-Attention", recs[sel]["metrics"], recs[sel], stats[sel]),
-        row("Hard-Attention, expected context at test", recs[sel]["metrics_expected_context"], recs[sel]),   # captions not kept
+        row("Hard-Attention, argmax location at test", recs[sel]["metrics_argmax_context"], recs[sel]),   # captions not kept
         row("No attention (mean context)", recs["none"]["metrics"], recs["none"], stats["none"])]
 nic = baseline_records(profile, recs[""]["data"]["fingerprint"])["nic"]
 ours.append({**row("Google NIC", nic["metrics"], nic, stage_stats(nic, prep)), "note": f"Show and Tell, measured: {BASELINE_NOTE}"})
@@ -140,7 +141,7 @@ display(Markdown("Measured on this run of the book (one seed each, so difference
 
 # %%
 sem = semantic_table({"Soft-Attention": recs[""]["metrics"], "Hard-Attention": recs[sel]["metrics"],
-                      "Hard-Attention, expected context at test": recs[sel]["metrics_expected_context"],
+                      "Hard-Attention, argmax location at test": recs[sel]["metrics_argmax_context"],
                       "No attention (mean context)": recs["none"]["metrics"]})
 if len(sem): display(Markdown(save_table(sem, run.path("table_sat_semantic"), floatfmt=".1f")))
 
@@ -151,7 +152,8 @@ if len(sem): display(Markdown(save_table(sem, run.path("table_sat_semantic"), fl
 # "Visualization of the attention for each generated word ... (top) 'soft' and (bottom) 'hard' attention". capbook picks
 # the image by rule, not by hand: the first test image for which both models' captions name at least two objects that
 # are in the image. The maps are upsampled and smoothed as in §5.4 (`capbook.viz.smooth_attention`); for the hard model
-# they show $\alpha_t$, the distribution its location was taken from (its argmax is the location it used).
+# they show $\alpha_t$, the distribution over locations its expected context averages (and its argmax decoder would
+# take the peak of).
 
 # %%
 def named(words, key): return [m for m in object_mentions(words, prep.gt["images"][key]) if m[1]]

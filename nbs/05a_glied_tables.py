@@ -155,7 +155,8 @@ fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
 rows = []
 for (name, k), ax in zip((("Base", b), ("GLIED", g)), axes):
     h = pd.DataFrame(recs[k]["stages"]["scst"]["history"])
-    xe = max(e["val CIDEr"] for e in recs[k]["history"])
+    start, h = h[h["epoch"] < 0], h[h["epoch"] >= 0]           # epoch -1: the cross-entropy model, validated first
+    xe = float(start["val CIDEr"].iloc[0]) if len(start) else max(e["val CIDEr"] for e in recs[k]["history"])
     ep = np.arange(len(h) + 1)
     ax.plot(ep, [xe] + list(h["val CIDEr"]), "o-", label="validation CIDEr")
     ax.plot(ep[1:], h["greedy_reward"], "s--", label="greedy reward (train)")

@@ -89,7 +89,7 @@ for label, family, k, st in MODELS:
     rec = recs[k]
     s = record_stage(rec, st)
     xe = record_stage(rec, "xe")
-    epochs = len(rec["history"]) + (len(rec["stages"]["scst"]["history"]) if st == "scst" else 0)
+    epochs = len(rec["history"]) + (sum(e["epoch"] >= 0 for e in rec["stages"]["scst"]["history"]) if st == "scst" else 0)
     stats[label] = stage_stats(rec, prep, st)
     rows.append({"model": label, "family": family, "training": "+ self-critical" if st == "scst" else "cross-entropy",
                  **results_row(s["metrics"]), **interval_cells(stats[label]), "params (M)": rec["n_params"] / 1e6,

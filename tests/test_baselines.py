@@ -105,15 +105,26 @@ def test_sca_cnn_attention_is_eq_4_and_5(order):
     for b in range(2):
         if order == "C-S":
             beta = channel(Vmap[b].mean(0), h[b])                      # beta = Phi_c(h, V)
-            al = spatial(Vmap[b] * beta, h[b])                         # alpha = Phi_s(h, f_c(V, beta))
+            al = spatial(Vmap[b] * C * beta, h[b])                     # alpha = Phi_s(h, f_c(V, C beta))
         else:
             al = spatial(Vmap[b], h[b])                                # alpha = Phi_s(h, V)
             beta = channel((Vmap[b] * al[:, None]).mean(0), h[b])      # beta = Phi_c(h, f_s(V, alpha))
         assert torch.allclose(info["channel"][b], beta, atol=1e-6) and torch.allclose(alpha[b], al, atol=1e-6)
-        assert torch.allclose(z[b], (al[:, None] * Vmap[b] * beta).sum(0), atol=1e-6)   # X = sum_i alpha_i (beta ⊙ v_i)
+        assert torch.allclose(z[b], (al[:, None] * Vmap[b] * C * beta).sum(0), atol=1e-5)   # X = sum_i alpha_i (C beta ⊙ v_i)
     # on Show-Attend-Tell's decoder, without its gate and penalty
     m = make("sca_cnn", order=order)
     assert isinstance(m.att, SCAttention) and m.f_beta is None and m.cfg.penalty_value == 0
+
+
+def test_sca_cnn_context_is_at_the_scale_of_a_feature():
+    "β sums to 1 over C channels; the authors' code scales it by C, so the context is not 1/C of a feature."
+    torch.manual_seed(0)
+    att = SCAttention(128, 7, 4).eval()
+    V, h = torch.rand(3, L, 128), torch.randn(3, 7)
+    z, alpha, _ = att(V, att.precompute(V), h)
+    plain = torch.bmm(alpha[:, None], V)[:, 0]                       # sum_i alpha_i v_i: the feature's scale
+    ratio = float(z.detach().abs().mean() / plain.detach().abs().mean())
+    assert 0.5 < ratio < 2, ratio                                     # it was about 1/128
 
 
 def test_up_down_is_its_equations():

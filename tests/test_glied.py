@@ -146,7 +146,8 @@ def test_chapter_trains_then_self_critically_and_records_both_stages(smoke, tmp_
     r = run_chapter("05_glied", p, log=lambda s: None)
     rec = json.loads((tmp_path / "run" / "record.json").read_text())
     assert set(rec["stages"]) == {"xe", "scst"} and rec["hparams"]["d_model"] == 64
-    h = rec["stages"]["scst"]["history"][0]
+    start, h = rec["stages"]["scst"]["history"][:2]              # epoch -1: the cross-entropy model, validated first
+    assert start["epoch"] == -1 and "val CIDEr" in start and h["epoch"] == 0
     assert {"reward", "baseline", "greedy_reward", "val CIDEr"} <= set(h) and np.isfinite(h["scst"])
     assert rec["attributes"]["words"] and 0 <= rec["attributes"]["scores"]["test"]["recall"] <= 1
     assert (tmp_path / "run" / "distilling.pt").exists() and rec["figure3"]["variant"] == "GLIED"

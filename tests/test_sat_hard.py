@@ -35,9 +35,15 @@ def forced(model, seq):
 def test_registered_variants():
     assert {"sat_soft", "sat_hard", "sat_none"} <= set(available())
     hard, none = make(), make("sat_none")
-    assert isinstance(hard.att, HardAttention) and not hard.gate and objective_for(hard).penalty == 0
-    assert isinstance(objective_for(hard), HardAttentionRule)
-    assert none.att is None and not none.gate
+    assert isinstance(hard.att, HardAttention) and isinstance(objective_for(hard), HardAttentionRule)
+    assert none.att is None and not none.gate and objective_for(none).penalty == 0
+
+
+def test_soft_and_hard_are_compared_with_the_same_gate_and_penalty():
+    "Like for like (arctic-captions offers both to either model): the gate and λ = 1 on both; hard decodes with the expected context."
+    hard, soft = make(), make("sat_soft")
+    assert hard.gate and soft.gate and objective_for(hard).penalty == objective_for(soft).penalty == 1.0
+    assert hard.att.test_context == "expected"
 
 
 @pytest.mark.parametrize("lambda_e", [0.0, 0.3])
@@ -45,7 +51,7 @@ def test_estimator_expectation_is_exact_gradient(lambda_e):
     """Enumerate all L^T location sequences of a tiny model: the expectation over s~ of the gradient of capbook's
     surrogate loss equals the gradient of the lower bound -L_s / C (Eq. 5-7), whatever the baseline b, plus the
     entropy term lambda_e dH[s~]/dW along each path."""
-    m = make(p_expected=0.0, lambda_r=1.0, lambda_e=lambda_e).train()
+    m = make(p_expected=0.0, lambda_r=1.0, lambda_e=lambda_e, penalty=0.0).train()   # the rule alone, without Eq. 9
     obj = objective_for(m).train()
     a = torch.randn(1, 3, D)                                    # L = 3 locations
     caps = torch.tensor([[1, 5, 6, 2]])                          # C = 3 words, T = 3 attention steps
@@ -76,7 +82,7 @@ def test_estimator_expectation_is_exact_gradient(lambda_e):
 
 def test_n_samples_monte_carlo():
     "With N sampled sequences per caption the estimate approaches the exact gradient of L_s / C."
-    m = make(p_expected=0.0, lambda_r=1.0, lambda_e=0.0, samples=20000).train()
+    m = make(p_expected=0.0, lambda_r=1.0, lambda_e=0.0, samples=20000, penalty=0.0).train()   # the rule alone
     a, caps = torch.randn(1, 3, D), torch.tensor([[1, 5, 6, 2]])
     obj = objective_for(m).train()
     obj.baseline.fill_(-2.4)

@@ -147,8 +147,54 @@ def test_profile_sizes_fill_the_parameters_left_none():
     ch = chapter("04_spatial_self_attention")
     for profile, want in [("default", 128), ("paper", 512), ("smoke", 64)]:
         p = ch.resolve(SSAParams(profile=profile))
-        assert p.d_model == want and p.d_hidden == 2 * want and p.heads == 8
+        assert p.d_model == want and p.d_hidden == 2 * want and p.d_model // p.heads == 64   # d_attn: the paper's 64
     assert ch.resolve(SSAParams(profile="default", d_model=32)).d_model == 32   # a value given wins
+
+
+def test_tau_ratio_is_the_papers_at_every_profile():
+    "τ_paper / τ_standard = √(L + d_attn) / √d_attn: the paper's 2.02 (196 regions, d_attn 64), not 3.64 (d_attn 16)."
+    from capbook.runner import chapter
+    ch = chapter("04_spatial_self_attention")
+    paper = (196 + 64) ** 0.5 / 64 ** 0.5
+    for profile in ("smoke", "default", "paper"):
+        p = ch.resolve(SSAParams(profile=profile))
+        d_attn = p.d_model // p.heads
+        assert abs((196 + d_attn) ** 0.5 / d_attn ** 0.5 - paper) < 0.05 * paper, (profile, d_attn)
+
+
+def test_the_transformer_trains_on_every_caption_as_the_rows_it_is_compared_with():
+    "One rule for every compared row: no caption is left out of training (the 14-word cut dropped 23 % on shapes)."
+    from capbook.runner import chapter
+    from capbook.sat import SATParams
+    from capbook.train import TrainConfig
+    ssa_words = chapter("04_spatial_self_attention").resolve(SSAParams()).max_words
+    sat_words = {**chapter("02_show_attend_tell").train, **vars(SATParams())}.get("max_words", TrainConfig.max_words)
+    assert ssa_words == sat_words == 0
+    cd = caption_data(n_images=11)
+    assert cd.n_kept(ssa_words) == len(cd)
+
+
+def test_scaled_word_embedding_and_positional_encoding_are_of_one_scale():
+    "E w √d and the positional encoding within a factor of 2 of each other (it was 21 with nn.Embedding's N(0, 1))."
+    from capbook.models import build
+    for name, hp in [("ssa", {"d_model": 128, "heads": 2, "d_hidden": 256}), ("ct", {"d_model": 128, "d_hidden": 256})]:
+        torch.manual_seed(0)
+        m = build(name, 500, 128, (14, 14), **hp).eval()
+        tokens = torch.arange(3, 500)[None]
+        words = m.E(tokens) * m.cfg.d_model ** 0.5
+        ratio = float(words.detach().std() / m.pe_txt[:20].std())
+        assert 0.5 < ratio < 2, (name, ratio)
+
+
+def test_every_transformer_warms_its_learning_rate_up():
+    "The spatial transformer, CT and GLIED train with the one trainer's warm-up and decay (declared in their registry entries)."
+    from capbook.models import spec
+    from capbook.train import TrainConfig, lr_factor
+    for name in ("ssa", "ct", "glied"):
+        cfg = TrainConfig(**spec(name).train)
+        assert cfg.check().warmup > 0
+        f = [lr_factor(cfg, s, s // 100, 100) for s in (1, 50, 100, 400, 1600)]
+        assert f[0] < f[1] < f[2] == 1.0 > f[3] > f[4]               # up, the peak at lr, then down
 
 
 def test_spread_of_uniform_and_one_hot_attention():
@@ -162,7 +208,7 @@ def test_spread_of_uniform_and_one_hot_attention():
 
 
 @pytest.mark.parametrize("params,message", [
-    ({"d_model": 100}, "parameter d_model=100 is invalid: expected a multiple of heads=8"),
+    ({"d_model": 100, "heads": 8}, "parameter d_model=100 is invalid: expected a multiple of heads=8"),
     ({"tau": "big"}, "parameter tau='big' is invalid: allowed values are 'paper', 'standard'"),
     ({"max_words": -1}, "parameter max_words=-1 is invalid")])
 def test_ssa_invalid_parameters_are_one_line(home, params, message):

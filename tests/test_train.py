@@ -83,3 +83,35 @@ def test_checkpoint_of_other_code_is_moved_aside_not_resumed(smoke, tmp_path):
     res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
     assert res.resumed_from is None and len(res.history) == 1           # trained again, not resumed
     assert load_torch(tmp_path / "ckpt.code-0ldc0de" / "last.pt")["code"] == "0ldc0de"   # nothing lost
+
+
+@pytest.mark.slow
+def test_self_critical_training_never_returns_a_model_worse_on_validation_than_its_start(smoke, tmp_path):
+    "The starting (cross-entropy) weights are validated first and kept unless an epoch beats them."
+    from capbook.objectives import SelfCritical
+    from capbook.train import val_score
+    m, cfg = one_epoch(smoke, tmp_path / "xe")
+    start = val_score(m, smoke.val, smoke.vocab, cfg, torch.device("cpu"))["CIDEr"]
+    sc = SelfCritical(smoke.vocab, smoke.train.refs, n=2, max_len=smoke.max_len)
+    bad = TrainConfig(epochs=1, lr=0.5, lr_gamma=1.0, metric="CIDEr", batch_order="image", validate_start=True,
+                      progress=False, max_len=smoke.max_len)               # a rate that wrecks the model
+    res = fit(m, smoke, bad, tmp_path / "scst", log=lambda s: None, objective=sc)
+    assert res.history[0]["epoch"] == -1 and res.history[0]["val CIDEr"] == start
+    assert res.history[1]["val CIDEr"] < start and res.best_epoch == -1 and res.best_score == start
+    assert val_score(m, smoke.val, smoke.vocab, bad, torch.device("cpu"))["CIDEr"] == start   # the start came back
+
+
+def test_the_self_critical_stage_validates_its_start_at_a_constant_rate(monkeypatch, tmp_path):
+    "runner.self_critical asks the trainer to keep the cross-entropy model unless SCST beats it, at a constant rate."
+    import capbook.train, capbook.metrics
+    from types import SimpleNamespace
+    from capbook.runner import self_critical
+    seen = {}
+    monkeypatch.setattr(capbook.train, "fit", lambda model, prep, cfg, *a, **k: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(capbook.metrics, "evaluate", lambda *a, **k: {})
+    monkeypatch.setattr("capbook.objectives.SelfCritical", lambda *a, **k: None)
+    p = SimpleNamespace(scst_epochs=2, scst_lr=5e-5, scst_baseline="greedy", device="cpu", beam_size=3)
+    prep = SimpleNamespace(vocab=None, train=SimpleNamespace(refs=[], n_images=0), max_len=5)
+    self_critical(torch.nn.Linear(1, 1), prep, p, TrainConfig(schedule="noam", warmup=1.0), tmp_path, log=lambda s: None)
+    c = seen["cfg"]
+    assert c.validate_start and c.schedule == "step" and c.warmup == 0 and c.lr_gamma == 1.0 and c.metric == "CIDEr"
