@@ -17,12 +17,13 @@ from .runner import Chapter, RunConfig, register_chapter
 from .papers import spca_table
 
 # %% auto 0
-__all__ = ['STRUCTURES', 'SPCA_CHAPTER', 'conv_tiled', 'SPCAConfig', 'SPCA', 'attention_weights', 'SPCAttention', 'SPCA1DConfig',
-           'lstm1d_spca', 'Dropout', 'Latent2DConfig', 'Latent2D', 'lstm2d', 'lstm2d_spca', 'SPCAParams',
-           'spca_measure']
+__all__ = ['STRUCTURES', 'CHANNEL_BIAS', 'SPCA_CHAPTER', 'conv_tiled', 'SPCAConfig', 'SPCA', 'mean_one', 'attention_weights',
+           'SPCAttention', 'SPCA1DConfig', 'lstm1d_spca', 'Dropout', 'Latent2DConfig', 'Latent2D', 'lstm2d',
+           'lstm2d_spca', 'SPCAParams', 'spca_measure']
 
 # %% ../nbs/03_spca.ipynb
 STRUCTURES = ("S", "C", "C-S", "S-C", "S||C")
+CHANNEL_BIAS = 3.0   # initial bias of Conv2 in Eq. 12: M^C starts near 1, so SPCA starts close to the identity (see text)
 
 def _rows(x: torch.Tensor, R: int) -> torch.Tensor:
     "Per-image tensor (B, ...) broadcast to the decoder's R = B*K rows (rows of an image adjacent)."
@@ -64,6 +65,7 @@ class SPCA(Attention):
         if self.has_channel:
             self.conv1_c = nn.Conv2d(2 * C, red, 1)                             # Conv1 of Eq. 12: 2C -> 2C/r, 1 x 1
             self.conv2_c = nn.Conv2d(red, C, 1)                                 # Conv2 of Eq. 12: 2C/r -> C, 1 x 1
+            nn.init.constant_(self.conv2_c.bias, CHANNEL_BIAS)                  # M^C starts near sigma(3) = 0.95: C_t ~ V
 
     def precompute(self, V: torch.Tensor) -> torch.Tensor:
         "Conv1's V half (B, att_dim, H, W), when the spatial attention reads V itself (S, S-C, S||C); else (B, 0)."
@@ -89,8 +91,8 @@ class SPCA(Attention):
         if s == "S":
             # M^S_t = sigma(Conv2(ReLU(Conv1([V; h]))))  (Eq. 11): (R, 1, H, W)
             Ms = self.spatial(V, h, pre)
-            # C_t = V ⊗ M^S_t: (R, C, H, W)
-            ctx = Vr * Ms
+            # C_t = V ⊗ M~^S_t, M~^S_t = M^S_t HW / sum M^S_t (mean 1 over the map): (R, C, H, W)
+            ctx = Vr * mean_one(Ms)
         elif s == "C":
             # M^C_t = sigma(Conv2(ReLU(Conv1(AvgPool([V; h])))))  (Eq. 12): (R, C, 1, 1)
             Mc = self.channel(V, h)
@@ -99,23 +101,27 @@ class SPCA(Attention):
         elif s == "S||C":
             # M^S_t (Eq. 11) and M^C_t (Eq. 12), both from F_t = [V; h_{t-1}] (Eq. 7)
             Ms, Mc = self.spatial(V, h, pre), self.channel(V, h)
-            # C_t = V ⊗ (M^C_t ⊗ M^S_t)  (Eq. 10): (R, C, H, W)
-            ctx = Vr * (Mc * Ms)
+            # C_t = V ⊗ (M^C_t ⊗ M~^S_t)  (Eq. 10, M^S at mean 1): (R, C, H, W)
+            ctx = Vr * (Mc * mean_one(Ms))
         elif s == "C-S":
             Mc = self.channel(V, h)
             # V' = V ⊗ M^C([V; h]): (R, C, H, W)
             V1 = Vr * Mc
             Ms = self.spatial(V1, h)
-            # C_t = V' ⊗ M^S([V'; h])
-            ctx = V1 * Ms
+            # C_t = V' ⊗ M~^S([V'; h]): (R, C, H, W)
+            ctx = V1 * mean_one(Ms)
         else:
             Ms = self.spatial(V, h, pre)
-            # V' = V ⊗ M^S([V; h]): (R, C, H, W)
-            V1 = Vr * Ms
+            # V' = V ⊗ M~^S([V; h]): (R, C, H, W)
+            V1 = Vr * mean_one(Ms)
             Mc = self.channel(V1, h)
-            # C_t = V' ⊗ M^C([V'; h])
+            # C_t = V' ⊗ M^C([V'; h]): (R, C, H, W)
             ctx = V1 * Mc
         return ctx, self.keep(attention_weights(Ms)), {"spatial": Ms, "channel": Mc}
+
+def mean_one(Ms: torch.Tensor) -> torch.Tensor:
+    "M^S (R, 1, H, W) scaled to mean 1 over the map, M^S HW / sum M^S: where to look, not how much (R, 1, H, W)."
+    return Ms / Ms.mean((2, 3), keepdim=True)
 
 def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
     "M^S (R, 1, H, W) as weights over the H*W cells that sum to 1 (for figures and attention correctness): (R, H*W)."
@@ -144,17 +150,23 @@ class SPCAttention(Attention):
 
 @dataclass
 class SPCA1DConfig(SPCAConfig):
-    "1D-LSTM + SPCA: SPCA's module on Show-Attend-Tell's decoder, whose sizes it shares."
+    "1D-LSTM + SPCA: SPCA's module on Show-Attend-Tell's decoder, whose sizes, gate and penalty it shares (Soft-Attention*)."
     emb_dim: int = SATConfig.emb_dim          # 1d: word embedding size
     hidden_dim: int = SATConfig.hidden_dim    # 1d: LSTM size
     dropout: float = SATConfig.dropout
+    gate: bool = True             # 1d: Show-Attend-Tell's gating scalar β on the context (§4.2.1), as in Soft-Attention*
+    penalty: float = 1.0          # 1d: λ of the doubly stochastic penalty (Eq. 9) on the normalised M^S, as in Soft-Attention*
 
-@register("lstm1d_spca", SPCA1DConfig, objective=lambda cfg: DoublyStochastic(0.0))
+    def check(self):
+        super().check()
+        check_choice("gate", self.gate, [True, False]); check_float("penalty", self.penalty, lo=0)
+
+@register("lstm1d_spca", SPCA1DConfig, objective=lambda cfg: DoublyStochastic(cfg.penalty))
 def lstm1d_spca(cfg: SPCA1DConfig, vocab_size, feat_dim, grid):
-    "1D-LSTM + SPCA: the Show-Attend-Tell decoder with SPCA in place of its grid attention (no gate, no penalty)."
+    "1D-LSTM + SPCA: the Show-Attend-Tell decoder with SPCA in place of its grid attention (gate and penalty as soft attention's)."
     att = SPCAttention(feat_dim, cfg.hidden_dim, grid, cfg.structure, cfg.kernel, cfg.reduction,
                        cfg.att_dim or SATConfig.att_dim)
-    sat = SATConfig(emb_dim=cfg.emb_dim, hidden_dim=cfg.hidden_dim, dropout=cfg.dropout, gate=False, penalty=0.0)
+    sat = SATConfig(emb_dim=cfg.emb_dim, hidden_dim=cfg.hidden_dim, dropout=cfg.dropout, gate=cfg.gate, penalty=cfg.penalty)
     return ShowAttendTell(sat, vocab_size, feat_dim, grid, attention=att)
 
 # %% ../nbs/03_spca.ipynb
@@ -252,6 +264,7 @@ class _Decoder:
 class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
     "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
     structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
+    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke, default 32; paper 256, Dai et al.'s)
     beam_size: int = 2          # the paper's evaluation beam
 
 def _check(p):
@@ -279,6 +292,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
           "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
     epochs={"smoke": 2, "default": 4, "paper": 30},    # default: 4, so that the book's nine SPCA runs fit a CPU
+    sizes={"smoke": {"channels": 32}, "default": {"channels": 32}, "paper": {"channels": 256}},   # c of the 2D state
     train={"lr_step": 5, "lr_gamma": 0.5, "metric": "CIDEr"},
     label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",

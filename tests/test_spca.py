@@ -17,12 +17,15 @@ def direct(m: SPCA, V, h):
     def MC(X):                                   # sigma(Conv2(ReLU(Conv1(AvgPool([X; h]))))): (R, C, 1, 1)
         f = torch.cat([X, h], 1).mean((2, 3), keepdim=True)
         return torch.sigmoid(F.conv2d(F.relu(F.conv2d(f, m.conv1_c.weight, m.conv1_c.bias)), m.conv2_c.weight, m.conv2_c.bias))
+    def MSn(X):                                  # M^S rescaled to mean 1 over the map: M^S HW / sum M^S
+        ms = MS(X)
+        return ms * (ms.shape[-2] * ms.shape[-1]) / ms.sum((-2, -1), keepdim=True)
     s = m.structure
-    if s == "S": return V * MS(V)
+    if s == "S": return V * MSn(V)
     if s == "C": return V * MC(V)
-    if s == "S||C": return V * (MC(V) * MS(V))
-    if s == "C-S": V1 = V * MC(V); return V1 * MS(V1)
-    V1 = V * MS(V); return V1 * MC(V1)
+    if s == "S||C": return V * (MC(V) * MSn(V))
+    if s == "C-S": V1 = V * MC(V); return V1 * MSn(V1)
+    V1 = V * MSn(V); return V1 * MC(V1)
 
 
 @pytest.mark.parametrize("structure", STRUCTURES)
@@ -143,3 +146,99 @@ def test_unrolled_word_maps_train_the_same_weights_as_indexing(monkeypatch):
             opt.zero_grad(); loss.backward(); opt.step()
         return torch.cat([p.detach().flatten() for p in m.parameters()])
     assert torch.equal(train(M.unroll), train(indexed))
+
+
+def test_spatial_map_is_rescaled_to_mean_one():
+    "M^S says where, not how much: C_t = V ⊗ M^S HW / sum M^S, so the 1D AvgPool is the M^S-weighted mean sum M^S V / sum M^S."
+    torch.manual_seed(5)
+    m = SPCA(C, "S", 3, att_dim=3)
+    V, h = torch.randn(2, C, H, W), torch.randn(2, C, H, W)
+    ctx, alpha, info = m(V, m.precompute(V), h)
+    Ms = info["spatial"]                                                  # the sigmoid map (R, 1, H, W), not normalised
+    assert torch.allclose(ctx, V * (Ms * H * W / Ms.sum((2, 3), keepdim=True)), atol=1e-6)
+    with torch.no_grad(): m.conv2_s.bias += 4.0                          # a map that is on everywhere adds no gain
+    ctx_on, _, info_on = m(V, None, h)
+    assert info_on["spatial"].min() > 0.9 and torch.allclose(ctx_on.abs().mean(), V.abs().mean(), rtol=0.05)
+    att = SPCAttention(C, 7, (H, W), "S", 3, att_dim=3)
+    a, hq = torch.randn(2, H * W, C), torch.randn(2, 7)
+    z, alpha, info = att(a, att.precompute(a), hq)
+    w = info["spatial"].flatten(1)                                        # M^S over the H*W cells: (R, L)
+    assert torch.allclose(z, (w[:, :, None] * a).sum(1) / w.sum(1, keepdim=True), atol=1e-6)
+    assert torch.allclose(z, (alpha[:, :, None] * a).sum(1), atol=1e-6)    # = sum_i alpha_i a_i with the figures' weights
+
+
+def test_lstm1d_spca_has_soft_attentions_gate_and_penalty():
+    "1D-LSTM + SPCA is compared with Soft-Attention* (Table 4): same gate β and doubly stochastic penalty λ = 1 by default."
+    from capbook.objectives import objective_for, DoublyStochastic
+    torch.manual_seed(6)
+    m, soft = build("lstm1d_spca", 12, 4, (3, 3), reduction=2), build("sat_soft", 12, 4, (3, 3))
+    obj = objective_for(m)
+    assert m.gate and soft.gate and isinstance(obj, DoublyStochastic) and obj.penalty == objective_for(soft).penalty == 1.0
+    off = build("lstm1d_spca", 12, 4, (3, 3), reduction=2, gate=False, penalty=0.0)
+    assert not off.gate and objective_for(off).penalty == 0.0
+    b = {"feats": torch.randn(2, 9, 4), "caps": torch.cat([torch.ones(2, 1, dtype=torch.long), torch.randint(4, 12, (2, 4)),
+                                                            torch.full((2, 1), 2)], 1)}
+    m.eval()
+    loss, stats = obj.loss(obj.outputs(m, b), b)                          # the penalty reads SPCA's normalised M^S
+    assert "doubly_stochastic" in stats and stats["doubly_stochastic"] > 0
+    mc = build("lstm1d_spca", 12, 4, (3, 3), structure="C", reduction=2).eval()   # no spatial map: cross-entropy only
+    oc = objective_for(mc)
+    out = oc.outputs(mc, b)
+    loss, stats = oc.loss(out, b)
+    assert "alpha" not in out and "doubly_stochastic" not in stats and loss.item() == pytest.approx(stats["nll"])
+
+
+def test_profiles_size_the_2d_state():
+    "The 2D state has c = 32 channels at the smoke and default profiles (CPU cost), Dai et al.'s 256 at the paper profile."
+    from capbook.spca import SPCA_CHAPTER, SPCAParams
+    from capbook.runner import model_hparams
+    got = {pr: SPCA_CHAPTER.resolve(SPCAParams(profile=pr)).channels for pr in ("smoke", "default", "paper")}
+    assert got == {"smoke": 32, "default": 32, "paper": 256}
+    assert SPCA_CHAPTER.resolve(SPCAParams(profile="paper", channels=8)).channels == 8
+    hp = model_hparams("lstm1d_spca", SPCAParams())
+    assert hp["gate"] is True and hp["penalty"] == 1.0 and "channels" not in hp
+    assert model_hparams("lstm2d_spca", SPCA_CHAPTER.resolve(SPCAParams(profile="paper")))["channels"] == 256
+
+
+def test_1d_spatial_map_is_not_saturated_after_training(smoke):
+    "Trained on the smoke data, the 1D decoder's M^S still tells cells apart (with M^S unnormalised it went to 1 everywhere)."
+    from capbook.objectives import objective_for
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                                              # faster here than two threads on a shared CPU
+    try: _train_and_check_map(smoke, objective_for)
+    finally: torch.set_num_threads(threads)
+
+
+def _train_and_check_map(smoke, objective_for, steps=60):
+    torch.manual_seed(0)
+    m = build("lstm1d_spca", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
+    obj, opt = objective_for(m), torch.optim.Adam(m.parameters(), lr=4e-4)
+    maps = []
+    m.att.spca.register_forward_hook(lambda mod, inp, out: maps.append(out[2]["spatial"]))
+    done, epoch = 0, 0
+    while done < steps:
+        for b in smoke.train.batches(64, epoch, 0):
+            loss, _ = obj.loss(obj.outputs(m, b), b)
+            opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 5.0); opt.step()
+            done += 1
+            if done == steps: break
+        epoch += 1
+    maps.clear(); m.eval()
+    with torch.no_grad(): m(next(iter(smoke.val.batches(64, 0, 0))))
+    Ms = torch.stack([x.flatten(1) for x in maps], 1)                    # M^S of every step: (B, T, H*W)
+    ratio = (Ms.max(-1).values / Ms.min(-1).values).mean().item()        # max/min over the map, averaged over steps
+    print(f"M^S max/min after {steps} steps: {ratio:.3f}")
+    assert ratio > 1.5, f"M^S is flat over the map: max/min {ratio:.3f}"
+
+
+@pytest.mark.parametrize("structure", STRUCTURES)
+def test_2d_spca_starts_near_the_identity(structure):
+    "At initialisation the LSTM gets C_t ~ V (M~^S has mean 1, M^C ~ sigma(3)), not the quarter of V two sigmoids at 0.5 gave."
+    torch.manual_seed(7)
+    m = build("lstm2d_spca", 11, 128, (14, 14), structure=structure).eval()   # the default sizes: c = 32 on a 7x7 map
+    memory, state = m.init_state({"feats": torch.rand(4, 196, 128)})
+    V = memory["V"]
+    ctx, _, info = m.spca(V, memory["pre"], state["H"])
+    r = (ctx.abs().mean() / V.abs().mean()).item()
+    assert 0.85 < r < 1.15, f"mean |C| / mean |V| = {r:.3f}"
+    if info["channel"] is not None: assert info["channel"].min() > 0.8
