@@ -123,7 +123,7 @@ from capbook.viz import soft_hard_figure
 #   samples it is subtracted from (the estimator stays unbiased); $b_0 = 0$. $b$ is a buffer of the objective, so it is
 #   saved in checkpoints and an exact resume restores it.
 # - **The 50% switch** is drawn per caption (each training row), once for the whole caption. Switched captions train
-#   exactly as soft attention (without gate or penalty): no REINFORCE or entropy term, and the baseline is updated from
+#   exactly as soft attention (with the same gate and penalty): no REINFORCE or entropy term, and the baseline is updated from
 #   the sampled captions only.
 # - **λ_r = 0.1, λ_e = 0.002, N = 1.** The paper set $\lambda_r$ and $\lambda_e$ "by crossvalidation" and reports neither,
 #   nor $N$. $\lambda_r = 1$ would make the rule an unbiased estimate of $\partial L_s / \partial W$, but its REINFORCE
