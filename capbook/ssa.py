@@ -195,7 +195,7 @@ class SSAParams(SSAConfig, RunConfig):
     lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
     d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
-    heads: int | None = None            # h; None: the profile's, so that d_attn = d_model / h is the paper's 64 (paper 8, default 2, smoke 1)
+    heads: int | None = None            # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)
     max_words: int = 0                  # train on captions of at most this many words; 0: all (as every compared row; §3 says 14)
 
 def ssa_measure(r) -> dict:

@@ -371,7 +371,7 @@ class SSAParams(SSAConfig, RunConfig):
     lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
     d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
-    heads: int | None = None            # h; None: the profile's, so that d_attn = d_model / h is the paper's 64 (paper 8, default 2, smoke 1)
+    heads: int | None = None            # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)
     max_words: int = 0                  # train on captions of at most this many words; 0: all (as every compared row; §3 says 14)
 
 def ssa_measure(r) -> dict:
@@ -428,7 +428,7 @@ scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) 
 device = 'auto'           # auto | cpu | cuda | cuda:N
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 d_model = None            # d_feat; None: the profile's (paper 512, default 128, smoke 64)
-heads = None              # h; None: the profile's, so that d_attn = d_model / h is the paper's 64 (paper 8, default 2, smoke 1)
+heads = None              # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)
 d_hidden = None           # the feed-forward's width; None: the profile's (2 d_model)
 enc_layers = 2            # self-attention layers over the regions
 dec_layers = 4            # decoder layers

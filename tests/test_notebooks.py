@@ -58,3 +58,12 @@ def test_derived_parameters_cells_and_readme_table_are_current():
     from capbook.book import sync_parameters, sync_readme
     assert sync_parameters(write=False) == [], "a parameters cell differs from its dataclass: run make sync"
     assert not sync_readme(write=False), "the README chapter table is stale: run make sync"
+
+
+def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
+    "The book matches a run to its step by the notebook's parameters cell as papermill parses it: a field it cannot parse (e.g. an '=' in its comment) would leave every assembly chapter without its runs."
+    import dataclasses
+    from capbook.book import nb_defaults
+    from capbook.runner import chapters
+    for nb, ch in chapters().items():
+        assert set(nb_defaults(nb)) == {f.name for f in dataclasses.fields(ch.params)}, nb
