@@ -24,7 +24,7 @@ def test_smoke_book_publishes_tables_figures_records(book):
     figs = home / "runs" / "smoke" / "figures"
     table = (figs / "table_sat_table1.md").read_text()
     assert "paper (quoted)" in table and "capbook (measured)" in table
-    for model in ["Soft-Attention", "Hard-Attention", "Hard-Attention, expected context at test", "No attention"]:
+    for model in ["Soft-Attention", "Hard-Attention", "Hard-Attention, argmax location at test", "No attention"]:
         assert f"| {model}" in table
     measured = [l for l in table.splitlines() if "capbook (measured)" in l]
     assert len(measured) == 5 and "| Google NIC" in measured[-1] and "06_baselines" in measured[-1]   # the baseline, measured
@@ -39,7 +39,7 @@ def test_smoke_book_publishes_tables_figures_records(book):
     assert 0 < rec["metrics"]["BLEU-1"] <= 1 and rec["n_params"] > 0 and rec["params"]["profile"] == "smoke"
     assert "attention" in rec["metrics"] and rec["metrics"]["attention"]["n"] > 0
     hard = json.loads((home / "runs" / "smoke" / "02_show_attend_tell-hard" / "record.json").read_text())
-    assert hard["params"]["attention"] == "hard" and "metrics_expected_context" in hard
+    assert hard["params"]["attention"] == "hard" and "metrics_argmax_context" in hard   # the other test context
     none = json.loads((home / "runs" / "smoke" / "02_show_attend_tell-none" / "record.json").read_text())
     assert none["metrics"]["attention"]["n"] == 0 and none["metrics"]["BLEU-1"] > 0
     assert "one METEOR process scored" in log and "METEOR" in rec["metrics"]     # the book's shared METEOR served its runs
@@ -271,7 +271,7 @@ def test_tables_show_intervals_and_paired_verdicts(book):
         assert {"BLEU-4 95% CI", "CIDEr 95% CI", "semantic F1 95% CI"} <= set(head), name
         rows = [[c.strip() for c in l.split("|")] for l in text.splitlines()[2:] if "paper (quoted)" not in l]
         ci = [r[head.index("CIDEr 95% CI")] for r in rows]
-        assert ci and all(c.startswith("[") or "expected context" in " ".join(r) for c, r in zip(ci, rows)), (name, ci)
+        assert ci and all(c.startswith("[") or "argmax location" in " ".join(r) for c, r in zip(ci, rows)), (name, ci)
     spca = (figs / "table_spca_claims.md").read_text()
     assert spca.count("|") > 40 and all(any(v in l for v in ("holds", "does not hold", "cannot tell at this size"))
                                         for l in spca.splitlines()[2:])
