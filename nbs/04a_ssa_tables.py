@@ -97,9 +97,11 @@ display(Markdown(
 # enforces to spread attention instead of focusing only on a single entry." Both runs below differ only in τ. The
 # spread is measured on each run's own test captions (`capbook.ssa.inter_attention_spread`): the entropy of the
 # inter-attention weights over the L regions divided by log L (1 = uniform, 0 = one region), averaged over words and
-# heads, for each decoder layer, and the mean largest weight. With L = 196 regions and d_attn = 16, the paper's τ is
-# √212 ≈ 14.6, against √16 = 4 for the standard one: the same logits are divided by a 3.6 times larger number — but
-# training can scale the logits up to undo it, which is why the spread has to be measured rather than assumed.
+# heads, for each decoder layer, and the mean largest weight. With L = 196 regions and the paper's d_attn = 64 (each
+# profile takes the number of heads that keeps it: `04_spatial_self_attention`), the paper's τ is √260 ≈ 16.1, against
+# √64 = 8 for the standard one: the same logits are divided by a 2.02 times larger number, as in the paper (the book's
+# first version ran d_attn = 16, a 3.64 times larger number) — but training can scale the logits up to undo it, which
+# is why the spread has to be measured rather than assumed.
 
 # %%
 def tau_row(k):
