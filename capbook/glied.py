@@ -334,7 +334,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
            "default": {"d_embed": 64, "d_model": 128, "d_hidden": 512, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
-    train={"batch_order": "image", "metric": "CIDEr", "lr_gamma": 1.0},
+    train={"batch_order": "image", "metric": "CIDEr"},      # the schedule: its registry entry's warm-up and decay
     label=lambda p: p.variant,
     figure=lambda p: f"fig_glied_{p.variant.strip('+ ').replace(' ', '_').lower()}_attention.png",
     measure=glied_measure,

@@ -343,13 +343,13 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     if ck is None and cfg.validate_start and rank == 0:
         # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
         # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
-        net.eval(); validate(-1, {})
+        validate(-1, {})
     sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
+    per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)   # steps of an epoch, for the warm-up
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
     while epoch < cfg.epochs:
         net.train(); objective.train(); t0 = time.time()
         n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
-        per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)
         it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
                    mininterval=10, leave=False)
