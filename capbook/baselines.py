@@ -10,7 +10,7 @@ from torch import nn
 import torch.nn.functional as F
 from .core import check_choice, check_float, check_int
 from .attention import Attention, SoftAttention
-from .models import CaptionModel, register
+from .models import CaptionModel, Dropout, register, tanh
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell
 from .ssa import NOAM, SSAConfig, SpatialTransformer
@@ -66,7 +66,7 @@ class ShowAndTell(CaptionModel):
         self.W_I = nn.Linear(feat_dim, m)                          # the image embedding (Vinyals: into x_{-1}; Lu: W_b)
         self.lstm = nn.LSTMCell(2 * m if self.every else m, n)
         self.W_o = nn.Linear(n, vocab_size)                        # p_{t+1} = softmax(W_o h_t)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def init_state(self, batch):
         a = batch["feats"]                                         # regions: (B, L, D)
@@ -112,7 +112,7 @@ class Att2in(CaptionModel):
         self.W_h = nn.Linear(n, 5 * n, bias=False)                 # W_ih, W_fh, W_oh, W_ch (both pieces)
         self.W_cI = nn.Linear(feat_dim, 2 * n, bias=False)         # W_cI: the image, into the cell input only
         self.W_s = nn.Linear(n, vocab_size)                        # s_t = W_s h_t
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def init_state(self, batch):
         a = batch["feats"]                                         # I_i: (B, L, D)
@@ -163,7 +163,7 @@ class SCAttention(Attention):
     def channel(self, vbar: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         "β = softmax(W_i'^T tanh((W_c ⊗ v̄ + b_c) ⊕ W_hc h) + b_i'): v̄ (R, C), h (R, d) -> (R, C)."
         # b = tanh((W_c ⊗ v̄ + b_c) ⊕ W_hc h_{t-1}): (R, k, C)
-        b = torch.tanh(self.W_c[None, :, None] * vbar[:, None, :] + self.b_c + self.W_hc(h)[:, :, None])
+        b = tanh(self.W_c[None, :, None] * vbar[:, None, :] + self.b_c + self.W_hc(h)[:, :, None])
         # beta = softmax(W_i'^T b + b_i'): (R, C)
         return F.softmax(self.W_i_c(b.transpose(1, 2)).squeeze(-1), -1)
 
@@ -174,7 +174,7 @@ class SCAttention(Attention):
         # W_s (β ⊙ v_i) + b_s = (W_s diag β) v_i + b_s: (R, L, k), one weight per row
         else: u = torch.bmm(_rows(V, R), (self.W_s.weight[None] * scale[:, None, :]).transpose(1, 2)) + self.W_s.bias
         # alpha = softmax(W_i^T tanh(u ⊕ W_hs h_{t-1}) + b_i): (R, L)
-        return F.softmax(self.W_i_s(torch.tanh(u + self.W_hs(h)[:, None])).squeeze(-1), -1)
+        return F.softmax(self.W_i_s(tanh(u + self.W_hs(h)[:, None])).squeeze(-1), -1)
 
     def precompute(self, a):                                       # a: (B, L, C) -> v̄: (B, C)
         return a.mean(1)
@@ -228,7 +228,7 @@ class UpDown(CaptionModel):
         self.att = SoftAttention(D, n, cfg.att_dim)                # a_{i,t} = w_a^T tanh(W_va v_i + W_ha h^1_t)
         self.lang_lstm = nn.LSTMCell(D + n, n)                     # LSTM^2 on x^2_t = [v̂_t; h^1_t]
         self.W_p = nn.Linear(n, vocab_size)                        # W_p h^2_t + b_p
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def init_state(self, batch):
         v, mask = batch["feats"], batch.get("feat_mask")           # v_i: (B, L, D); real regions (B, L) or None
@@ -256,7 +256,7 @@ def updown(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
     return UpDown(cfg, vocab_size, feat_dim, grid)
 
 # %% ../nbs/06_baselines.ipynb
-@register("ct", SSAConfig, train=NOAM, enc_layers=0, dec_layers=6, tau="standard")
+@register("ct", SSAConfig, train={**NOAM, "batch_order": "image"}, enc_layers=0, dec_layers=6, tau="standard")
 def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "CT (Zhu et al. 2018): the book's transformer with no region encoder, six decoder blocks and τ = √d_attn."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)

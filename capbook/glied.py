@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from .core import CapbookError, check_float, check_int, save_torch
 from .attention import MultiHeadAttention
-from .models import CaptionModel, image_rows, register
+from .models import CaptionModel, Dropout, image_groups, image_rows, register
 from .runner import Chapter, RunConfig, register_chapter
 from .ssa import NOAM, FeedForward, sinusoid
 
@@ -25,7 +25,7 @@ class Sublayer(nn.Module):
     "G(y, x) = LayerNorm(x + dropout(y)): the shortcut connection, dropout and layer normalisation of §3.2."
     def __init__(self, d: int, dropout: float):
         super().__init__()
-        self.norm, self.drop = nn.LayerNorm(d), nn.Dropout(dropout)
+        self.norm, self.drop = nn.LayerNorm(d), Dropout(dropout)
 
     def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x + self.drop(y))
@@ -101,7 +101,7 @@ class GLIED(CaptionModel):
         self.W_E = nn.Linear(cfg.d_embed, d)
         self.W_I = nn.Linear(feat_dim, d)
         self.register_buffer("pe", sinusoid(cfg.max_positions, d), persistent=False)
-        self.drop = nn.Dropout(p)
+        self.drop = Dropout(p)
         if cfg.global_visual: self.H_vd, self.g_vd, self.post_vd = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p), Refine(d, cfg.d_hidden, p)
         if cfg.global_attribute: self.H_ad, self.g_ad = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p)
         self.H_x, self.g_x = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p)
@@ -185,7 +185,11 @@ class GLIED(CaptionModel):
     def teacher_forcing(self, batch):
         caps = batch["caps"][:, :-1]                              # <start> w_1 ... : (N, T)
         feats, attrs, fm, img = batch["feats"], batch["attrs"], batch.get("feat_mask"), batch.get("img")
-        if img is not None:                                       # one encoder pass per image, gathered per caption
+        groups = image_groups(img) if img is not None else None
+        if groups is not None:                                    # G captions of each image in a row (image-ordered batches):
+            s = groups[0]                                         # one encoder pass per image, read by its G captions
+            mem = self.encode(feats[s], attrs[s], None if fm is None else fm[s])
+        elif img is not None:                                     # one encoder pass per image, gathered per caption
             first, inv = image_rows(img)
             mem = {k: v[inv] for k, v in self.encode(feats[first], attrs[first], None if fm is None else fm[first]).items()}
         else: mem = self.encode(feats, attrs, fm)

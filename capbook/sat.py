@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 from .core import check_choice, check_float, check_int
 from .attention import Attention, SoftAttention, HardAttention
-from .models import CaptionModel, register, repeat_batch
+from .models import CaptionModel, Dropout, register, repeat_batch
 from .objectives import DoublyStochastic, HardAttentionRule
 from .runner import Chapter, RunConfig, register_chapter, measured
 from .papers import sat_table1
@@ -75,7 +75,7 @@ class ShowAttendTell(CaptionModel):
         self.L_h = nn.Linear(n, m, bias=False)             # L_h
         self.L_z = nn.Linear(D, m, bias=False)             # L_z
         self.L_o = nn.Linear(m, vocab_size)                # L_o
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def init_state(self, batch):
         a = batch["feats"]                                           # annotation vectors a: (B, L, D)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from capbook.core import check_choice
+from capbook.models import Dropout, fast
 
 
 # %% [markdown]
@@ -268,7 +269,7 @@ class MultiHeadAttention(nn.Module):
         self.W_K = nn.Linear(d_model, heads * self.d, bias=False)
         self.W_V = nn.Linear(d_model, heads * self.d, bias=False)
         self.W_O = nn.Linear(heads * self.d, d_model, bias=False)
-        self.drop = nn.Dropout(dropout)      # on the attention weights (Springenberg et al. §3)
+        self.drop = Dropout(dropout)         # on the attention weights (Springenberg et al. §3)
         self.last = None
 
     def heads(self, x: torch.Tensor, W: nn.Linear) -> torch.Tensor:
@@ -290,6 +291,8 @@ class MultiHeadAttention(nn.Module):
         K, V = kv if kv is not None else self.keys_values(x_q if x_kv is None else x_kv)
         B, Tk = K.shape[0], K.shape[2]
         G = R // B                                                    # query rows per key row
+        if fast() and G > 1 and (mask is None or (mask.dim() == 4 and mask.shape[0] == B and mask.shape[2] == 1)):
+            return self._grouped(Q, K, V, mask, G)
         Qg = Q.view(B, G, self.h, Tq, self.d)
         m = None
         if mask is not None:
@@ -309,6 +312,25 @@ class MultiHeadAttention(nn.Module):
         out = self.W_O(heads.transpose(1, 2).reshape(R, Tq, self.h * self.d))
         self.last = a.detach().view(R, self.h, Tq, Tk)
         return out, a.view(R, self.h, Tq, Tk)
+
+    def _grouped(self, Q, K, V, mask, G):
+        "The same attention when G query rows share each key row and the mask, if any, is per key row (B, 1, 1, T_k): the G rows' queries side by side, so one product per head reads K and V once (nothing copied G times)."
+        R, h, Tq, d = Q.shape
+        B, Tk = K.shape[0], K.shape[2]
+        # the G rows' queries side by side: (B, h, G T_q, d)
+        Qs = Q.view(B, G, h, Tq, d).transpose(1, 2).reshape(B, h, G * Tq, d)
+        n_keys = mask.sum(-1, keepdim=True) if mask is not None else Tk   # d_len per key row: (B, 1, 1, 1)
+        tau = (n_keys + self.d) ** 0.5 if self.tau == "paper" else self.d ** 0.5
+        # Q K^T / tau: (B, h, G T_q, T_k)
+        e = Qs @ K.transpose(-1, -2) / tau
+        if mask is not None: e = e.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(e, -1)
+        # a V, back to one row per query row: (R, h, T_q, d)
+        heads = (self.drop(a) @ V).view(B, h, G, Tq, d).transpose(1, 2).reshape(R, h, Tq, d)
+        out = self.W_O(heads.transpose(1, 2).reshape(R, Tq, h * d))
+        a = a.view(B, h, G, Tq, Tk).transpose(1, 2).reshape(R, h, Tq, Tk)
+        self.last = a.detach()
+        return out, a
 
 
 # %% [markdown]

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention, SoftAttention, HardAttention
-from capbook.models import CaptionModel, register, repeat_batch
+from capbook.models import CaptionModel, Dropout, register, repeat_batch
 from capbook.objectives import DoublyStochastic, HardAttentionRule
 from capbook.runner import Chapter, RunConfig, register_chapter, measured
 from capbook.papers import sat_table1
@@ -221,7 +221,7 @@ class ShowAttendTell(CaptionModel):
         self.L_h = nn.Linear(n, m, bias=False)             # L_h
         self.L_z = nn.Linear(D, m, bias=False)             # L_z
         self.L_o = nn.Linear(m, vocab_size)                # L_o
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def init_state(self, batch):
         a = batch["feats"]                                           # annotation vectors a: (B, L, D)

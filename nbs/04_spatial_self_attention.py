@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from capbook.core import CapbookError, check_choice, check_float, check_int
 from capbook.attention import TAUS, MultiHeadAttention
-from capbook.models import CaptionModel, image_rows, register
+from capbook.models import CaptionModel, Dropout, image_groups, image_rows, register
 from capbook.runner import Chapter, RunConfig, register_chapter
 from capbook.papers import ssa_table1
 
@@ -105,7 +105,7 @@ class FeedForward(nn.Module):
     "Eq. 4: Relu(x W_1 + b_1) W_2 + b_2, d_model -> d_hidden -> d_model."
     def __init__(self, d_model: int, d_hidden: int, dropout: float = 0.1):
         super().__init__()
-        self.W1, self.W2, self.drop = nn.Linear(d_model, d_hidden), nn.Linear(d_hidden, d_model), nn.Dropout(dropout)
+        self.W1, self.W2, self.drop = nn.Linear(d_model, d_hidden), nn.Linear(d_hidden, d_model), Dropout(dropout)
 
     def forward(self, x):
         return self.W2(self.drop(torch.relu(self.W1(x))))
@@ -115,7 +115,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d, heads, d_hidden, tau, dropout):
         super().__init__()
         self.att, self.ff = MultiHeadAttention(d, heads, tau=tau, dropout=dropout), FeedForward(d, d_hidden, dropout)
-        self.n1, self.n2, self.drop = nn.LayerNorm(d), nn.LayerNorm(d), nn.Dropout(dropout)
+        self.n1, self.n2, self.drop = nn.LayerNorm(d), nn.LayerNorm(d), Dropout(dropout)
 
     def forward(self, x):
         # AttnOut = LayerNorm(Attn(x, x, x) + x): (B, L, d)
@@ -130,7 +130,7 @@ class DecoderLayer(nn.Module):
         self.self_att = MultiHeadAttention(d, heads, tau=tau, dropout=dropout)
         self.inter = MultiHeadAttention(d, heads, tau=tau, dropout=dropout)
         self.ff = FeedForward(d, d_hidden, dropout)
-        self.n1, self.n2, self.n3, self.drop = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d), nn.Dropout(dropout)
+        self.n1, self.n2, self.n3, self.drop = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d), Dropout(dropout)
 
     def forward(self, y, self_kv, inter_kv, mask=None):
         "Words y (R, T, d) with their own keys/values `self_kv` (R, h, T', d_attn) and the image's `inter_kv` (B, h, L, d_attn)."
@@ -201,7 +201,7 @@ class SpatialTransformer(CaptionModel):
         self.register_buffer("pe_txt", sinusoid(cfg.max_positions, d), persistent=False)
         self.enc = nn.ModuleList(EncoderLayer(d, cfg.heads, cfg.d_hidden, cfg.tau, cfg.dropout) for _ in range(cfg.enc_layers))
         self.dec = nn.ModuleList(DecoderLayer(d, cfg.heads, cfg.d_hidden, cfg.tau, cfg.dropout) for _ in range(cfg.dec_layers))
-        self.out, self.drop = nn.Linear(d, vocab_size), nn.Dropout(cfg.dropout)
+        self.out, self.drop = nn.Linear(d, vocab_size), Dropout(cfg.dropout)
         self.encoder_passes = 0                                  # images encoded (for the one-pass-per-image test)
 
     @property
@@ -244,7 +244,10 @@ class SpatialTransformer(CaptionModel):
     def teacher_forcing(self, batch):
         caps = batch["caps"][:, :-1]                             # <start> w_1 ... : (N, T)
         feats, img = batch["feats"], batch.get("img")
-        if img is not None:                                      # one encoder pass per image, gathered per caption
+        groups = image_groups(img) if img is not None else None
+        if groups is not None:                                   # G captions of each image in a row (image-ordered batches):
+            kv = self.encode(feats[groups[0]])                   # one encoder pass per image, its K, V read by its G captions
+        elif img is not None:                                    # one encoder pass per image, gathered per caption
             first, inv = image_rows(img)
             kv = [(k[inv], v[inv]) for k, v in self.encode(feats[first])]
         else: kv = self.encode(feats)

@@ -1,0 +1,61 @@
+"The speed-ups compute what the plain code computes: every model family trained a few steps both ways ends with the same weights."
+import pytest
+import torch
+from capbook.models import available, build, plain_paths, tanh, Dropout, image_groups
+from capbook.objectives import objective_for
+from capbook.train import train_step
+
+
+def _train(name, smoke, order, steps=3, **hp):
+    "A model of `name` (dropout 0: the speed-ups must not change what is computed, and dropout's draws are random) trained `steps` steps from seed 0, with SGD: Adam divides by the gradients' size, which would blow a rounding difference in a near-zero gradient up to a whole step."
+    torch.manual_seed(0)
+    m = build(name, len(smoke.vocab), smoke.feat_shape[1], smoke.grid, dropout=0.0, **hp)
+    opt, obj = torch.optim.SGD(m.parameters(), lr=0.05), objective_for(m)
+    m.train()
+    for b in list(smoke.train.batches(16, 0, 0, order=order))[:steps]:
+        torch.manual_seed(1)                                        # hard attention's draws: the same in both runs
+        train_step(m, m, obj, opt, b, torch.device("cpu"), clip=5.0)
+    return m
+
+
+SMALL = {"ssa": dict(d_model=32, d_hidden=64, heads=2), "ct": dict(d_model=32, d_hidden=64, heads=2),
+         "glied": dict(d_embed=16, d_model=32, d_hidden=64, heads=2)}   # the transformers' paper sizes are large
+
+
+@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("order", ["length", "image"])
+def test_fast_paths_train_the_same_weights(name, order, smoke):
+    from capbook.attributes import AttributeConfig, attributes_for
+    if name == "glied":                                             # GLIED reads detected attribute words
+        at = attributes_for(smoke, AttributeConfig(epochs=1), device=torch.device("cpu"), log=lambda s: None)
+        for s in ("train", "val", "test"): smoke.split(s).with_inputs(attrs=at.ids[s])
+    fast = _train(name, smoke, order, **SMALL.get(name, {}))
+    with plain_paths(): plain = _train(name, smoke, order, **SMALL.get(name, {}))
+    for (k, a), b in zip(fast.state_dict().items(), plain.state_dict().values()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (name, k, (a - b).abs().max().item())
+
+
+def test_fast_tanh_is_tanh():
+    x = torch.randn(4000) * 4
+    assert torch.allclose(tanh(x), torch.tanh(x), atol=1e-6)
+    xd = torch.randn(30, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(tanh, (xd,))
+
+
+def test_fast_dropout_has_dropouts_distribution():
+    torch.manual_seed(0)
+    d = Dropout(0.3).train()
+    y = d(torch.ones(200_000))
+    kept = (y != 0).float()
+    assert abs(kept.mean().item() - 0.7) < 0.005                 # each element kept with probability 1 - p
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 1 / 0.7))   # and scaled by 1/(1-p)
+    assert torch.equal(d.eval()(torch.ones(5)), torch.ones(5))
+
+
+def test_image_groups():
+    assert image_groups(torch.tensor([4, 4, 7, 7, 1, 1]))[1] == 2
+    assert torch.equal(image_groups(torch.tensor([4, 4, 7, 7, 1, 1]))[0], torch.tensor([0, 2, 4]))
+    assert image_groups(torch.tensor([4, 4, 7, 1, 1, 1])) is None   # unequal runs
+    assert image_groups(torch.tensor([4, 7, 4, 7])) is None          # an image's captions apart
+    assert image_groups(torch.tensor([4, 4, 7, 7, 4, 4])) is None    # an image in two runs
+    with plain_paths(): assert image_groups(torch.tensor([4, 4])) is None
