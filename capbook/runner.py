@@ -18,7 +18,7 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
 __all__ = ['PROFILES', 'CHAPTERS', 'CI_METRICS', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'RunConfig',
            'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
            'ChapterRun', 'measured', 'record_stage', 'save_test_captions', 'stage_stats', 'interval_cells',
-           'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'run_chapter']
+           'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config', 'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -322,10 +322,19 @@ def chapter_data(ch: Chapter, p: Any, device: str | None = None):
     return prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=device or p.device,
                    weights=p.weights, regions=p.regions)
 
+def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
+    "The `TrainConfig` a run of chapter `ch` with resolved parameters `p` trains model `name` with: the model's recipe (registry), then the chapter's, then the run's own parameters (lr, seed, ...)."
+    from capbook.models import spec
+    from capbook.train import TrainConfig
+    named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
+    epochs = ch.epochs[p.profile]
+    return TrainConfig(**{**spec(name).train, **ch.train, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),
+                          "max_len": max_len, "val_beam": p.beam_size})
+
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
-    from capbook.models import build, make_config, spec
-    from capbook.train import TrainConfig, fit
+    from capbook.models import build, make_config
+    from capbook.train import fit
     from capbook.metrics import evaluate
     from capbook.viz import attention_figure
     ch = chapter(notebook)
@@ -345,10 +354,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
         inputs = ch.inputs(prep, p, log) if ch.inputs else {}  # per-image inputs besides the features (attributes)
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
-    named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
-    epochs = ch.epochs[p.profile]
-    cfg = TrainConfig(**{**spec(name).train, **ch.train, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs), "max_len": prep.max_len,
-                         "val_beam": p.beam_size})
+    cfg = train_config(ch, p, name, prep.max_len)
     kept = prep.train.n_kept(cfg.max_words)
     log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"
         + (f" (of {len(prep.train):,}: at most {cfg.max_words} words)" if kept < len(prep.train) else "")

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # book
 #
-# > The papermill runner that regenerates the book from the notebooks and the chapters' declarations, the benchmark, and the `capbook` command line.
+# > The papermill runner that regenerates the book from the notebooks and the chapters' declarations, and the `capbook` command line.
 
 # %%
 #| default_exp book
@@ -28,8 +28,6 @@ import argparse, ast, json, os, re, shutil, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-import numpy as np
-import torch
 from capbook.core import CapbookError, check_int, error_line, io_error, load_json, os_error_line, package_hash, runs_dir, save_json, stable_hash
 from capbook.runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
@@ -416,149 +414,9 @@ _km = kernel_manager()()
 assert _km.transport == "ipc" and os.path.basename(_km.ip).startswith("capbook-") and _km.ip != kernel_manager()().ip
 
 # %% [markdown]
-# ## Benchmark
-#
-# `capbook bench` measures, for the soft-attention model on the profile's features: training throughput (captions per
-# second through the trainer's own step), batched beam search (beam 3, all test images in batches of 100) and the same
-# search run on the same images one image at a time — the way most tutorial code decodes. It uses the book's trained checkpoint when there
-# is one (decoding speed depends on caption lengths), else freshly initialised weights, and prints one JSON object on its
-# last line.
-#
-# It also times the self-critical reward: CIDEr-D of a batch of 13 images × 5 sampled captions (the default SCST
-# batch) with capbook's vectorised `CiderD` (document frequencies of the training references, computed once) against
-# pycocoevalcap's `Cider` called on each batch, as most SCST code does (which also recomputes the document frequencies
-# from the batch's own references). The "samples" are other images' references, so the scores vary as real ones do.
-#
-# **Against the tutorial everyone starts from.** The most-used PyTorch Show-Attend-Tell code
-# (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, `models.py`, `DecoderWithAttention`) is the yardstick a reader
-# brings. `TutorialDecoder` re-implements that decoder from its public description — written here, not copied — at
-# capbook's sizes, and the benchmark trains both on the same batches of 64 captions with the same optimiser and thread
-# count. Its step: captions sorted by length, and at word t only the captions still running are computed (the batch
-# shrinks); the encoder's attention projection recomputed at every word; a sigmoid gate on the context; the LSTM cell
-# on [word embedding; context]; one linear layer from h_t to the words; cross-entropy over the real words plus the
-# doubly stochastic penalty. capbook's soft-attention step computes more (the paper's deep output layer, Eq. 7) and is
-# the one every chapter trains with. The two are timed in alternating rounds — the same ten batches through one, then
-# through the other, six times — so a busy spell on a shared machine slows both alike.
-
-# %%
-#| export
-class TutorialDecoder(torch.nn.Module):
-    "A speed reference: the tutorial Show-Attend-Tell decoder described above (shrinking batch, per-step encoder projection, gate, one output layer)."
-    def __init__(self, n_words: int, D: int, emb: int = 128, hidden: int = 256, att: int = 128, dropout: float = 0.5):
-        super().__init__()
-        nn = torch.nn
-        self.enc_att, self.dec_att, self.full_att = nn.Linear(D, att), nn.Linear(hidden, att), nn.Linear(att, 1)
-        self.embed, self.drop = nn.Embedding(n_words, emb), nn.Dropout(dropout)
-        self.cell = nn.LSTMCell(emb + D, hidden)
-        self.init_h, self.init_c, self.f_beta = nn.Linear(D, hidden), nn.Linear(D, hidden), nn.Linear(hidden, D)
-        self.fc = nn.Linear(hidden, n_words)
-
-    def loss(self, feats: torch.Tensor, caps: torch.Tensor, pad: int = 0) -> torch.Tensor:
-        "Cross-entropy over the real next words plus the doubly stochastic penalty, for captions `caps` (B, T) from <start>."
-        steps = (caps != pad).sum(1) - 1                              # words to predict per caption
-        order = steps.argsort(descending=True)
-        feats, caps, steps = feats[order], caps[order], steps[order].tolist()
-        mean = feats.mean(1)
-        h, c, e = self.init_h(mean), self.init_c(mean), self.embed(caps)
-        B, T = len(caps), max(steps)
-        logits, alphas = feats.new_zeros(B, T, self.fc.out_features), feats.new_zeros(B, T, feats.shape[1])
-        for t in range(T):
-            bt = sum(s > t for s in steps)                            # captions still running
-            a = self.full_att(torch.relu(self.enc_att(feats[:bt]) + self.dec_att(h[:bt]).unsqueeze(1))).squeeze(2).softmax(1)
-            z = torch.sigmoid(self.f_beta(h[:bt])) * (feats[:bt] * a.unsqueeze(2)).sum(1)
-            h, c = self.cell(torch.cat([e[:bt, t], z], 1), (h[:bt], c[:bt]))
-            logits[:bt, t], alphas[:bt, t] = self.fc(self.drop(h)), a
-        real = torch.arange(T, device=caps.device)[None] < torch.tensor(steps, device=caps.device)[:, None]
-        ce = torch.nn.functional.cross_entropy(logits[real], caps[:, 1:T + 1][real])
-        return ce + ((1 - alphas.sum(1)) ** 2).mean()
-
-def bench(profile: str = "default", train_batches: int = 60, rounds: int = 6, log=print) -> dict:
-    "Time training and batched vs per-image beam search for the soft-attention model; return the figures."
-    from capbook.prepare import prepare
-    from capbook.models import build
-    from capbook.decode import beam_search
-    from capbook.train import train_step
-    from capbook.objectives import objective_for
-    from capbook.core import load_torch, seed_everything, get_device
-    import itertools
-    check_profile(profile)
-    prep = prepare("shapes", profile)
-    seed_everything(0); dev = get_device()
-    model = build("sat_soft", len(prep.vocab), prep.feat_shape[1], prep.grid).to(dev)
-    ck = runs_dir() / profile / "02_show_attend_tell" / "ckpt" / "best.pt"
-    trained = ck.exists()
-    if trained: model.load_state_dict(load_torch(ck)["model"])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    objective = objective_for(model)
-    def forever():                                  # as many batches as asked for, epoch after epoch
-        for epoch in itertools.count(): yield from prep.train.batches(64, epoch=epoch, seed=0)
-    ref = TutorialDecoder(len(prep.vocab), prep.feat_shape[1]).to(dev).train()   # the same batches, optimiser, threads
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-4)
-    def ref_step(b):
-        loss = ref.loss(b["feats"].float().to(dev), b["caps"].to(dev))
-        ref_opt.zero_grad(set_to_none=True); loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 5.0); ref_opt.step()
-    ours_step = lambda b: train_step(model, model, objective, opt, b, dev, clip=5.0)
-    batches = forever()
-    model.train()
-    for _ in range(3): b = next(batches); ours_step(b); ref_step(b)                            # warm-up
-    secs, n = {"ours": 0.0, "ref": 0.0}, 0                      # rounds alternate, so a busy spell slows both alike
-    for _ in range(rounds):
-        work = [next(batches) for _ in range(train_batches // rounds)]
-        for name, fn in (("ours", ours_step), ("ref", ref_step)):
-            t0 = time.time()
-            for b in work: fn(b)
-            secs[name] += time.time() - t0
-        n += sum(len(b["caps"]) for b in work)
-    train_cps, ref_cps = n / secs["ours"], n / secs["ref"]
-    if trained: model.load_state_dict(load_torch(ck)["model"])
-    model.eval()
-    feats = torch.from_numpy(np.array(prep.test.feats[:], dtype=np.float32)).to(dev)   # a writable copy
-    beam_search(model, feats[:10], 3, prep.max_len)                                       # warm-up
-    t0 = time.time()
-    for i in range(0, len(feats), 100): beam_search(model, feats[i:i + 100], 3, prep.max_len)
-    beam_ips = len(feats) / (time.time() - t0)
-    t0 = time.time()
-    for i in range(len(feats)): beam_search(model, feats[i:i + 1], 3, prep.max_len)
-    loop_ips = len(feats) / (time.time() - t0)
-    cider_ms, coco_ms = cider_bench(prep)
-    out = {"profile": profile, "model": "sat_soft", "trained_weights": trained, "device": str(dev),
-           "threads": torch.get_num_threads(), "train_captions_per_s": round(train_cps, 1),
-           "tutorial_train_captions_per_s": round(ref_cps, 1), "train_vs_tutorial": round(train_cps / ref_cps, 2),
-           "beam_images_per_s": round(beam_ips, 1), "loop_beam_images_per_s": round(loop_ips, 1),
-           "beam_speedup": round(beam_ips / loop_ips, 1), "n_params": model.n_params,
-           "cider_d_batch_ms": round(cider_ms, 2), "pycocoevalcap_cider_batch_ms": round(coco_ms, 2),
-           "cider_d_speedup": round(coco_ms / cider_ms, 1)}
-    log(f"training: {train_cps:.0f} captions/s (the tutorial decoder: {ref_cps:.0f}, {train_cps / ref_cps:.2f}x); beam 3 batched: {beam_ips:.0f} images/s; "
-        f"one image at a time: {loop_ips:.1f} images/s ({beam_ips / loop_ips:.1f}x); SCST reward of 65 captions: "
-        f"{cider_ms:.1f} ms (pycocoevalcap per batch {coco_ms:.1f} ms, {coco_ms / cider_ms:.1f}x)")
-    return out
-
-def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> tuple[float, float]:
-    "Milliseconds per SCST batch of `images` x `samples` captions: capbook's `CiderD` and pycocoevalcap's `Cider`."
-    from capbook.metrics import CiderD
-    from pycocoevalcap.cider.cider import Cider
-    refs, rng = prep.train.refs, np.random.default_rng(0)
-    cd = CiderD(refs, vocab=prep.vocab, end=True)                      # once, as SelfCritical builds it
-    work = []
-    for _ in range(batches):
-        img = rng.choice(len(refs), images, replace=False)
-        cands = [refs[rng.integers(len(refs))][rng.integers(5)] for _ in range(images * samples)]
-        work.append(([np.array([prep.vocab.stoi.get(w, prep.vocab.unk) for w in c]) for c in cands],
-                     [refs[i] for i in img for _ in range(samples)], cands))
-    t0 = time.time()
-    for ids, rs, _ in work: cd.score(ids, rs)
-    ours = (time.time() - t0) / batches * 1000
-    t0 = time.time()
-    for _, rs, cands in work:
-        Cider().compute_score({i: [" ".join(r) for r in x] for i, x in enumerate(rs)}, {i: [" ".join(c)] for i, c in enumerate(cands)})
-    return ours, (time.time() - t0) / batches * 1000
-
-
-# %% [markdown]
 # ## Command line
 #
-# `capbook book --profile smoke|default` regenerates the book; `capbook bench` prints the benchmark; `capbook train`
+# `capbook book --profile smoke|default` regenerates the book; `capbook bench` prints the benchmark (`capbook.bench`); `capbook train`
 # trains one registered model on a dataset outside any notebook (the tests use it to kill and resume a run, and to run
 # it under `torchrun`). A `CapbookError` ends the command with its one line on stderr and exit status 2.
 
@@ -595,8 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--force", action="store_true", help="rerun notebooks even if unchanged")
     b.add_argument("--no-docs", action="store_true", help="skip building the docs site")
     b.add_argument("-j", "--jobs", type=int, default=1, help="notebooks run side by side (each with its share of the cores)")
-    be = sub.add_parser("bench", help="print training and decoding speed as JSON")
+    be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
+    be.add_argument("--family", help="comma-separated model names (default: every registered model)")
+    be.add_argument("--batches", type=int, default=12, help="timed training batches per family")
+    be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
     t.add_argument("--model", default="sat_soft"); t.add_argument("--profile", default="smoke", choices=PROFILES)
     t.add_argument("--run-dir", required=True); t.add_argument("--epochs", type=int, default=2)
@@ -640,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
             changed = sync_readme(write=not a.check)
             print("README chapter table " + ("changed" if changed else "is current"))
             return int(a.check and changed)
-        elif a.cmd == "bench": print(json.dumps(bench(a.profile)))
+        elif a.cmd == "bench":
+            from capbook.bench import bench
+            print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
+                                   log=lambda s: print(s, flush=True))))
         else:
             out = train_cli(a.model, a.profile, a.run_dir, a.epochs, a.ckpt_every, a.batch_size, a.seed)
             if int(os.environ.get("RANK", 0)) == 0: print(json.dumps(out))

@@ -134,10 +134,14 @@ def test_non_finite_loss_stops_at_the_step_with_a_hint(smoke, tmp_path):
 
 @pytest.mark.slow
 def test_bench_smoke_profile(smoke, home):
-    p = cli("bench", "--profile", "smoke", home=home)
+    p = cli("bench", "--profile", "smoke", "--family", "sat_soft,ssa", "--batches", "2", home=home)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["train_captions_per_s"] > 0 and out["beam_images_per_s"] > 0 and out["tutorial_train_captions_per_s"] > 0
+    assert set(out["families"]) == {"sat_soft", "ssa"}
+    assert all(r["train_captions_per_s"] > 0 and r["beam_images_per_s"] > 0 for r in out["families"].values())
+    assert out["tutorial_train_captions_per_s"] > 0 and out["sat_soft_train_captions_per_s"] > 0
+    p = cli("bench", "--profile", "smoke", "--family", "sat_softt", home=home)
+    assert p.returncode == 2 and "parameter family='sat_softt' is invalid" in p.stderr
 
 
 # Each chapter's parameters and values to draw from (all valid; `valid` filters joint constraints).

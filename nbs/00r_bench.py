@@ -1,0 +1,358 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # bench
+#
+# > `capbook bench`: the training and decoding throughput of every model family at the book's own sizes, the tutorial decoder beside Show-Attend-Tell, and the self-critical reward against pycocoevalcap's.
+
+# %%
+#| default_exp bench
+
+# %%
+#| export
+from __future__ import annotations
+import itertools, time
+from dataclasses import dataclass
+from typing import Any, Callable
+import numpy as np
+import torch
+from capbook.core import CapbookError, check_int, load_torch, runs_dir, seed_everything, get_device
+from capbook.runner import check_profile
+
+# %% [markdown]
+# ## What is measured, and how
+#
+# Speed is measured here, in a script that prints figures, and never asserted in a timed test. A **family** is one
+# registered model kind (`capbook.models.available()`); the benchmark builds each family exactly as the book's first
+# run of it does at the profile — the chapter's parameters resolved at the profile's sizes, the model's registry
+# recipe, the chapter's training settings (`capbook.runner.train_config`), the chapter's per-image inputs (GLIED's
+# attribute words) — so a figure here is the speed of the book's own run, not of a toy. For each family:
+#
+# - **training**: captions per second through the trainer's own `train_step` (forward, objective, backward,
+#   clipping, Adam), on the batches the run draws (its batch order and caption filter), after 3 warm-up steps: the
+#   same 12 batches timed three times and the fastest round kept, since a busy spell on the machine can only slow a
+#   round down (best of rounds is the usual way to time code on a shared machine);
+# - **decoding**: images per second of the batched beam search at the run's beam size, on up to 100 test images in
+#   one batch, with the book's trained weights when the run's checkpoint exists and fits the model (decoding time
+#   depends on how soon captions end), else freshly initialised weights (the output says which).
+#
+# Figures depend on the thread count (the output records it): `capbook book -j 2` gives each run one thread of the
+# two cores, so `OMP_NUM_THREADS=1 capbook bench` gives the book's per-run speeds.
+
+# %%
+#| export
+@dataclass
+class Family:
+    "One model family as the book first trains it at a profile: plan step, chapter, resolved parameters, model name."
+    step: Any
+    chapter: Any
+    params: Any
+    model: str
+
+def families(profile: str = "default", only: list[str] | None = None) -> list[Family]:
+    "Each registered model's first run in the book's plan at `profile` (its sizes and recipe); `only`: these model names."
+    from capbook.book import plan
+    from capbook.runner import chapters
+    from capbook.models import available
+    check_profile(profile)
+    if only:
+        bad = sorted(set(only) - set(available()))
+        if bad: raise CapbookError(f"parameter family={bad[0]!r} is invalid: allowed values are {', '.join(available())}")
+    chs, out = chapters(), {}
+    for s in plan(profile):
+        ch = chs.get(s.notebook)
+        if ch is None or not s.params: continue
+        p = ch.resolve(ch.params(**{k: v for k, v in s.params.items() if k != "run_dir"}))
+        name = ch.model(p)
+        if name not in out and (not only or name in only): out[name] = Family(s, ch, p, name)
+    return list(out.values())
+
+# %% [markdown]
+# Setting a family up is `run_chapter`'s first half — the same data, model, objective and `TrainConfig` — without the
+# run folder:
+
+# %%
+#| export
+def setup(fam: Family, device: str = "cpu", log: Callable[[str], None] = lambda s: None) -> dict:
+    "The prepared data (with the chapter's inputs), the model, its objective and training config, for family `fam`."
+    from capbook.runner import chapter_data, model_hparams, train_config
+    from capbook.models import build
+    from capbook.objectives import objective_for
+    ch, p = fam.chapter, fam.params
+    prep = chapter_data(ch, p, device=device)
+    if ch.inputs: ch.inputs(prep, p, log)
+    seed_everything(p.seed)
+    model = build(fam.model, len(prep.vocab), prep.feat_shape[1], prep.grid, **model_hparams(fam.model, p))
+    cfg = train_config(ch, p, fam.model, prep.max_len)
+    return {"prep": prep, "model": model.to(device), "objective": objective_for(model).to(device), "cfg": cfg,
+            "device": torch.device(device)}
+
+def train_batches(s: dict) -> Any:
+    "The run's training batches, epoch after epoch (its batch size, order and caption filter)."
+    cfg = s["cfg"]
+    for epoch in itertools.count():
+        yield from s["prep"].train.batches(cfg.batch_size, epoch, cfg.seed, order=cfg.batch_order, max_words=cfg.max_words)
+
+def train_speed(s: dict, batches: int = 12, rounds: int = 3, warmup: int = 3) -> float:
+    "Captions per second of the trainer's own step on the family's batches: the same `batches` batches timed `rounds` times, the fastest round kept (a busy spell on the machine only slows a round down)."
+    from capbook.train import train_step
+    model, cfg, it = s["model"], s["cfg"], train_batches(s)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    model.train(); s["objective"].train()
+    for _ in range(warmup): train_step(model, model, s["objective"], opt, next(it), s["device"], cfg.clip)
+    work, best = [next(it) for _ in range(batches)], float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for b in work: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip)
+        best = min(best, time.perf_counter() - t0)
+    return sum(len(b["caps"]) for b in work) / best
+
+def trained_weights(fam: Family, model: torch.nn.Module, profile: str) -> bool:
+    "Load the book's trained weights of the family's run into `model` if its checkpoint exists and fits; whether it did."
+    ck = runs_dir() / profile / fam.step.name / "ckpt" / "best.pt"
+    if not ck.exists(): return False
+    try: model.load_state_dict(load_torch(ck)["model"])
+    except (RuntimeError, KeyError, CapbookError): return False      # written by older code: other shapes or names
+    return True
+
+def decode_speed(s: dict, images: int = 100, beam: int | None = None, rounds: int = 3) -> float:
+    "Images per second of the batched beam search (the run's beam size) on up to `images` test images (the fastest of `rounds`)."
+    from capbook.decode import beam_search
+    from capbook.data import to_device
+    model, cfg = s["model"].eval(), s["cfg"]
+    batch = to_device(next(s["prep"].test.image_batches(images)), s["device"])
+    n = len(batch["img"])
+    best = float("inf")
+    with torch.no_grad():
+        beam_search(model, {k: v[:4] for k, v in batch.items()}, beam or cfg.val_beam, cfg.max_len)   # warm-up
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            beam_search(model, batch, beam or cfg.val_beam, cfg.max_len)
+            best = min(best, time.perf_counter() - t0)
+    return n / best
+
+# %% [markdown]
+# ## Where a step's time goes, and how close it runs to the machine
+#
+# A throughput alone does not say whether a step could be much faster. `step_profile` adds the two numbers that do:
+# the share of the step's time in each kind of operation (torch's profiler, self time per operator, grouped), and the
+# floating-point work of its matrix products and convolutions (`torch.utils.flop_counter`, forward and backward)
+# divided by the step's time, beside what this machine's matrix product reaches on one large square product at the
+# same thread count (`matmul_peak`). A step that spends most of its time in matrix products running near that peak is
+# arithmetic-bound: only less arithmetic makes it faster. A step dominated by the other kinds is overhead- or
+# memory-bound, where fusing or reordering operations pays.
+
+# %%
+#| export
+OP_KINDS = {"matrix products": ("mm", "bmm", "addmm", "addmv", "mv", "addmv_", "baddbmm", "dot", "matmul", "linear"),
+            "convolutions": ("convolution", "mkldnn_convolution", "convolution_backward", "_convolution"),
+            "random draws": ("uniform_", "random_", "bernoulli_", "normal_", "multinomial"),
+            "copies and gathers": ("copy_", "cat", "stack", "index", "_index_put_impl_", "index_put_", "gather",
+                                   "_to_copy", "clone", "repeat_interleave", "index_select")}
+
+def op_kind(name: str) -> str:
+    "The kind of a profiled operator (`aten::mm` -> 'matrix products'); anything else is 'elementwise and other'."
+    op = name.split("::")[-1]
+    return next((k for k, ops in OP_KINDS.items() if op in ops), "elementwise and other")
+
+def matmul_peak(n: int = 1024, reps: int = 5) -> float:
+    "GFLOP/s of one large float32 matrix product on this machine at the current thread count (the best of `reps`)."
+    a, b, best = torch.randn(n, n), torch.randn(n, n), float("inf")
+    a @ b
+    for _ in range(reps):
+        t0 = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+def step_profile(s: dict, batches: int = 4) -> dict:
+    "For `batches` training steps of family setup `s`: the share of time per kind of operator, and the matrix products' and convolutions' GFLOP per caption and GFLOP/s."
+    from torch.profiler import profile
+    from torch.utils.flop_counter import FlopCounterMode
+    from capbook.train import train_step
+    model, cfg, it = s["model"], s["cfg"], train_batches(s)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    model.train(); s["objective"].train()
+    step = lambda b: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip)
+    work = [next(it) for _ in range(batches)]
+    step(work[0])                                                             # warm-up
+    with FlopCounterMode(display=False) as fc:
+        for b in work: step(b)
+    t0 = time.perf_counter()
+    for b in work: step(b)
+    secs = time.perf_counter() - t0
+    with profile() as pr:
+        for b in work: step(b)
+    by_kind = {}
+    for e in pr.key_averages():
+        by_kind[op_kind(e.key)] = by_kind.get(op_kind(e.key), 0.0) + e.self_cpu_time_total
+    total = sum(by_kind.values()) or 1.0
+    n = sum(len(b["caps"]) for b in work)
+    return {"gflop_per_caption": fc.get_total_flops() / n / 1e9, "matrix_gflops": fc.get_total_flops() / secs / 1e9,
+            "shares": {k: round(v / total, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}}
+
+# %% [markdown]
+# ## Against the tutorial everyone starts from
+#
+# The most-used PyTorch Show-Attend-Tell code (sgrvinod/a-PyTorch-Tutorial-to-Image-Captioning, `models.py`,
+# `DecoderWithAttention`) is the yardstick a reader brings. `TutorialDecoder` re-implements that decoder from its
+# public description — written here, not copied — at capbook's sizes, and the benchmark trains both on the same
+# batches of 64 captions with the same optimiser and thread count. Its step: captions sorted by length, and at word t
+# only the captions still running are computed (the batch shrinks, which is where the original gets its speed); the
+# encoder's attention projection recomputed at every word; a sigmoid gate on the context; the LSTM cell on [word
+# embedding; context]; one linear layer from h_t to the words; cross-entropy over the real words plus the doubly
+# stochastic penalty. capbook's soft-attention step computes more (the paper's deep output layer, Eq. 7) and is the one
+# every chapter trains with. The two are timed in alternating rounds — the same batches through one, then through the
+# other, six times — so a busy spell on a shared machine slows both alike.
+
+# %%
+#| export
+class TutorialDecoder(torch.nn.Module):
+    "A speed reference: the tutorial Show-Attend-Tell decoder described above (shrinking batch, per-step encoder projection, gate, one output layer)."
+    def __init__(self, n_words: int, D: int, emb: int = 128, hidden: int = 256, att: int = 128, dropout: float = 0.5):
+        super().__init__()
+        nn = torch.nn
+        self.enc_att, self.dec_att, self.full_att = nn.Linear(D, att), nn.Linear(hidden, att), nn.Linear(att, 1)
+        self.embed, self.drop = nn.Embedding(n_words, emb), nn.Dropout(dropout)
+        self.cell = nn.LSTMCell(emb + D, hidden)
+        self.init_h, self.init_c, self.f_beta = nn.Linear(D, hidden), nn.Linear(D, hidden), nn.Linear(hidden, D)
+        self.fc = nn.Linear(hidden, n_words)
+
+    def loss(self, feats: torch.Tensor, caps: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        "Cross-entropy over the real next words plus the doubly stochastic penalty, for captions `caps` (B, T) from <start>."
+        steps = (caps != pad).sum(1) - 1                              # words to predict per caption
+        order = steps.argsort(descending=True)
+        feats, caps, steps = feats[order], caps[order], steps[order].tolist()
+        mean = feats.mean(1)
+        h, c, e = self.init_h(mean), self.init_c(mean), self.embed(caps)
+        B, T = len(caps), max(steps)
+        logits, alphas = feats.new_zeros(B, T, self.fc.out_features), feats.new_zeros(B, T, feats.shape[1])
+        for t in range(T):
+            bt = sum(s > t for s in steps)                            # captions still running
+            a = self.full_att(torch.relu(self.enc_att(feats[:bt]) + self.dec_att(h[:bt]).unsqueeze(1))).squeeze(2).softmax(1)
+            z = torch.sigmoid(self.f_beta(h[:bt])) * (feats[:bt] * a.unsqueeze(2)).sum(1)
+            h, c = self.cell(torch.cat([e[:bt, t], z], 1), (h[:bt], c[:bt]))
+            logits[:bt, t], alphas[:bt, t] = self.fc(self.drop(h)), a
+        real = torch.arange(T, device=caps.device)[None] < torch.tensor(steps, device=caps.device)[:, None]
+        ce = torch.nn.functional.cross_entropy(logits[real], caps[:, 1:T + 1][real])
+        return ce + ((1 - alphas.sum(1)) ** 2).mean()
+
+def tutorial_speed(s: dict, batches: int = 60, rounds: int = 6) -> tuple[float, float]:
+    "Captions per second of the family's step and of `TutorialDecoder`'s on the same batches, in alternating rounds."
+    from capbook.train import train_step
+    model, cfg, prep, dev, it = s["model"], s["cfg"], s["prep"], s["device"], train_batches(s)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    ref = TutorialDecoder(len(prep.vocab), prep.feat_shape[1]).to(dev).train()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=cfg.lr)
+    def ref_step(b):
+        loss = ref.loss(b["feats"].float().to(dev), b["caps"].to(dev))
+        ref_opt.zero_grad(set_to_none=True); loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), cfg.clip); ref_opt.step()
+    ours = lambda b: train_step(model, model, s["objective"], opt, b, dev, cfg.clip)
+    model.train()
+    for _ in range(3): b = next(it); ours(b); ref_step(b)                             # warm-up
+    secs, n = {"ours": 0.0, "ref": 0.0}, 0
+    for _ in range(rounds):
+        work = [next(it) for _ in range(max(1, batches // rounds))]
+        for name, fn in (("ours", ours), ("ref", ref_step)):
+            t0 = time.perf_counter()
+            for b in work: fn(b)
+            secs[name] += time.perf_counter() - t0
+        n += sum(len(b["caps"]) for b in work)
+    return n / secs["ours"], n / secs["ref"]
+
+# %% [markdown]
+# ## The self-critical reward
+#
+# Self-critical training scores every sampled caption with CIDEr-D at every step. The benchmark times a batch of 13
+# images × 5 sampled captions (the default SCST batch) with capbook's vectorised `CiderD` (document frequencies of the
+# training references, computed once) against pycocoevalcap's `Cider` called on each batch, as most SCST code does
+# (which also recomputes the document frequencies from the batch's own references). The "samples" are other images'
+# references, so the scores vary as real ones do.
+
+# %%
+#| export
+def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> tuple[float, float]:
+    "Milliseconds per SCST batch of `images` x `samples` captions: capbook's `CiderD` and pycocoevalcap's `Cider`."
+    from capbook.metrics import CiderD
+    from pycocoevalcap.cider.cider import Cider
+    refs, rng = prep.train.refs, np.random.default_rng(0)
+    cd = CiderD(refs, vocab=prep.vocab, end=True)                      # once, as SelfCritical builds it
+    work = []
+    for _ in range(batches):
+        img = rng.choice(len(refs), images, replace=False)
+        cands = [refs[rng.integers(len(refs))][rng.integers(5)] for _ in range(images * samples)]
+        work.append(([np.array([prep.vocab.stoi.get(w, prep.vocab.unk) for w in c]) for c in cands],
+                     [refs[i] for i in img for _ in range(samples)], cands))
+    t0 = time.perf_counter()
+    for ids, rs, _ in work: cd.score(ids, rs)
+    ours = (time.perf_counter() - t0) / batches * 1000
+    t0 = time.perf_counter()
+    for _, rs, cands in work:
+        Cider().compute_score({i: [" ".join(r) for r in x] for i, x in enumerate(rs)}, {i: [" ".join(c)] for i, c in enumerate(cands)})
+    return ours, (time.perf_counter() - t0) / batches * 1000
+
+# %% [markdown]
+# ## The benchmark
+#
+# `bench` runs the families one after another (each built, timed and dropped before the next), then the tutorial
+# comparison on Show-Attend-Tell's soft attention and the reward timing, and returns one dictionary; `capbook bench`
+# prints a line per family as it goes and the dictionary as JSON on its last line.
+
+# %%
+#| export
+def bench(profile: str = "default", only: list[str] | None = None, batches: int = 12, tutorial: bool = True,
+          device: str = "cpu", profile_ops: bool = True, log: Callable[[str], None] = print) -> dict:
+    "Training (captions/s) and decoding (images/s) throughput of every model family at `profile`, the tutorial ratio and the reward timing."
+    check_int("batches", batches, lo=1)
+    dev = str(get_device(device))
+    out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "families": {}}
+    if profile_ops and dev == "cpu":
+        out["matmul_peak_gflops"] = round(matmul_peak(), 1)
+        log(f"this machine's float32 matrix product: {out['matmul_peak_gflops']:.0f} GFLOP/s on {out['threads']} thread(s)")
+    for fam in families(profile, only):
+        t0 = time.perf_counter()
+        s = setup(fam, dev)
+        train = train_speed(s, batches)
+        trained = trained_weights(fam, s["model"], profile)
+        dec = decode_speed(s)
+        prof = step_profile(s) if profile_ops else {}
+        out["families"][fam.model] = row = {
+            "step": fam.step.name, "n_params": s["model"].n_params, "batch_order": s["cfg"].batch_order,
+            "train_captions_per_s": round(train, 1), "beam": s["cfg"].val_beam, "beam_images_per_s": round(dec, 1),
+            "trained_weights": trained, **prof}
+        where = (f"; {prof['gflop_per_caption'] * 1000:.0f} MFLOP/caption at {prof['matrix_gflops']:.0f} GFLOP/s, "
+                 + ", ".join(f"{k} {v:.0%}" for k, v in list(prof["shares"].items())[:3])) if prof else ""
+        log(f"{fam.model:12s} {train:7.1f} captions/s training, {dec:6.1f} images/s beam {row['beam']}"
+            f"{'' if trained else ' (untrained weights)'}{where}  [{fam.step.name}, {time.perf_counter() - t0:.0f} s]")
+    if tutorial and (not only or "sat_soft" in only):
+        s = setup(next(f for f in families(profile, ["sat_soft"])), dev)
+        ours, ref = tutorial_speed(s)
+        cider_ms, coco_ms = cider_bench(s["prep"])
+        out |= {"sat_soft_train_captions_per_s": round(ours, 1), "tutorial_train_captions_per_s": round(ref, 1),
+                "train_vs_tutorial": round(ours / ref, 2), "cider_d_batch_ms": round(cider_ms, 2),
+                "pycocoevalcap_cider_batch_ms": round(coco_ms, 2), "cider_d_speedup": round(coco_ms / cider_ms, 1)}
+        log(f"Show-Attend-Tell {ours:.0f} captions/s against the tutorial decoder's {ref:.0f} ({ours / ref:.2f}x, "
+            f"alternating rounds); SCST reward of 65 captions: {cider_ms:.1f} ms (pycocoevalcap {coco_ms:.1f} ms, "
+            f"{coco_ms / cider_ms:.1f}x)")
+    return out
+
+# %% [markdown]
+# An example at the smoke profile, two families and two batches (the numbers are this machine's, at this moment):
+
+# %%
+_b = bench("smoke", only=["sat_soft", "nic"], batches=2, tutorial=False, profile_ops=False, log=lambda s: None)
+assert set(_b["families"]) == {"sat_soft", "nic"} and all(r["train_captions_per_s"] > 0 and r["beam_images_per_s"] > 0
+                                                           for r in _b["families"].values())
+{k: (r["train_captions_per_s"], r["beam_images_per_s"]) for k, r in _b["families"].items()}
