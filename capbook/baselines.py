@@ -287,7 +287,7 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     model=lambda p: p.model,
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
-    epochs={"smoke": 2, "default": lambda p: 10 if p.model in FAST else 3, "paper": 30},   # default: the 25-minute budget
+    epochs={"smoke": 1, "default": lambda p: 10 if p.model in FAST else 3, "paper": 30},   # default: the 25-minute budget
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1},
            "default": {"d_model": 128, "d_hidden": 256, "scst_epochs": 2},
            "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20}},

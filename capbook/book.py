@@ -4,7 +4,7 @@
 
 # %% ../nbs/00n_book.ipynb 2
 from __future__ import annotations
-import argparse, ast, json, os, re, shutil, sys, tempfile, time, uuid
+import argparse, ast, atexit, json, os, re, shutil, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -14,7 +14,8 @@ from .runner import PROFILES, check_profile, out_dir, records, chapters, paramet
 # %% auto 0
 __all__ = ['PHASES', 'Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
            'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'kernel_manager',
-           'run_step', 'book_times', 'publish', 'build_docs', 'run_plan', 'run_book', 'train_cli', 'main']
+           'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan', 'run_book', 'train_cli',
+           'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -186,6 +187,54 @@ def kernel_manager():
                 await super()._async_interrupt_kernel()
     return IPCKernelManager
 
+_WARM: dict = {}        # this process's kernel, reused by the notebooks it runs: {"km": manager, "key": what it was started with}
+
+# Run in the kernel before each notebook: the state a fresh kernel would have, without importing torch again. The environment and working folder as at the kernel's start, no figure open, torch's generator at its
+# start-up seed (c10's default, 67280421310721; Python's and numpy's generators start from the OS's entropy anyway),
+# then IPython's own reset: every name the last notebook defined, its input history (which `read_params` reads) and
+# the execution counter (so the executed copy counts from 1).
+_RESET = """\
+import gc, os, sys
+sys.__dict__.setdefault("_capbook_env", dict(os.environ))
+os.environ.clear(); os.environ.update(sys._capbook_env); os.chdir({cwd!r})
+if "matplotlib.pyplot" in sys.modules: sys.modules["matplotlib.pyplot"].close("all")
+if "torch" in sys.modules: sys.modules["torch"].manual_seed(67280421310721)
+for m in [m for m in sys.modules if m == "capbook" or m.startswith("capbook.")]: del sys.modules[m]
+get_ipython().reset(new_session=True)
+__import__("gc").collect()
+"""
+
+def _shutdown_warm() -> None:
+    "Stop this process's reused kernel, if any."
+    from jupyter_core.utils import run_sync
+    km = _WARM.pop("km", None); _WARM.pop("key", None)
+    if km is not None and km.has_kernel:
+        try: run_sync(km.shutdown_kernel)(now=True)
+        except Exception: pass                      # already gone (killed): nothing to stop
+
+def warm_kernel(cwd: Path):
+    "This process's kernel for the next notebook: the one the last notebook ran in, reset to a fresh kernel's state, if it is alive and was started with the same environment, folder and package code; else a new one. A kernel start and the import of torch are then paid once per process instead of once per notebook."
+    from jupyter_client import BlockingKernelClient
+    from jupyter_core.utils import run_sync
+    key = stable_hash({"env": dict(os.environ), "cwd": str(cwd), "code": package_hash()}, 16)
+    km = _WARM.get("km")
+    if km is not None and (_WARM.get("key") != key or not run_sync(km.is_alive)()): _shutdown_warm(); km = None
+    if km is None:
+        km = kernel_manager()(kernel_name="python3")
+        run_sync(km.start_kernel)(cwd=str(cwd))
+        if not _WARM.get("exit_hook"): atexit.register(_shutdown_warm); _WARM["exit_hook"] = True
+        _WARM.update(km=km, key=key)
+    kc = BlockingKernelClient()
+    kc.load_connection_info(km.get_connection_info()); kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        reply = kc.execute_interactive(_RESET.format(cwd=str(cwd)), timeout=120, output_hook=lambda msg: None)
+    except (RuntimeError, TimeoutError): reply = None
+    finally: kc.stop_channels()
+    if not reply or reply["content"]["status"] != "ok":            # a kernel that cannot be reset is not reused
+        _shutdown_warm(); return warm_kernel(cwd)
+    return km
+
 def _published(f: Path) -> bool:
     "Whether a file of a run folder is one the book publishes: a figure (.png) or a table (table_*.md, table_*.csv)."
     return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
@@ -206,10 +255,13 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     t0 = time.time()
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
-                            kernel_name="python3", kernel_manager_class=kernel_manager())
+                            kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent))
     except pm.PapermillExecutionError as e:
+        _shutdown_warm()                          # a failed notebook's kernel is not reused
         raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
                            f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
+    except BaseException:
+        _shutdown_warm(); raise
     save_json(done, {"key": _key(step, src, upstream), "seconds": time.time() - t0})   # inputs as the run left them
     log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
     return out, True

@@ -334,7 +334,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
     model=lambda p: "glied",
     runs={tag: {"global_visual": v, "global_attribute": a, "local": l, **({} if tag in ("", "base") else {"scst_epochs": 0})}
           for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
-    epochs={"smoke": 2, "default": 4, "paper": 25},
+    epochs={"smoke": 1, "default": 4, "paper": 25},
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
            "default": {"d_embed": 64, "d_model": 128, "d_hidden": 512, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm.auto import tqdm
+from tqdm import tqdm          # text bars: tqdm.auto warns in a notebook without ipywidgets
 from capbook.core import (CapbookError, autocast, check_choice, check_float, check_int, get_device, io_error, load_torch,
                           package_hash, save_torch, seed_everything)
 from capbook.models import CaptionModel, check_inputs, hparams

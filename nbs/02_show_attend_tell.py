@@ -358,7 +358,7 @@ SAT = register_chapter(Chapter(
     runs={"": {}, "hard": {"attention": "hard"}, "none": {"attention": "none"},     # Table 1
           "hard-lr1": {"attention": "hard", "lambda_r": 1.0},                        # lambda_r chosen on validation
           "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False}},               # §4.2.1 ablation
-    epochs={"smoke": 2, "default": 6, "paper": 30},
+    epochs={"smoke": 1, "default": 6, "paper": 30},
     label=lambda p: f"{p.attention.capitalize()}-Attention",
     figure=lambda p: f"fig_sat_{p.attention}_attention.png",
     measure=sat_measure,

@@ -392,7 +392,7 @@ SSA = register_chapter(Chapter(
     params=SSAParams,
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
-    epochs={"smoke": 2, "default": 6, "paper": 30},                      # as Show-Attend-Tell's, for the time table
+    epochs={"smoke": 1, "default": 6, "paper": 30},                      # as Show-Attend-Tell's, for the time table
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 128, "d_hidden": 256, "heads": 2},
            "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
     train={"batch_order": "image"},                     # Adam peaking at l (§3), the Transformer's warm-up (registry)

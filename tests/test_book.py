@@ -277,3 +277,24 @@ def test_tables_show_intervals_and_paired_verdicts(book):
                                         for l in spca.splitlines()[2:])
     glied = (figs / "table_glied_claims.md").read_text()
     assert "paired tests" in glied and "95% CI" in glied
+
+
+def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
+    "A notebook run in a kernel another notebook used (reset between them) records the same numbers as in a fresh kernel, counts its cells from 1, and sees none of the last notebook's names."
+    import nbformat
+    from capbook import book
+    from capbook.core import load_json, runs_dir
+    step = lambda tag: Step("06_baselines", {"profile": "smoke", "model": "nic", "scst_epochs": 0}, tag=tag)
+    book._shutdown_warm()
+    out, _ = book.run_step(step("fresh-kernel"), "smoke", force=True, log=lambda s: None)
+    km = book._WARM["km"]
+    book.run_step(Step("00_core"), "smoke", force=True, log=lambda s: None)          # another notebook in between
+    out2, _ = book.run_step(step("used-kernel"), "smoke", force=True, log=lambda s: None)
+    assert book._WARM["km"] is km                                                      # the same kernel, reused
+    a, b = (load_json(runs_dir() / "smoke" / s / "record.json") for s in ("06_baselines-fresh-kernel", "06_baselines-used-kernel"))
+    assert a["metrics"] == b["metrics"] and a["history"] == [{**h, "train_s": g["train_s"]} for h, g in zip(b["history"], a["history"])]
+    cells = [c for c in nbformat.read(out2, 4).cells if c.cell_type == "code" and c.get("execution_count")]
+    assert cells[0].execution_count == 1
+    nb0 = nbformat.read(out, 4)
+    assert [c.get("outputs") and c.outputs[0].get("output_type") for c in nb0.cells if c.cell_type == "code"][:3] == \
+           [c.get("outputs") and c.outputs[0].get("output_type") for c in nbformat.read(out2, 4).cells if c.cell_type == "code"][:3]

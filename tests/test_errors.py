@@ -181,14 +181,16 @@ def test_every_chapter_has_a_fuzz_space():
 @pytest.mark.slow
 def test_valid_parameter_combinations_never_crash(home):
     "Fuzz: for each paper chapter, a random valid combination of its parameters, at the smoke profile, one epoch."
+    from capbook.metrics import meteor_service
     seed = int(os.environ.get("CAPBOOK_FUZZ_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
-    for nb, f in FUZZ.items():
-        while not f["valid"](combo := {k: rng.choice(v) for k, v in f["space"].items()}): pass
-        print(f"CAPBOOK_FUZZ_SEED={seed}: {nb} {combo}")
-        try: run_step(Step(nb, {"profile": "smoke", "epochs": 1, **combo}, tag=f"fuzz{seed}"), "smoke", log=lambda s: None)
-        except CapbookError as e:
-            pytest.fail(f"CAPBOOK_FUZZ_SEED={seed}: {nb} with {combo} failed: {e}")
+    with meteor_service():                                      # one METEOR process for the five runs, as in the book
+        for nb, f in FUZZ.items():
+            while not f["valid"](combo := {k: rng.choice(v) for k, v in f["space"].items()}): pass
+            print(f"CAPBOOK_FUZZ_SEED={seed}: {nb} {combo}")
+            try: run_step(Step(nb, {"profile": "smoke", "epochs": 1, **combo}, tag=f"fuzz{seed}"), "smoke", log=lambda s: None)
+            except CapbookError as e:
+                pytest.fail(f"CAPBOOK_FUZZ_SEED={seed}: {nb} with {combo} failed: {e}")
 
 
 def test_feature_store_on_a_full_disk_is_one_line(tmp_path, monkeypatch):

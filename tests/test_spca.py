@@ -200,6 +200,7 @@ def test_profiles_size_the_2d_state():
     assert model_hparams("lstm2d_spca", SPCA_CHAPTER.resolve(SPCAParams(profile="paper")))["channels"] == 256
 
 
+@pytest.mark.slow                                                          # 60 training steps: 20 s
 def test_1d_spatial_map_is_not_saturated_after_training(smoke):
     "Trained on the smoke data, the 1D decoder's M^S still tells cells apart (with M^S unnormalised it went to 1 everywhere)."
     from capbook.objectives import objective_for
