@@ -15,10 +15,11 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
                           stable_hash)
 
 # %% auto 0
-__all__ = ['PROFILES', 'CHAPTERS', 'CI_METRICS', 'check_profile', 'out_dir', 'Run', 'start_run', 'records', 'RunConfig',
-           'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
-           'ChapterRun', 'measured', 'record_stage', 'save_test_captions', 'stage_stats', 'interval_cells',
-           'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config', 'run_chapter']
+__all__ = ['PROFILES', 'PROFILE_LR', 'CHAPTERS', 'CI_METRICS', 'check_profile', 'out_dir', 'Run', 'start_run', 'records',
+           'RunConfig', 'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter',
+           'model_hparams', 'ChapterRun', 'measured', 'record_stage', 'save_test_captions', 'stage_stats',
+           'interval_cells', 'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config',
+           'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -78,6 +79,9 @@ def _train_default(name: str):
     from capbook.train import TrainConfig
     return getattr(TrainConfig, name)
 
+PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
+                                # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
+
 @dataclass
 class RunConfig:
     "The parameters every chapter run takes, besides its model's."
@@ -90,7 +94,7 @@ class RunConfig:
     seed: int = 0
     epochs: int | None = None       # None: the chapter's default for the profile
     batch_size: int = _train_default("batch_size")   # captions per training step
-    lr: float = _train_default("lr")                 # Adam's learning rate
+    lr: float | None = None         # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
     beam_size: int = 3              # beam of the validation and test decodes
     scst_epochs: int | None = 0     # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
@@ -179,8 +183,9 @@ class Chapter:
     inputs: Callable[[Any, Any, Callable], dict] | None = None   # (prep, params, log) -> adds per-image inputs; a record entry
 
     def resolve(self, p: Any) -> Any:
-        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`)."
+        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`), and a learning rate left None the profile's (`PROFILE_LR`)."
         fill = {k: v for k, v in self.sizes.get(p.profile, {}).items() if getattr(p, k, 0) is None}
+        if getattr(p, "lr", 0) is None and "lr" not in fill: fill["lr"] = PROFILE_LR.get(p.profile, _train_default("lr"))
         return dataclasses.replace(p, **fill) if fill else p
 
 CHAPTERS: dict[str, Chapter] = {}

@@ -40,7 +40,9 @@ def conv_tiled(h: torch.Tensor, weight: torch.Tensor, size: tuple[int, int]) -> 
     tap = torch.arange(k, device=h.device)[:, None] - k // 2
     rv = (((torch.arange(H, device=h.device) + tap) >= 0) & ((torch.arange(H, device=h.device) + tap) < H)).to(h.dtype)  # tap i inside at row y: (k, H)
     cv = (((torch.arange(W, device=h.device) + tap) >= 0) & ((torch.arange(W, device=h.device) + tap) < W)).to(h.dtype)
-    return torch.einsum("roij,iy,jx->royx", P, rv, cv)
+    if not fast(): return torch.einsum("roij,iy,jx->royx", P, rv, cv)
+    # the same sums laid out channels-last, as the feature map it is added to (no layout conversion downstream)
+    return torch.einsum("roij,iy,jx->ryxo", P, rv, cv).permute(0, 3, 1, 2)
 
 @dataclass
 class SPCAConfig:

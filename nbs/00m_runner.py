@@ -144,6 +144,9 @@ def _train_default(name: str):
     from capbook.train import TrainConfig
     return getattr(TrainConfig, name)
 
+PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
+                                # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
+
 @dataclass
 class RunConfig:
     "The parameters every chapter run takes, besides its model's."
@@ -156,7 +159,7 @@ class RunConfig:
     seed: int = 0
     epochs: int | None = None       # None: the chapter's default for the profile
     batch_size: int = _train_default("batch_size")   # captions per training step
-    lr: float = _train_default("lr")                 # Adam's learning rate
+    lr: float | None = None         # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
     beam_size: int = 3              # beam of the validation and test decodes
     scst_epochs: int | None = 0     # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
@@ -275,8 +278,9 @@ class Chapter:
     inputs: Callable[[Any, Any, Callable], dict] | None = None   # (prep, params, log) -> adds per-image inputs; a record entry
 
     def resolve(self, p: Any) -> Any:
-        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`)."
+        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`), and a learning rate left None the profile's (`PROFILE_LR`)."
         fill = {k: v for k, v in self.sizes.get(p.profile, {}).items() if getattr(p, k, 0) is None}
+        if getattr(p, "lr", 0) is None and "lr" not in fill: fill["lr"] = PROFILE_LR.get(p.profile, _train_default("lr"))
         return dataclasses.replace(p, **fill) if fill else p
 
 CHAPTERS: dict[str, Chapter] = {}

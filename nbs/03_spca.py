@@ -118,7 +118,9 @@ def conv_tiled(h: torch.Tensor, weight: torch.Tensor, size: tuple[int, int]) -> 
     tap = torch.arange(k, device=h.device)[:, None] - k // 2
     rv = (((torch.arange(H, device=h.device) + tap) >= 0) & ((torch.arange(H, device=h.device) + tap) < H)).to(h.dtype)  # tap i inside at row y: (k, H)
     cv = (((torch.arange(W, device=h.device) + tap) >= 0) & ((torch.arange(W, device=h.device) + tap) < W)).to(h.dtype)
-    return torch.einsum("roij,iy,jx->royx", P, rv, cv)
+    if not fast(): return torch.einsum("roij,iy,jx->royx", P, rv, cv)
+    # the same sums laid out channels-last, as the feature map it is added to (no layout conversion downstream)
+    return torch.einsum("roij,iy,jx->ryxo", P, rv, cv).permute(0, 3, 1, 2)
 
 @dataclass
 class SPCAConfig:
@@ -491,7 +493,7 @@ regions = None            # real data: folder of precomputed region features (<i
 seed = 0
 epochs = None             # None: the chapter's default for the profile
 batch_size = 64           # captions per training step
-lr = 0.0004               # Adam's learning rate
+lr = None                 # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
 beam_size = 2             # the paper's evaluation beam
 scst_epochs = 0           # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
