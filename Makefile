@@ -16,9 +16,12 @@ STAMP := $(VENV)/.capbook-installed
 
 venv: $(STAMP)
 
+# pip byte-compiles every installed file one after another (most of a 3-minute install); compileall does it on
+# every core afterwards (a few files of some packages are not valid Python 3, hence the || true).
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-compile -e '.[test]'
+	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null 2>&1 || true
 	@touch $@
 
 # Headless Chromium for the docs-site test (Debian package; needs root or sudo).
