@@ -14,7 +14,8 @@ from .runner import check_profile
 
 # %% auto 0
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
-           'op_kind', 'matmul_peak', 'step_profile', 'TutorialDecoder', 'tutorial_speed', 'cider_bench', 'bench']
+           'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'TutorialDecoder', 'tutorial_speed', 'cider_bench',
+           'bench']
 
 # %% ../nbs/00r_bench.ipynb
 @dataclass
@@ -70,11 +71,12 @@ def train_speed(s: dict, batches: int = 12, rounds: int = 3, warmup: int = 3) ->
     model, cfg, it = s["model"], s["cfg"], train_batches(s)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     model.train(); s["objective"].train()
-    for _ in range(warmup): train_step(model, model, s["objective"], opt, next(it), s["device"], cfg.clip)
+    step = lambda b: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip, precision=cfg.precision)
+    for _ in range(warmup): step(next(it))
     work, best = [next(it) for _ in range(batches)], float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()
-        for b in work: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip)
+        for b in work: step(b)
         best = min(best, time.perf_counter() - t0)
     return sum(len(b["caps"]) for b in work) / best
 
@@ -147,6 +149,15 @@ def step_profile(s: dict, batches: int = 4) -> dict:
     n = sum(len(b["caps"]) for b in work)
     return {"gflop_per_caption": fc.get_total_flops() / n / 1e9, "matrix_gflops": fc.get_total_flops() / secs / 1e9,
             "shares": {k: round(v / total, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}}
+
+# %% ../nbs/00r_bench.ipynb
+def alternatives(s: dict, batches: int = 8) -> dict:
+    "Captions per second of family setup `s` in float32 and under bfloat16 autocast on the CPU, and at twice the batch (the book's precision)."
+    import dataclasses
+    with_ = lambda **kw: {**s, "cfg": dataclasses.replace(s["cfg"], **kw)}
+    out = {p: train_speed(with_(precision=p), batches) for p in ("fp32", "bf16")}
+    out["batch_x2"] = train_speed(with_(batch_size=2 * s["cfg"].batch_size), max(1, batches // 2))
+    return {k: round(v, 1) for k, v in out.items()}
 
 # %% ../nbs/00r_bench.ipynb
 class TutorialDecoder(torch.nn.Module):
@@ -226,8 +237,8 @@ def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> 
 
 # %% ../nbs/00r_bench.ipynb
 def bench(profile: str = "default", only: list[str] | None = None, batches: int = 12, tutorial: bool = True,
-          device: str = "cpu", profile_ops: bool = True, log: Callable[[str], None] = print) -> dict:
-    "Training (captions/s) and decoding (images/s) throughput of every model family at `profile`, the tutorial ratio and the reward timing."
+          device: str = "cpu", profile_ops: bool = True, compare: bool = False, log: Callable[[str], None] = print) -> dict:
+    "Training (captions/s) and decoding (images/s) throughput of every model family at `profile`, where each step's time goes, the tutorial ratio and the reward timing; `compare`: also each family's `alternatives`."
     check_int("batches", batches, lo=1)
     dev = str(get_device(device))
     out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "families": {}}
@@ -241,17 +252,19 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
         trained = trained_weights(fam, s["model"], profile)
         dec = decode_speed(s)
         prof = step_profile(s) if profile_ops else {}
+        if compare: prof["alternatives"] = alternatives(s)
         out["families"][fam.model] = row = {
             "step": fam.step.name, "n_params": s["model"].n_params, "batch_order": s["cfg"].batch_order,
             "train_captions_per_s": round(train, 1), "beam": s["cfg"].val_beam, "beam_images_per_s": round(dec, 1),
             "trained_weights": trained, **prof}
         where = (f"; {prof['gflop_per_caption'] * 1000:.0f} MFLOP/caption at {prof['matrix_gflops']:.0f} GFLOP/s, "
                  + ", ".join(f"{k} {v:.0%}" for k, v in list(prof["shares"].items())[:3])) if prof else ""
+        if compare: where += "; " + ", ".join(f"{k} {v:.0f}" for k, v in prof["alternatives"].items()) + " captions/s"
         log(f"{fam.model:12s} {train:7.1f} captions/s training, {dec:6.1f} images/s beam {row['beam']}"
             f"{'' if trained else ' (untrained weights)'}{where}  [{fam.step.name}, {time.perf_counter() - t0:.0f} s]")
     if tutorial and (not only or "sat_soft" in only):
         s = setup(next(f for f in families(profile, ["sat_soft"])), dev)
-        ours, ref = tutorial_speed(s)
+        ours, ref = tutorial_speed(s, batches=5 * batches)
         cider_ms, coco_ms = cider_bench(s["prep"])
         out |= {"sat_soft_train_captions_per_s": round(ours, 1), "tutorial_train_captions_per_s": round(ref, 1),
                 "train_vs_tutorial": round(ours / ref, 2), "cider_d_batch_ms": round(cider_ms, 2),

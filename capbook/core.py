@@ -258,11 +258,12 @@ def get_device(device: str = "auto") -> torch.device:
         raise CapbookError(f"parameter device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return dev
 
-def autocast(device: torch.device):
-    "Mixed precision on CUDA (bfloat16 where supported); a no-op context on the CPU."
+def autocast(device: torch.device, cpu_bf16: bool = False):
+    "Mixed precision on CUDA (bfloat16 where supported); on the CPU bfloat16 autocast if `cpu_bf16`, else none."
     if device.type == "cuda":
         dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.autocast("cuda", dtype=dt)
+    if cpu_bf16: return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 # %% ../nbs/00_core.ipynb

@@ -100,6 +100,7 @@ class RunConfig:
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
     scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
     device: str = "auto"            # auto | cpu | cuda | cuda:N
+    precision: str = "bf16"         # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
 
     def check(self):
@@ -114,6 +115,8 @@ class RunConfig:
         check_float("scst_lr", self.scst_lr, lo=1e-9, hi=1.0)
         from capbook.objectives import SCST_BASELINES
         check_choice("scst_baseline", self.scst_baseline, SCST_BASELINES)
+        from capbook.train import PRECISIONS
+        check_choice("precision", self.precision, PRECISIONS)
         get_device(self.device)
 
 def _injected_names(namespace: Mapping[str, Any]) -> list[str]:

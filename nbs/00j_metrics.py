@@ -208,6 +208,7 @@ with meteor_service() as _svc:
     assert os.environ[METEOR_ENV] != _before and os.environ[METEOR_ENV].count("|") == 1 and _svc["served"] == 0
 assert os.environ.get(METEOR_ENV) == _before
 
+
 # %% [markdown]
 # ## Attention correctness (shapes)
 #

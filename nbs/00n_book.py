@@ -476,6 +476,7 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
 _km = kernel_manager()()
 assert _km.transport == "ipc" and os.path.basename(_km.ip).startswith("capbook-") and _km.ip != kernel_manager()().ip
 
+
 # %% [markdown]
 # ## Command line
 #
@@ -521,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
     be.add_argument("--batches", type=int, default=12, help="timed training batches per family")
     be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    be.add_argument("--alternatives", action="store_true", help="also time each family in fp32 and bf16, and at twice the batch")
     t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
     t.add_argument("--model", default="sat_soft"); t.add_argument("--profile", default="smoke", choices=PROFILES)
     t.add_argument("--run-dir", required=True); t.add_argument("--epochs", type=int, default=2)
@@ -567,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "bench":
             from capbook.bench import bench
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
-                                   log=lambda s: print(s, flush=True))))
+                                   compare=a.alternatives, log=lambda s: print(s, flush=True))))
         else:
             out = train_cli(a.model, a.profile, a.run_dir, a.epochs, a.ckpt_every, a.batch_size, a.seed)
             if int(os.environ.get("RANK", 0)) == 0: print(json.dumps(out))

@@ -32,6 +32,7 @@ import torch
 from capbook.core import CapbookError, check_int, load_torch, runs_dir, seed_everything, get_device
 from capbook.runner import check_profile
 
+
 # %% [markdown]
 # ## What is measured, and how
 #
@@ -80,6 +81,7 @@ def families(profile: str = "default", only: list[str] | None = None) -> list[Fa
         if name not in out and (not only or name in only): out[name] = Family(s, ch, p, name)
     return list(out.values())
 
+
 # %% [markdown]
 # Setting a family up is `run_chapter`'s first half — the same data, model, objective and `TrainConfig` — without the
 # run folder:
@@ -112,11 +114,12 @@ def train_speed(s: dict, batches: int = 12, rounds: int = 3, warmup: int = 3) ->
     model, cfg, it = s["model"], s["cfg"], train_batches(s)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     model.train(); s["objective"].train()
-    for _ in range(warmup): train_step(model, model, s["objective"], opt, next(it), s["device"], cfg.clip)
+    step = lambda b: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip, precision=cfg.precision)
+    for _ in range(warmup): step(next(it))
     work, best = [next(it) for _ in range(batches)], float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()
-        for b in work: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip)
+        for b in work: step(b)
         best = min(best, time.perf_counter() - t0)
     return sum(len(b["caps"]) for b in work) / best
 
@@ -143,6 +146,7 @@ def decode_speed(s: dict, images: int = 100, beam: int | None = None, rounds: in
             beam_search(model, batch, beam or cfg.val_beam, cfg.max_len)
             best = min(best, time.perf_counter() - t0)
     return n / best
+
 
 # %% [markdown]
 # ## Where a step's time goes, and how close it runs to the machine
@@ -201,6 +205,33 @@ def step_profile(s: dict, batches: int = 4) -> dict:
     n = sum(len(b["caps"]) for b in work)
     return {"gflop_per_caption": fc.get_total_flops() / n / 1e9, "matrix_gflops": fc.get_total_flops() / secs / 1e9,
             "shares": {k: round(v / total, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}}
+
+
+# %% [markdown]
+# ## Two candidates, measured
+#
+# The speed issue listed candidates to measure rather than assume. Two of them are measured by `alternatives` for any
+# family (`capbook bench --alternatives`); the others are in the README's speed section:
+#
+# - **bfloat16 autocast on the CPU** (`TrainConfig.precision`): the family's step in float32 and under
+#   `torch.autocast("cpu", torch.bfloat16)` (the products' inputs in bfloat16; weights, optimiser and sums in float32).
+#   This CPU has no bfloat16 arithmetic, yet oneDNN's bfloat16 products move half the bytes: it paid for every family
+#   (1.1–1.9x), and the trained models came out the same (`capbook.train`'s notes), so `bf16` is the book's default.
+# - **Several seeds in one process with stacked parameters** (`torch.func`). Stacking k seeds' parameters makes every
+#   product k times as large and leaves the arithmetic per caption unchanged, so it can only win what a batch k times as
+#   large wins over the book's batch: the step at twice the batch bounds what two stacked seeds could gain. Measured:
+#   0.8–1.08x, so the book runs seeds side by side instead.
+
+# %%
+#| export
+def alternatives(s: dict, batches: int = 8) -> dict:
+    "Captions per second of family setup `s` in float32 and under bfloat16 autocast on the CPU, and at twice the batch (the book's precision)."
+    import dataclasses
+    with_ = lambda **kw: {**s, "cfg": dataclasses.replace(s["cfg"], **kw)}
+    out = {p: train_speed(with_(precision=p), batches) for p in ("fp32", "bf16")}
+    out["batch_x2"] = train_speed(with_(batch_size=2 * s["cfg"].batch_size), max(1, batches // 2))
+    return {k: round(v, 1) for k, v in out.items()}
+
 
 # %% [markdown]
 # ## Against the tutorial everyone starts from
@@ -272,6 +303,7 @@ def tutorial_speed(s: dict, batches: int = 60, rounds: int = 6) -> tuple[float, 
         n += sum(len(b["caps"]) for b in work)
     return n / secs["ours"], n / secs["ref"]
 
+
 # %% [markdown]
 # ## The self-critical reward
 #
@@ -303,6 +335,7 @@ def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> 
         Cider().compute_score({i: [" ".join(r) for r in x] for i, x in enumerate(rs)}, {i: [" ".join(c)] for i, c in enumerate(cands)})
     return ours, (time.perf_counter() - t0) / batches * 1000
 
+
 # %% [markdown]
 # ## The benchmark
 #
@@ -313,8 +346,8 @@ def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> 
 # %%
 #| export
 def bench(profile: str = "default", only: list[str] | None = None, batches: int = 12, tutorial: bool = True,
-          device: str = "cpu", profile_ops: bool = True, log: Callable[[str], None] = print) -> dict:
-    "Training (captions/s) and decoding (images/s) throughput of every model family at `profile`, the tutorial ratio and the reward timing."
+          device: str = "cpu", profile_ops: bool = True, compare: bool = False, log: Callable[[str], None] = print) -> dict:
+    "Training (captions/s) and decoding (images/s) throughput of every model family at `profile`, where each step's time goes, the tutorial ratio and the reward timing; `compare`: also each family's `alternatives`."
     check_int("batches", batches, lo=1)
     dev = str(get_device(device))
     out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "families": {}}
@@ -328,17 +361,19 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
         trained = trained_weights(fam, s["model"], profile)
         dec = decode_speed(s)
         prof = step_profile(s) if profile_ops else {}
+        if compare: prof["alternatives"] = alternatives(s)
         out["families"][fam.model] = row = {
             "step": fam.step.name, "n_params": s["model"].n_params, "batch_order": s["cfg"].batch_order,
             "train_captions_per_s": round(train, 1), "beam": s["cfg"].val_beam, "beam_images_per_s": round(dec, 1),
             "trained_weights": trained, **prof}
         where = (f"; {prof['gflop_per_caption'] * 1000:.0f} MFLOP/caption at {prof['matrix_gflops']:.0f} GFLOP/s, "
                  + ", ".join(f"{k} {v:.0%}" for k, v in list(prof["shares"].items())[:3])) if prof else ""
+        if compare: where += "; " + ", ".join(f"{k} {v:.0f}" for k, v in prof["alternatives"].items()) + " captions/s"
         log(f"{fam.model:12s} {train:7.1f} captions/s training, {dec:6.1f} images/s beam {row['beam']}"
             f"{'' if trained else ' (untrained weights)'}{where}  [{fam.step.name}, {time.perf_counter() - t0:.0f} s]")
     if tutorial and (not only or "sat_soft" in only):
         s = setup(next(f for f in families(profile, ["sat_soft"])), dev)
-        ours, ref = tutorial_speed(s)
+        ours, ref = tutorial_speed(s, batches=5 * batches)
         cider_ms, coco_ms = cider_bench(s["prep"])
         out |= {"sat_soft_train_captions_per_s": round(ours, 1), "tutorial_train_captions_per_s": round(ref, 1),
                 "train_vs_tutorial": round(ours / ref, 2), "cider_d_batch_ms": round(cider_ms, 2),
@@ -347,6 +382,7 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
             f"alternating rounds); SCST reward of 65 captions: {cider_ms:.1f} ms (pycocoevalcap {coco_ms:.1f} ms, "
             f"{coco_ms / cider_ms:.1f}x)")
     return out
+
 
 # %% [markdown]
 # An example at the smoke profile, two families and two batches (the numbers are this machine's, at this moment):

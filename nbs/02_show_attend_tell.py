@@ -391,6 +391,7 @@ scst_epochs = 0            # then self-critical training on CIDEr-D for this man
 scst_lr = 5e-05            # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'            # auto | cpu | cuda | cuda:N
+precision = 'bf16'         # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
 run_dir = None             # set by `capbook book`; None: runs/<profile>/adhoc/...
 attention = 'soft'         # soft (§4.2) | hard (§4.1) | none (the mean annotation vector: the no-attention baseline)
 emb_dim = 128              # m, the word embedding size

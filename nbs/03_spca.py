@@ -499,6 +499,7 @@ scst_epochs = 0           # then self-critical training on CIDEr-D for this many
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
+precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 decoder = '2d'            # 1d (Show-Attend-Tell's LSTM) | 2d (Dai et al.'s 2D-latent-state LSTM)
 structure = 'S||C'        # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)

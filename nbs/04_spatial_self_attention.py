@@ -429,6 +429,7 @@ scst_epochs = 0           # then self-critical training on CIDEr-D for this many
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
+precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 d_model = None            # d_feat; None: the profile's (paper 512, default 128, smoke 64)
 heads = None              # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)

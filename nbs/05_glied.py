@@ -582,6 +582,7 @@ scst_epochs = None        # self-critical epochs after cross-entropy; None: the 
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
+precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 d_embed = None            # None: the profile's (paper 256, default 64, smoke 32)
 d_model = None            # None: the profile's (paper 512, default 128, smoke 64)

@@ -571,6 +571,7 @@ scst_epochs = None        # self-critical epochs after cross-entropy; None: the 
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
+precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 emb_dim = 128             # the word (and image) embedding size
 hidden_dim = 256          # the LSTM size (Up-Down: each of its two LSTMs)

@@ -1,6 +1,6 @@
 """The docs site as a reader meets it, checked in headless Chromium: every chapter linked from the landing page, each
 page showing the tables and images its notebook holds, and no error output, machine path or tool chatter anywhere."""
-import re
+import os, re
 from pathlib import Path
 import nbformat
 from capbook.docs import chromium_dom
@@ -33,9 +33,13 @@ def check_site(index: Path, kept: Path, shots: Path | None = None) -> dict[str, 
     pages = {p.stem: p for p in Path(kept).glob("*.ipynb")}
     assert pages, f"no kept notebooks in {kept}"
     assert not (set(pages) - linked - {"index"}), f"chapters the landing page does not link: {sorted(set(pages) - linked - {'index'})}"
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:         # one Chromium per page, as many at once as cores
+        doms = dict(zip(sorted(pages), pool.map(lambda n: dom if n == "index" else chromium_dom(index.parent / f"{n}.html"),
+                                                sorted(pages))))
     seen = {}
     for name, nb_path in sorted(pages.items()):
-        html = dom if name == "index" else chromium_dom(index.parent / f"{name}.html")
+        html = doms[name]
         want_tables, want_images = expected(nbformat.read(nb_path, as_version=4))
         tables, images = html.count("<table"), html.count("<img")
         assert tables >= want_tables and images >= want_images, (name, (tables, images), (want_tables, want_images))

@@ -59,3 +59,33 @@ def test_image_groups():
     assert image_groups(torch.tensor([4, 7, 4, 7])) is None          # an image's captions apart
     assert image_groups(torch.tensor([4, 4, 7, 7, 4, 4])) is None    # an image in two runs
     with plain_paths(): assert image_groups(torch.tensor([4, 4])) is None
+
+
+def test_bench_times_a_family_as_the_book_builds_it(smoke):
+    from capbook.bench import families, setup, alternatives, step_profile, op_kind
+    fam, = families("smoke", ["nic"])
+    assert fam.step.name == "06_baselines-nic" and fam.params.profile == "smoke"
+    s = setup(fam)
+    assert s["cfg"].batch_order == "length" and s["model"].name == "nic"
+    alt = alternatives(s, batches=1)
+    assert set(alt) == {"fp32", "bf16", "batch_x2"} and all(v > 0 for v in alt.values())
+    prof = step_profile(s, batches=1)
+    assert prof["gflop_per_caption"] > 0 and abs(sum(prof["shares"].values()) - 1) < 0.01
+    assert op_kind("aten::mm") == "matrix products" and op_kind("aten::uniform_") == "random draws"
+
+
+def test_bf16_precision_is_a_checked_option_close_to_fp32(smoke):
+    "precision='bf16' autocasts the CPU step (products in bfloat16, weights in float32): its loss on a batch is within 1% of fp32's; any other value stops with one line."
+    from capbook.core import CapbookError
+    from capbook.train import TrainConfig
+    b = next(smoke.train.batches(32, 0, 0))
+    losses = {}
+    for p in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        m = build("ssa", len(smoke.vocab), smoke.feat_shape[1], smoke.grid, dropout=0.0, **SMALL["ssa"])
+        losses[p] = train_step(m, m, objective_for(m), torch.optim.SGD(m.parameters(), lr=0.0), b, torch.device("cpu"),
+                               precision=p)["loss"]
+        assert all(q.dtype == torch.float32 for q in m.parameters())
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.01 * losses["fp32"] and losses["bf16"] != losses["fp32"]
+    with pytest.raises(CapbookError, match="parameter precision='fp16' is invalid"):
+        TrainConfig(precision="fp16").check()
