@@ -2,7 +2,7 @@
 #   make book        regenerate the book (PROFILE=default|smoke, JOBS notebooks side by side)
 #   make docs        build and open the docs site from the last book's kept notebooks (no training)
 #   make test        lint, then the whole test suite (smoke book, docs site in a browser, DDP included)
-#   make test-fast   lint, then everything but the slow end-to-end tests (about 2 minutes)
+#   make test-fast   lint, then everything but the slow end-to-end tests (about 75 seconds)
 # Both create .venv and install capbook into it first.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)

@@ -117,6 +117,7 @@ def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
     assert sorted(p.name for p in d.iterdir() if "old" in p.name or p.name == "keep.json") == ["keep.json"]
 
 
+@pytest.mark.slow                                   # kernels and a smoke run: end to end
 def test_side_by_side_failure_keeps_the_other_run(home):
     "`-j 2`: one step fails; the step beside it still finishes (nothing computed is lost), the book stops with the failure's line, naming the notebook, the cell and the parameter."
     from capbook.book import run_plan
@@ -279,6 +280,7 @@ def test_tables_show_intervals_and_paired_verdicts(book):
     assert "paired tests" in glied and "95% CI" in glied
 
 
+@pytest.mark.slow                                   # kernels and a smoke run: end to end
 def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
     "A notebook run in a kernel another notebook used (reset between them) records the same numbers as in a fresh kernel, counts its cells from 1, and sees none of the last notebook's names."
     import nbformat
