@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 from .models import CaptionModel, batch_size as _n_images, check_inputs
-from .core import CapbookError, check_int
+from .core import CapbookError, check_float, check_int
 from .data import to_device
 
 # %% auto 0
@@ -74,15 +74,17 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
 # %% ../nbs/00g_decode.ipynb
 @torch.no_grad()
 def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3,
-                max_len: int = 20) -> list[Caption]:
-    "Beam search for a batch of B images: the best of `beam_size` beams for each image."
+                max_len: int = 20, length_norm: float = 0.0) -> list[Caption]:
+    "Beam search for a batch of B images: the best of `beam_size` beams for each image (ranked by log-probability / length^`length_norm`)."
     batch = as_batch(batch); check_inputs(model, batch); check_int("beam_size", beam_size, lo=1)
+    check_float("length_norm", length_norm, lo=0.0, hi=5.0)
     B, K, dev = _n_images(model, batch), beam_size, _device(model, batch)
     memory, state = model.init_state(batch)                                    # memory: (B, ...), state: (B, ...)
     state = _repeat(state, K)                                                  # (B*K, ...)
     tok = torch.full((B * K,), model.start, dtype=torch.long, device=dev)
     score = torch.full((B, K), float("-inf"), device=dev); score[:, 0] = 0    # (B, K)
     done = torch.zeros(B * K, dtype=torch.bool, device=dev)
+    length = torch.zeros(B * K, device=dev)                                    # tokens emitted, <end> included
     words, alphas = torch.zeros(B * K, 0, dtype=torch.long, device=dev), None
     images, out = torch.arange(B, device=dev), [None] * B                      # images still being searched
     for t in range(max_len + 1):
@@ -102,16 +104,23 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         if aux.get("alpha") is not None:
             a = aux["alpha"].index_select(0, rows)[:, None]
             alphas = a if alphas is None else torch.cat([alphas.index_select(0, rows), a], 1)
-        done = done.index_select(0, rows) | (tok == model.end)
-        fin = done.view(n, K)[:, 0]                                            # the image's best beam has ended
-        if fin.any():                                                          # topk is sorted: beam 0 is the best
+        done = done.index_select(0, rows)
+        length = length.index_select(0, rows) + (~done).float()
+        done = done | (tok == model.end)
+        # alpha = 0: the image's best beam has ended (topk is sorted) | alpha > 0: all its beams have (or are impossible:
+        # a beam wider than the captions there are is padded with beams of score -inf)
+        fin = (done.view(n, K) | score.isneginf()).all(1) & score[:, 0].isfinite() if length_norm else done.view(n, K)[:, 0]
+        if fin.any():
+            # log p / L^alpha: (n, K)
+            best = (score / length.view(n, K) ** length_norm).argmax(1) if length_norm else torch.zeros_like(fin, dtype=torch.long)
             for j in fin.nonzero().flatten().tolist():
-                out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)
+                r0 = j * K + int(best[j])
+                out[images[j]] = _finish(words[r0], score[j, best[j]].item(), None if alphas is None else alphas[r0], model.end)
             keep = (~fin).nonzero().flatten()
             if not len(keep): break
             r = (keep[:, None] * K + torch.arange(K, device=dev)).flatten()
             images, score, memory = images[keep], score[keep], _select(memory, keep)
-            state, tok, words, done = _select(state, r), tok[r], words[r], done[r]
+            state, tok, words, done, length = _select(state, r), tok[r], words[r], done[r], length[r]
             if alphas is not None: alphas = alphas[r]
     if any(o is None for o in out):             # only non-finite scores keep a beam from ending by max_len
         raise CapbookError(f"beam search: {sum(o is None for o in out)} of {B} images got no caption because the model's "
@@ -183,12 +192,12 @@ def teacher_forced(model: CaptionModel, batch: Mapping[str, Any]) -> list[Captio
 
 # %% ../nbs/00g_decode.ipynb
 def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 20, batch_size: int = 100,
-                 device: torch.device | str = "cpu") -> list[Caption]:
-    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search, in image order."
+                 device: torch.device | str = "cpu", length_norm: float = 0.0) -> list[Caption]:
+    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search (length-normalised by `length_norm`), in image order."
     model.eval(); out = []
     for b in data.image_batches(batch_size):
         b = to_device(b, device)
-        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len)
+        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len, length_norm)
     return out
 
 # %% ../nbs/00g_decode.ipynb

@@ -16,8 +16,8 @@ from .decode import decode_split, teacher_forced, pad_captions, Caption
 # %% auto 0
 __all__ = ['METEOR_ENV', 'FROM_SUMS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized', 'meteor_score',
            'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
-           'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled', 'bootstrap', 'results_row',
-           'semantic_table']
+           'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled', 'bootstrap', 'seed_bootstrap',
+           'seed_spread', 'results_row', 'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -195,12 +195,12 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
 
 # %% ../nbs/00j_metrics.ipynb
 def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int | None = None,
-             device: torch.device | str = "cpu", batch_size: int = 100) -> dict:
-    "Decode `split` of a `Prepared` dataset with beam search and compute every metric that applies."
+             device: torch.device | str = "cpu", batch_size: int = 100, length_norm: float = 0.0) -> dict:
+    "Decode `split` of a `Prepared` dataset with beam search (length-normalised by `length_norm`) and compute every metric that applies."
     data = getattr(prep, check_choice("split", split, ("train", "val", "test")))
     max_len = max_len or prep.max_len
     t0 = time.time()
-    caps = decode_split(model, data, beam_size, max_len, batch_size, device)
+    caps = decode_split(model, data, beam_size, max_len, batch_size, device, length_norm)
     decode_s = time.time() - t0
     words = [prep.vocab.decode(c.tokens) for c in caps]
     res = {k: " ".join(w) for k, w in zip(data.keys, words)}
@@ -408,6 +408,33 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
     if other is not None:
         out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
+
+# %% ../nbs/00j_metrics.ipynb
+def seed_bootstrap(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, resamples: int = 2000,
+                   seed: int = 0, level: float = 0.95) -> dict:
+    "The mean over seeds of a metric (×100) and its two-stage bootstrap interval (seeds, then test images); with `b` (another model's seeds, on the same images) the difference, its interval and the verdict on 'a > b'."
+    if not a or (b is not None and not b): raise CapbookError("seed_bootstrap: every model needs at least one seed's statistics")
+    n = len(a[0])
+    if any(len(x) != n for x in [*a, *(b or [])]):
+        raise CapbookError(f"seed_bootstrap: seeds scored on {sorted({len(x) for x in [*a, *(b or [])]})} images; score every seed on the same test images")
+    rng, w = np.random.default_rng([seed, 1]), draws(n, resamples, seed)
+    def side(stats):                                           # (R,) mean over the drawn seeds, and the full-data mean
+        m = np.stack([resampled(st, metric, w) for st in stats])          # (S, R): each seed on each image draw
+        pick = rng.integers(0, len(stats), size=(resamples, len(stats)))  # (R, S): the seeds of each draw
+        return m[pick, np.arange(resamples)[:, None]].mean(1), float(np.mean([resampled(st, metric, np.ones((1, n)))[0] for st in stats]))
+    d, value = side(a)
+    if b is not None:
+        db, vb = side(b); d, value = d - db, value - vb
+    lo, hi = np.quantile(d, [(1 - level) / 2, (1 + level) / 2])
+    out = {"value": value, "lo": float(lo), "hi": float(hi), "resamples": resamples, "seed": seed, "level": level,
+           "seeds": (len(a), len(b)) if b is not None else len(a)}
+    if b is not None: out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
+    return out
+
+def seed_spread(values: list[float]) -> dict:
+    "Mean and sample standard deviation (n − 1) of one metric over seeds; std is None with one seed."
+    v = np.asarray(values, float)
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": len(v)}
 
 # %% ../nbs/00j_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]

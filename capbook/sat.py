@@ -162,7 +162,8 @@ def sat_measure(r) -> dict:
     if isinstance(model.att, HardAttention):
         other = "argmax" if model.cfg.test_context == "expected" else "expected"
         model.att.test_context = other
-        out[f"metrics_{other}_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device))
+        out[f"metrics_{other}_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device,
+                                                                  length_norm=r.params.length_norm))
         model.att.test_context = model.cfg.test_context
     if model.gate and prep.gt is not None:                  # §4.2.1: is beta larger when the decoder names an object?
         from capbook.decode import pad_captions

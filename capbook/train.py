@@ -4,7 +4,7 @@
 
 # %% ../nbs/00i_train.ipynb 2
 from __future__ import annotations
-import os, random, time
+import contextlib, math, os, random, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -21,7 +21,7 @@ from .decode import decode_split
 
 # %% auto 0
 __all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'TrainConfig', 'lr_factor', 'val_score', 'check_vocab', 'dist_info',
-           'train_step', 'FitResult', 'fit', 'load_trained']
+           'train_step', 'WeightAverage', 'FitResult', 'fit', 'load_trained']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -30,14 +30,18 @@ class TrainConfig:
     epochs: int = 10            # maximum number of epochs
     batch_size: int = 64        # captions per step (per process under DDP)
     lr: float = 4e-4            # Adam learning rate
-    schedule: str = "step"      # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step)
+    schedule: str = "step"      # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step) | plateau: x lr_gamma after lr_patience evaluations without a better score
     lr_step: int = 3            # step: decay the learning rate every lr_step epochs ...
-    lr_gamma: float = 0.8       # ... by this factor
+    lr_gamma: float = 0.8       # ... by this factor (step and plateau)
+    lr_patience: int = 2        # plateau: evaluations without a better validation score before each decay
     warmup: float = 0.0         # epochs of linear warm-up from 0 to lr (either schedule; noam needs some)
     clip: float = 5.0           # gradient-norm clipping (0: off)
-    patience: int = 3           # early stopping: epochs without a better validation score
+    patience: int = 3           # early stopping: evaluations without a better validation score
+    evals_per_epoch: int = 1    # validation evaluations per epoch, evenly spaced (the last at the epoch's end)
+    ema: float = 0.0            # weight averaging: decay of the exponential moving average validated, selected and kept (0: off)
     metric: str = "BLEU-4"      # validation metric for early stopping and model selection
     val_beam: int = 3           # beam size of the validation decode (1: greedy)
+    length_norm: float = 0.0    # the validation beams ranked by log-probability / length^length_norm
     max_len: int = 20           # longest caption decoded
     seed: int = 0
     ckpt_every: int = 0         # also checkpoint every this many steps (0: at the end of each epoch only)
@@ -57,7 +61,10 @@ class TrainConfig:
         if self.schedule == "noam" and not self.warmup:
             raise CapbookError("parameter warmup=0 is invalid with schedule='noam': expected a positive number of epochs")
         check_int("patience", self.patience, lo=1); check_choice("metric", self.metric, VAL_METRICS)
+        check_int("lr_patience", self.lr_patience, lo=1); check_int("evals_per_epoch", self.evals_per_epoch, lo=1)
+        check_float("ema", self.ema, lo=0.0, hi=0.99999)
         check_int("val_beam", self.val_beam, lo=1); check_int("max_len", self.max_len, lo=1)
+        check_float("length_norm", self.length_norm, lo=0.0, hi=5.0)
         check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0)
         check_choice("batch_order", self.batch_order, BATCH_ORDERS); check_int("max_words", self.max_words, lo=0)
         check_choice("precision", self.precision, PRECISIONS)
@@ -65,18 +72,21 @@ class TrainConfig:
         return self
 
 VAL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
-LR_SCHEDULES = ("step", "noam")
+LR_SCHEDULES = ("step", "noam", "plateau")
 PRECISIONS = ("fp32", "bf16")
 
 # %% ../nbs/00i_train.ipynb
-def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int) -> float:
-    "The multiplier of `cfg.lr` for optimisation step `step` (1-based) in epoch `epoch`."
+def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int, decays: int = 0) -> float:
+    "The multiplier of `cfg.lr` for optimisation step `step` (1-based) in epoch `epoch`, after `decays` plateaus."
     w = cfg.warmup * steps_per_epoch                           # warm-up steps
     # min(1, s / w): linear warm-up
     warm = min(1.0, step / w) if w > 0 else 1.0
     if cfg.schedule == "noam":
         # min(s / w, sqrt(w / s))
         return min(warm, (w / step) ** 0.5)
+    if cfg.schedule == "plateau":
+        # gamma^k
+        return warm * cfg.lr_gamma ** decays
     # gamma^floor(e / lr_step)
     return warm * cfg.lr_gamma ** (epoch // cfg.lr_step)
 
@@ -85,7 +95,7 @@ def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dic
     "Decode the validation split and return BLEU-1..4 and CIDEr on its references."
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
-    caps = decode_split(model, data, cfg.val_beam, cfg.max_len, device=device)
+    caps = decode_split(model, data, cfg.val_beam, cfg.max_len, device=device, length_norm=cfg.length_norm)
     res = {i: [" ".join(vocab.decode(c.tokens)) or "<empty>"] for i, c in enumerate(caps)}
     gts = {i: [" ".join(r) for r in data.refs[i]] for i in range(len(caps))}
     b, _ = Bleu(4).compute_score(gts, res, verbose=0)
@@ -157,17 +167,57 @@ def train_step(net, model: CaptionModel, objective: Objective, opt, batch: dict,
     return {"loss": loss.item(), **stats}
 
 # %% ../nbs/00i_train.ipynb
+class WeightAverage:
+    "An exponential moving average of a model's floating-point parameters and buffers (`decay` d, warmed up as (1+t)/(10+t))."
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay, self.t = decay, 0
+        self.live = [v for v in model.state_dict().values() if v.is_floating_point()]   # views of the model's tensors
+        self.avg = [v.detach().clone() for v in self.live]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        "One step of the average, after an optimiser step."
+        self.t += 1
+        d = min(self.decay, (1 + self.t) / (10 + self.t))
+        # avg <- d * avg + (1 - d) * theta
+        torch._foreach_lerp_(self.avg, self.live, 1.0 - d)
+
+    @contextlib.contextmanager
+    def swapped(self):
+        "Inside the block the model holds the averaged weights; its own come back afterwards."
+        own = [v.detach().clone() for v in self.live]
+        with torch.no_grad():
+            for v, a in zip(self.live, self.avg): v.copy_(a)
+        try: yield
+        finally:
+            with torch.no_grad():
+                for v, o in zip(self.live, own): v.copy_(o)
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "avg": [a.cpu() for a in self.avg]}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.t = st["t"]
+        for a, v in zip(self.avg, st["avg"]): a.copy_(v)
+
+# %% ../nbs/00i_train.ipynb
 @dataclass
 class FitResult:
-    "What `fit` returns: per-epoch history, best epoch and score, timings."
+    "What `fit` returns: the history (one entry per validation), best evaluation and score, timings."
     history: list = field(default_factory=list)
-    best_epoch: int = -1
+    best_epoch: int = -1             # the epoch (from 0) in which the kept weights were validated (-1: the starting weights)
+    best_at: float = 0.0             # ... and the epochs trained by then (fractional with several evaluations per epoch)
     best_score: float = float("-inf")
     train_seconds: float = 0.0       # optimisation steps only
-    val_seconds: float = 0.0         # the validation decodes and scores after each epoch
+    val_seconds: float = 0.0         # the validation decodes and scores
     captions_per_s: float = 0.0
     resumed_from: tuple | None = None
     world_size: int = 1
+    captions: int = 0                # training captions seen (over every process)
+
+def _eval_marks(n_batches: int, k: int) -> set[int]:
+    "The batch counts after which an epoch of `n_batches` batches is validated `k` times (its end included)."
+    return {max(1, round(j * n_batches / k)) for j in range(1, k + 1)}
 
 def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
         log: Callable[[str], None] = print, objective: Objective | None = None) -> FitResult:
@@ -186,7 +236,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     model.to(device); objective.to(device)
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    res, epoch, skip, bad, step, tot, n = FitResult(world_size=world), 0, 0, 0, 0, {}, 0
+    avg = WeightAverage(model, cfg.ema) if cfg.ema else None
+    res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world), 0, 0, 0, 0, {}, 0, 0
     code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
     why = _not_resumable(ck, code, fp)
@@ -199,10 +250,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         check_vocab(ck, data.vocab, last)
         model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"])
         objective.load_state_dict(ck["objective"])
-        epoch, skip, bad, step = ck["epoch"], ck["batches_done"], ck["bad_epochs"], ck["step"]
+        if avg is not None: avg.load_state_dict(ck["ema"])
+        epoch, skip, bad, step, decays = ck["epoch"], ck["batches_done"], ck["bad_evals"], ck["step"], ck["decays"]
         tot, n = ck["epoch_sums"], ck["epoch_batches"]
-        res.history, res.best_epoch, res.best_score = ck["history"], ck["best_epoch"], ck["best_score"]
-        res.train_seconds, res.val_seconds = ck["train_seconds"], ck.get("val_seconds", 0.0); res.resumed_from = (epoch, skip)
+        res.history, res.best_epoch, res.best_at, res.best_score = ck["history"], ck["best_epoch"], ck["best_at"], ck["best_score"]
+        res.train_seconds, res.val_seconds, res.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
+        res.resumed_from = (epoch, skip)
         _set_rng_state(ck["rng"])
         if ck.get("finished"): epoch = cfg.epochs
         log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
@@ -211,59 +264,82 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     def save_last(finished=False):
         if rank: return
         save_torch(last, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                          "objective": objective.state_dict(),
+                          "objective": objective.state_dict(), "ema": avg.state_dict() if avg else None,
                           "epoch": epoch, "batches_done": skip, "step": step, "epoch_sums": tot, "epoch_batches": n,
-                          "bad_epochs": bad, "history": res.history,
-                          "best_epoch": res.best_epoch, "best_score": res.best_score, "train_seconds": res.train_seconds,
-                          "val_seconds": res.val_seconds, "rng": _rng_state(), "vocab": data.vocab.itos,
-                          "config": asdict(cfg), "meta": meta or {}, "code": code, "finished": finished})
+                          "bad_evals": bad, "decays": decays, "history": res.history,
+                          "best_epoch": res.best_epoch, "best_at": res.best_at, "best_score": res.best_score, "train_seconds": res.train_seconds,
+                          "val_seconds": res.val_seconds, "captions": res.captions, "rng": _rng_state(),
+                          "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {}, "code": code,
+                          "finished": finished})
 
-    def validate(epoch: int, means: dict) -> bool:
-        "Score the current weights on validation, log them, keep them as best.pt if they are the best so far."
+    def validate(at: float, means: dict) -> bool:
+        "Score the (averaged) weights on validation after `at` epochs, log them, keep them as best.pt if they are the best so far."
+        ep = -1 if at == 0 else math.ceil(at) - 1                        # the epoch it ends or falls in
         tv = time.time()
-        scores = val_score(model, data.val, data.vocab, cfg, device)
+        with avg.swapped() if avg else contextlib.nullcontext():
+            scores = val_score(model, data.val, data.vocab, cfg, device)
+            better = scores[cfg.metric] > res.best_score
+            if better:
+                res.best_score, res.best_epoch, res.best_at = scores[cfg.metric], ep, at
+                save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": ep, "epochs": at,
+                                  "scores": scores, "meta": meta or {}})
         res.val_seconds += time.time() - tv
-        res.history.append({"epoch": epoch, **means, **{f"val {k}": v for k, v in scores.items()}, "train_s": res.train_seconds})
-        log(f"epoch {epoch}: " + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
+        res.history.append({"epoch": ep, "epochs": at, "step": step, **means, **{f"val {k}": v for k, v in scores.items()},
+                            "train_s": res.train_seconds})
+        log((f"epoch {ep} ({at:g} trained): " if at != math.ceil(at) else f"epoch {ep}: ") + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
             + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
-        if scores[cfg.metric] <= res.best_score: return False
-        res.best_score, res.best_epoch = scores[cfg.metric], epoch
-        save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": epoch,
-                          "scores": scores, "meta": meta or {}})
-        return True
+        return better
+
+    def evaluation(at: float) -> bool:
+        "Validate after `at` epochs (every rank agrees); update early stopping and the plateau schedule; True: stop."
+        nonlocal bad, decays, tot, n
+        stop = torch.zeros(1)
+        if rank == 0:
+            bad = 0 if validate(at, {k: v / max(n, 1) for k, v in tot.items()}) else bad + 1
+            stop[0] = float(bad >= cfg.patience)
+        if world > 1: dist.broadcast(stop, 0)
+        if cfg.schedule == "plateau" and bad and bad % cfg.lr_patience == 0 and not stop.item():
+            decays += 1; log(f"no better {cfg.metric} for {bad} evaluations: learning rate x{cfg.lr_gamma:g}")
+        tot, n = {}, 0
+        if stop.item(): log(f"early stop after epoch {at:g}: no better {cfg.metric} for {cfg.patience} evaluations")
+        return bool(stop.item())
 
     if ck is None and cfg.validate_start and rank == 0:
         # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
         # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
-        validate(-1, {})
+        validate(0.0, {})
     sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
     per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)   # steps of an epoch, for the warm-up
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
-    while epoch < cfg.epochs:
+    stopped = False
+    while epoch < cfg.epochs and not stopped:
         net.train(); objective.train(); t0 = time.time()
         n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
+        marks = _eval_marks(n_batches, cfg.evals_per_epoch)
         it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
                    mininterval=10, leave=False)
         for b in bar:
-            lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch)
+            lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch, decays)
             for g in opt.param_groups: g["lr"] = lr
             stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
                                precision=cfg.precision)
-            skip += 1; step += 1; n += 1
+            if avg is not None: avg.update()
+            skip += 1; step += 1; n += 1; res.captions += len(next(iter(b.values()))) * world
             for k, v in {**stats, "lr": lr}.items(): tot[k] = tot.get(k, 0.0) + v
-            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
+            if skip in marks and skip < n_batches:                        # a validation inside the epoch
+                res.train_seconds += time.time() - t0
+                stopped = evaluation(round(epoch + skip / n_batches, 3))
+                t0 = time.time()
+                if stopped: break
+                save_last(); net.train(); objective.train(); t0 = time.time()
+            elif cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
                 res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
+        if stopped: break
         res.train_seconds += time.time() - t0
-        stop = torch.zeros(1)
-        if rank == 0:
-            bad = 0 if validate(epoch, {k: v / max(n, 1) for k, v in tot.items()}) else bad + 1
-            stop[0] = float(bad >= cfg.patience)
-        if world > 1: dist.broadcast(stop, 0)
-        epoch += 1; skip = 0; tot, n = {}, 0
-        if stop.item():
-            log(f"early stop after epoch {epoch - 1}: no better {cfg.metric} for {cfg.patience} epochs"); break
-        save_last()
+        stopped = evaluation(epoch + 1.0)
+        epoch += 1; skip = 0
+        if not stopped: save_last()
     save_last(finished=True)
     if world > 1:                                   # every rank must hold the same weights after DDP training
         cs = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
@@ -273,7 +349,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         dist.barrier()
     ck = load_torch(best); check_vocab(ck, data.vocab, best)
     model.load_state_dict(ck["model"])
-    res.captions_per_s = sum(h["epoch"] >= 0 for h in res.history) * data.train.n_kept(cfg.max_words) / res.train_seconds if res.train_seconds else 0.0
+    res.captions_per_s = res.captions / res.train_seconds if res.train_seconds else 0.0
     return res
 
 # %% ../nbs/00i_train.ipynb

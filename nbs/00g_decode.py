@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 from capbook.models import CaptionModel, batch_size as _n_images, check_inputs
-from capbook.core import CapbookError, check_int
+from capbook.core import CapbookError, check_float, check_int
 from capbook.data import to_device
 
 
@@ -114,22 +114,33 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
 # can overtake it (the result is exactly what running every beam to its end would return). A finished image leaves the
 # batch, so the remaining steps only compute the images still being searched. A finished beam
 # (one that emitted `<end>`) keeps its score and can only be extended by `<pad>` at no cost, so it competes with the
-# live beams on equal terms. Scores are plain summed log-probabilities, as in the papers (no length normalisation).
-# At the first step only beam 0 is live, so the K beams start as K different words.
+# live beams on equal terms. At the first step only beam 0 is live, so the K beams start as K different words.
+#
+# **Length normalisation.** The papers rank beams by their summed log-probability, which favours short captions: each
+# word can only lower it. With `length_norm` α > 0 the final K beams of an image are ranked by
+#
+# $$\frac{\log p(w_1, \dots, w_L \mid I)}{L^{\alpha}}$$
+#
+# with $L$ the tokens emitted, `<end>` included (α = 1: the mean log-probability per word; self-critical.pytorch's
+# `length_penalty='avg_α'`, a simpler relative of GNMT's $((5 + L)/6)^{\alpha}$). The search itself still keeps the K
+# best partial captions by summed log-probability; a longer beam can now overtake a finished one, so with α > 0 an
+# image is finished only when all K of its beams have ended. α = 0 is the papers' rule, unchanged.
 
 # %%
 #| export
 @torch.no_grad()
 def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3,
-                max_len: int = 20) -> list[Caption]:
-    "Beam search for a batch of B images: the best of `beam_size` beams for each image."
+                max_len: int = 20, length_norm: float = 0.0) -> list[Caption]:
+    "Beam search for a batch of B images: the best of `beam_size` beams for each image (ranked by log-probability / length^`length_norm`)."
     batch = as_batch(batch); check_inputs(model, batch); check_int("beam_size", beam_size, lo=1)
+    check_float("length_norm", length_norm, lo=0.0, hi=5.0)
     B, K, dev = _n_images(model, batch), beam_size, _device(model, batch)
     memory, state = model.init_state(batch)                                    # memory: (B, ...), state: (B, ...)
     state = _repeat(state, K)                                                  # (B*K, ...)
     tok = torch.full((B * K,), model.start, dtype=torch.long, device=dev)
     score = torch.full((B, K), float("-inf"), device=dev); score[:, 0] = 0    # (B, K)
     done = torch.zeros(B * K, dtype=torch.bool, device=dev)
+    length = torch.zeros(B * K, device=dev)                                    # tokens emitted, <end> included
     words, alphas = torch.zeros(B * K, 0, dtype=torch.long, device=dev), None
     images, out = torch.arange(B, device=dev), [None] * B                      # images still being searched
     for t in range(max_len + 1):
@@ -149,16 +160,23 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         if aux.get("alpha") is not None:
             a = aux["alpha"].index_select(0, rows)[:, None]
             alphas = a if alphas is None else torch.cat([alphas.index_select(0, rows), a], 1)
-        done = done.index_select(0, rows) | (tok == model.end)
-        fin = done.view(n, K)[:, 0]                                            # the image's best beam has ended
-        if fin.any():                                                          # topk is sorted: beam 0 is the best
+        done = done.index_select(0, rows)
+        length = length.index_select(0, rows) + (~done).float()
+        done = done | (tok == model.end)
+        # alpha = 0: the image's best beam has ended (topk is sorted) | alpha > 0: all its beams have (or are impossible:
+        # a beam wider than the captions there are is padded with beams of score -inf)
+        fin = (done.view(n, K) | score.isneginf()).all(1) & score[:, 0].isfinite() if length_norm else done.view(n, K)[:, 0]
+        if fin.any():
+            # log p / L^alpha: (n, K)
+            best = (score / length.view(n, K) ** length_norm).argmax(1) if length_norm else torch.zeros_like(fin, dtype=torch.long)
             for j in fin.nonzero().flatten().tolist():
-                out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)
+                r0 = j * K + int(best[j])
+                out[images[j]] = _finish(words[r0], score[j, best[j]].item(), None if alphas is None else alphas[r0], model.end)
             keep = (~fin).nonzero().flatten()
             if not len(keep): break
             r = (keep[:, None] * K + torch.arange(K, device=dev)).flatten()
             images, score, memory = images[keep], score[keep], _select(memory, keep)
-            state, tok, words, done = _select(state, r), tok[r], words[r], done[r]
+            state, tok, words, done, length = _select(state, r), tok[r], words[r], done[r], length[r]
             if alphas is not None: alphas = alphas[r]
     if any(o is None for o in out):             # only non-finite scores keep a beam from ending by max_len
         raise CapbookError(f"beam search: {sum(o is None for o in out)} of {B} images got no caption because the model's "
@@ -184,6 +202,19 @@ from capbook.decode import teacher_forced as _tfd, pad_captions as _pad      # d
 _b3 = beam_search(_m, _f, beam_size=3, max_len=6)
 _tf = _tfd(_m, {"feats": _f, "caps": _pad([[_m.start, *c.tokens, _m.end] for c in _b3], 9)})
 assert all(abs(b.logprob - t.logprob) < 1e-4 for b, t in zip(_b3, _tf))
+
+# %% [markdown]
+# With a beam wide enough to hold every caption (here 12 words, at most 2 words: fewer than 12² + 12 + 1 candidates
+# at every step) beam search is exhaustive, so with length normalisation it must return the caption that maximises
+# $\log p / L^{\alpha}$ over every caption, found by enumerating them; with α = 0, the most probable one.
+
+# %%
+import itertools
+_all = [list(w) for L in range(3) for w in itertools.product([t for t in range(12) if t not in (_m.start, _m.end, _m.pad)], repeat=L)]
+_tf_all = _tfd(_m, {"feats": _f[:1].expand(len(_all), -1, -1), "caps": _pad([[_m.start, *w, _m.end] for w in _all], 5)})
+for _alpha in (0.0, 0.7, 1.0):
+    _want = max(_tf_all, key=lambda c: c.logprob / (len(c.tokens) + 1) ** _alpha)
+    assert beam_search(_m, _f[:1], beam_size=200, max_len=2, length_norm=_alpha)[0].tokens == _want.tokens
 
 
 # %% [markdown]
@@ -300,12 +331,12 @@ for _tf, _gc in zip(teacher_forced(_m, {"feats": _f, "caps": _caps}), _g):
 # %%
 #| export
 def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 20, batch_size: int = 100,
-                 device: torch.device | str = "cpu") -> list[Caption]:
-    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search, in image order."
+                 device: torch.device | str = "cpu", length_norm: float = 0.0) -> list[Caption]:
+    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search (length-normalised by `length_norm`), in image order."
     model.eval(); out = []
     for b in data.image_batches(batch_size):
         b = to_device(b, device)
-        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len)
+        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len, length_norm)
     return out
 
 

@@ -495,6 +495,7 @@ epochs = None             # None: the chapter's default for the profile
 batch_size = 64           # captions per training step
 lr = None                 # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
 beam_size = 2             # the paper's evaluation beam
+length_norm = 0.0         # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
 scst_epochs = 0           # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
