@@ -12,10 +12,10 @@ from .core import CapbookError, check_int, error_line, io_error, load_json, os_e
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 # %% auto 0
-__all__ = ['PHASES', 'Step', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps', 'compared_runs',
-           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'kernel_manager',
-           'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan', 'run_book', 'train_cli',
-           'main']
+__all__ = ['PHASES', 'Step', 'replicas', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'step_record', 'chapter_steps',
+           'row_record', 'compared_runs', 'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme',
+           'upstream_of', 'kernel_manager', 'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs',
+           'run_plan', 'run_book', 'train_cli', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -24,8 +24,15 @@ class Step:
     notebook: str
     params: dict = field(default_factory=dict)
     tag: str = ""
+    replica: int = 0                # a chapter run repeated with training seed `replica` (0: the row's own run)
     @property
     def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
+
+def replicas(profile: str, step: Step) -> list[Step]:
+    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`): the rows a table averages."
+    from capbook.runner import SEEDS
+    tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
+    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, SEEDS[profile])]
 
 def nbs_dir() -> Path:
     "The notebook sources."
@@ -54,7 +61,8 @@ def plan(profile: str) -> list[Step]:
         if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
         elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
         else: rest.append(Step(nb))
-    return rest[:1] + runs + rest[1:]                # the index first
+    seeds = [r for s in runs for r in replicas(profile, s)[1:]]   # every row's first seed before any repeat
+    return rest[:1] + runs + seeds + rest[1:]        # the index first
 
 _NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
 
@@ -71,16 +79,22 @@ def step_record(profile: str, step: Step) -> dict:
     return same[-1]
 
 def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
-    "The plan's runs of one chapter, by tag."
-    return {s.tag: s for s in plan(profile) if s.notebook == notebook}
+    "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
+    return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
+
+def row_record(profile: str, step: Step) -> dict:
+    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`capbook.runner.merge_seeds`)."
+    from capbook.runner import merge_seeds
+    return merge_seeds([step_record(profile, r) for r in replicas(profile, step)])
 
 def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
     "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
     steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
              if tags is None or t in tags}
-    recs = {k: step_record(profile, s) for k, s in steps.items()}
+    recs = {k: row_record(profile, s) for k, s in steps.items()}
     first = next(iter(recs))
-    other = [s.name for k, s in steps.items() if recs[k]["data"]["fingerprint"] != recs[first]["data"]["fingerprint"]]
+    other = [s.name for k, s in steps.items()
+             if any(r["data"]["fingerprint"] != recs[first]["data"]["fingerprint"] for r in recs[k]["seed_runs"])]
     if other:
         raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
                            f"run `capbook book --profile {profile}` again")
@@ -149,7 +163,7 @@ def _key(step: Step, src: Path, upstream: dict | None = None) -> str:
     if "profile" in step.params:
         from capbook.runner import chapters
         ch = chapters().get(step.notebook)
-        data = inputs_digest(**{"encoder": ch.encoder if ch else None, **step.params})
+        data = inputs_digest(**{"encoder": ch.encoder if ch else None, **step.params, "seed": step.params.get("data_seed", 0)})
     else: data = None
     return stable_hash({"nb": stable_hash(src.read_text(), 16), "params": step.params, "code": package_hash(),
                         "data": data, "upstream": upstream or {}}, 16)

@@ -28,9 +28,9 @@ def image_encoder(prep, params: dict) -> torch.nn.Module:
     "The frozen encoder `prep`'s features were computed with (the shapes CNN from its cache, or the torchvision backbone), checked by its key."
     from capbook import encoders
     if prep.dataset.startswith("shapes-"):
-        net = encoders.shapes_encoder(prep.kdata, prep.gt, profile=params["profile"], seed=params["seed"])
+        net = encoders.shapes_encoder(prep.kdata, prep.gt, profile=params["profile"], seed=params.get("data_seed", 0))
     else:
-        net = encoders.build_backbone(prep.encoder.split("-")[0], weights=params.get("weights", "imagenet"), seed=params["seed"])
+        net = encoders.build_backbone(prep.encoder.split("-")[0], weights=params.get("weights", "imagenet"), seed=params.get("data_seed", 0))
     if net.encoder_key(prep.image_size) != prep.encoder:
         raise CapbookError(f"encoder {net.encoder_key(prep.image_size)} is not the run's {prep.encoder}; its features cannot be rebuilt here")
     return net

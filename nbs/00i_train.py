@@ -144,6 +144,7 @@ def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int, dec
     # gamma^floor(e / lr_step)
     return warm * cfg.lr_gamma ** (epoch // cfg.lr_step)
 
+
 # %%
 _c = TrainConfig(schedule="noam", warmup=1.0)
 assert [round(lr_factor(_c, s, 0, 100), 3) for s in (1, 50, 100, 400)] == [0.01, 0.5, 1.0, 0.5]
@@ -169,7 +170,7 @@ assert [lr_factor(_c, 1000, 7, 100, k) for k in range(3)] == [1.0, 0.5, 0.25]
 # %%
 #| export
 def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dict:
-    "Decode the validation split and return BLEU-1..4 and CIDEr on its references."
+    "Decode the validation split and return BLEU-1..4 and CIDEr on its references, and the captions (`captions`)."
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     caps = decode_split(model, data, cfg.val_beam, cfg.max_len, device=device, length_norm=cfg.length_norm)
@@ -177,7 +178,7 @@ def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dic
     gts = {i: [" ".join(r) for r in data.refs[i]] for i in range(len(caps))}
     b, _ = Bleu(4).compute_score(gts, res, verbose=0)
     c, _ = Cider().compute_score(gts, res)
-    return {**{f"BLEU-{k+1}": float(v) for k, v in enumerate(b)}, "CIDEr": float(c)}
+    return {**{f"BLEU-{k+1}": float(v) for k, v in enumerate(b)}, "CIDEr": float(c), "captions": [r[0] for r in res.values()]}
 
 
 # %% [markdown]
@@ -343,6 +344,7 @@ class WeightAverage:
         self.t = st["t"]
         for a, v in zip(self.avg, st["avg"]): a.copy_(v)
 
+
 # %%
 _m = torch.nn.Linear(2, 1); _avg = WeightAverage(_m, 0.5)
 _w0 = _m.weight.detach().clone()
@@ -351,6 +353,7 @@ _avg.update()                                               # t = 1: d = min(0.5
 with _avg.swapped(): _wa = _m.weight.detach().clone()
 assert torch.allclose(_wa, _w0 + 9 / 11) and torch.allclose(_m.weight, _w0 + 1)   # the average inside, the own weights after
 
+
 # %% [markdown]
 # ## The loop
 #
@@ -358,7 +361,10 @@ assert torch.allclose(_wa, _w0 + 9 / 11) and torch.allclose(_m.weight, _w0 + 1) 
 # it (the last at its end). Each evaluation decodes the validation split (with the averaged weights under `ema`),
 # keeps the weights as `best.pt` when they beat every earlier evaluation on `metric`, counts the evaluations since the
 # last improvement (early stopping after `patience`; a decay of the plateau schedule after every `lr_patience`) and
-# checkpoints `last.pt`, so a killed run resumes at the evaluation, or the `ckpt_every` step, where it stopped.
+# checkpoints `last.pt`, so a killed run resumes at the evaluation, or the `ckpt_every` step, where it stopped. Each
+# evaluation after the first also records how many validation captions changed since the one before (`val changed`)
+# and how many changed their first two words (`val openings changed`: on shapes, the caption's template): a model
+# that has settled changes few; one still swinging between templates changes most (`nbs/01a_protocol`).
 
 # %%
 #| export
@@ -399,6 +405,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     avg = WeightAverage(model, cfg.ema) if cfg.ema else None
     res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world), 0, 0, 0, 0, {}, 0, 0
+    val_caps = None                                                # the last evaluation's validation captions
     code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
     why = _not_resumable(ck, code, fp)
@@ -413,7 +420,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         objective.load_state_dict(ck["objective"])
         if avg is not None: avg.load_state_dict(ck["ema"])
         epoch, skip, bad, step, decays = ck["epoch"], ck["batches_done"], ck["bad_evals"], ck["step"], ck["decays"]
-        tot, n = ck["epoch_sums"], ck["epoch_batches"]
+        tot, n, val_caps = ck["epoch_sums"], ck["epoch_batches"], ck["val_captions"]
         res.history, res.best_epoch, res.best_at, res.best_score = ck["history"], ck["best_epoch"], ck["best_at"], ck["best_score"]
         res.train_seconds, res.val_seconds, res.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
         res.resumed_from = (epoch, skip)
@@ -429,7 +436,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                           "epoch": epoch, "batches_done": skip, "step": step, "epoch_sums": tot, "epoch_batches": n,
                           "bad_evals": bad, "decays": decays, "history": res.history,
                           "best_epoch": res.best_epoch, "best_at": res.best_at, "best_score": res.best_score, "train_seconds": res.train_seconds,
-                          "val_seconds": res.val_seconds, "captions": res.captions, "rng": _rng_state(),
+                          "val_seconds": res.val_seconds, "captions": res.captions, "val_captions": val_caps, "rng": _rng_state(),
                           "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {}, "code": code,
                           "finished": finished})
 
@@ -437,16 +444,24 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         "Score the (averaged) weights on validation after `at` epochs, log them, keep them as best.pt if they are the best so far."
         ep = -1 if at == 0 else math.ceil(at) - 1                        # the epoch it ends or falls in
         tv = time.time()
+        nonlocal val_caps
         with avg.swapped() if avg else contextlib.nullcontext():
             scores = val_score(model, data.val, data.vocab, cfg, device)
+            caps = scores.pop("captions", None)
             better = scores[cfg.metric] > res.best_score
             if better:
                 res.best_score, res.best_epoch, res.best_at = scores[cfg.metric], ep, at
                 save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": ep, "epochs": at,
                                   "scores": scores, "meta": meta or {}})
         res.val_seconds += time.time() - tv
+        churn = {}
+        if caps and val_caps and len(caps) == len(val_caps):     # how many validation captions changed since the last evaluation
+            opening = lambda c: c.split()[:2]
+            churn = {"val changed": sum(a != b for a, b in zip(caps, val_caps)) / len(caps),
+                     "val openings changed": sum(opening(a) != opening(b) for a, b in zip(caps, val_caps)) / len(caps)}
+        val_caps = caps
         res.history.append({"epoch": ep, "epochs": at, "step": step, **means, **{f"val {k}": v for k, v in scores.items()},
-                            "train_s": res.train_seconds})
+                            **churn, "train_s": res.train_seconds})
         log((f"epoch {ep} ({at:g} trained): " if at != math.ceil(at) else f"epoch {ep}: ") + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
             + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
         return better

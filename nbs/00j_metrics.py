@@ -569,6 +569,7 @@ assert _ci["lo"] <= _ci["value"] <= _ci["hi"] and bootstrap(_st["BLEU-4"], "BLEU
 _pair = bootstrap(_st["CIDEr"], "CIDEr", other=_st["CIDEr"] * 0.5)
 print(_ci, _pair["verdict"])
 
+
 # %% [markdown]
 # ## Seeds and test images together
 #
@@ -614,6 +615,7 @@ def seed_spread(values: list[float]) -> dict:
     "Mean and sample standard deviation (n − 1) of one metric over seeds; std is None with one seed."
     v = np.asarray(values, float)
     return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": len(v)}
+
 
 # %% [markdown]
 # A check against brute force on a case small enough to enumerate: two models, two seeds each, three test images. Every

@@ -156,7 +156,8 @@ class RunConfig:
     encoder: str | None = None      # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
     weights: str = "imagenet"       # real data: the encoder's weights, imagenet | random | /path/file.pth
     regions: str | None = None      # real data: folder of precomputed region features (<image>.npy, N x D) instead of a grid
-    seed: int = 0
+    seed: int = 0                   # the training seed (initial weights, batches, dropout); the book repeats compared rows over SEEDS
+    data_seed: int = 0              # the shapes data set's and its encoder's seed: fixed while the training seed varies
     epochs: int | None = None       # None: the chapter's default for the profile
     batch_size: int = _train_default("batch_size")   # captions per training step
     lr: float | None = None         # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
@@ -173,7 +174,8 @@ class RunConfig:
         "Stop with one line on an invalid run parameter."
         from capbook.prepare import DATASETS
         check_profile(self.profile); check_choice("dataset", self.dataset, DATASETS)
-        check_int("seed", self.seed, lo=0); check_int("batch_size", self.batch_size, lo=1)
+        check_int("seed", self.seed, lo=0); check_int("data_seed", self.data_seed, lo=0)
+        check_int("batch_size", self.batch_size, lo=1)
         check_int("beam_size", self.beam_size, lo=1); check_float("length_norm", self.length_norm, lo=0.0, hi=5.0)
         if self.epochs is not None: check_int("epochs", self.epochs, lo=1)
         check_float("lr", self.lr, lo=1e-7, hi=1.0)
@@ -376,9 +378,32 @@ def save_test_captions(path: Path, ev: dict, grid: list[int]) -> Path:
     return save_torch(path, {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
                              "alpha": [c.alpha for c in ev["captions"]], "words": ev["words"], "grid": grid})
 
-def stage_stats(rec: dict, prep, which: str | None = None) -> dict | None:
-    "Per-image statistics of a run's test captions for bootstrap intervals (`capbook.metrics.image_stats`): its final captions, or those after cross-entropy (`which='xe'`) of a run that went on with SCST where it kept them; None where it kept none. Cached in the run folder, keyed by the captions' content, the data and the package code."
+SEEDS = {"smoke": 1, "default": 3, "paper": 1}   # training seeds of every chapter run the book makes, per profile (0, 1, ...)
+
+def _tree(xs: list, f: Callable) -> Any:
+    "`f` over the numbers at the same place of nested dicts `xs` (keys all of them have); elsewhere the first's value."
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs): return f(xs)
+    if all(isinstance(x, dict) for x in xs): return {k: _tree([x[k] for x in xs], f) for k in xs[0] if all(k in x for x in xs)}
+    return xs[0]
+
+def merge_seeds(recs: list[dict]) -> dict:
+    "One table row's record from its runs over training seeds: metrics, each stage's metrics and timings averaged, `metrics_sd` the metrics' sample standard deviation, `seed_runs` the runs' own records."
+    mean = lambda xs: float(np.mean(xs))
+    sd = lambda xs: float(np.std(xs, ddof=1)) if len(xs) > 1 else None
+    out = {**recs[0], "seed_runs": recs, "seeds": [r["params"].get("seed") for r in recs],
+           "metrics": _tree([r["metrics"] for r in recs], mean), "metrics_sd": _tree([r["metrics"] for r in recs], sd),
+           "timings": _tree([r["timings"] for r in recs], mean)}
+    if "stages" in recs[0]:
+        out["stages"] = {k: {**st, "metrics": _tree([r["stages"][k]["metrics"] for r in recs], mean),
+                             "metrics_sd": _tree([r["stages"][k]["metrics"] for r in recs], sd),
+                             "train_s": mean([r["stages"][k]["train_s"] for r in recs])}
+                         for k, st in recs[0]["stages"].items()}
+    return out
+
+def stage_stats(rec: dict, prep, which: str | None = None) -> dict | list[dict] | None:
+    "Per-image statistics of a run's test captions for bootstrap intervals (`capbook.metrics.image_stats`): its final captions, or those after cross-entropy (`which='xe'`) of a run that went on with SCST where it kept them; None where it kept none; a list, one per seed, for a row of several seeds (`merge_seeds`). Cached in the run folder, keyed by the captions' content, the data and the package code."
     from capbook.metrics import image_stats
+    if len(rec.get("seed_runs", [])) > 1: return [stage_stats(r, prep, which) for r in rec["seed_runs"]]
     d, final = Path(rec["_dir"]), ("scst" if "stages" in rec else "xe")
     which = which or final
     f = d / ("test_captions.pt" if which == final else f"test_captions-{which}.pt")
@@ -398,19 +423,46 @@ def stage_stats(rec: dict, prep, which: str | None = None) -> dict | None:
 
 CI_METRICS = ("BLEU-4", "CIDEr", "semantic F1")
 
-def interval_cells(stats: dict | None, metrics: tuple[str, ...] = CI_METRICS) -> dict:
-    "A table row's 95 % bootstrap intervals over test images, one cell per metric ('[lo, hi]', ×100); '—' where the run kept no captions."
-    from capbook.metrics import bootstrap
-    cell = lambda m: ("—" if stats is None or m not in stats else "[{lo:.1f}, {hi:.1f}]".format(**bootstrap(stats[m], m)))
+def epochs_trained(history: list[dict]) -> float:
+    "The epochs a run trained, from its validation history (the entries before cross-entropy's own, epoch -1, left out)."
+    done = [h for h in history if h["epoch"] >= 0]
+    return float(done[-1].get("epochs", done[-1]["epoch"] + 1)) if done else 0.0
+
+def _seeds(stats: dict | list | None) -> list[dict] | None:
+    "A row's per-image statistics as a list over its seeds; None if any seed kept no captions."
+    stats = stats if isinstance(stats, list) else [stats]
+    return None if any(s is None for s in stats) else stats
+
+def interval_cells(stats: dict | list[dict] | None, metrics: tuple[str, ...] = CI_METRICS) -> dict:
+    "A table row's 95 % intervals, one cell per metric ('[lo, hi]', ×100): over test images, and over seeds too for a row of several (`seed_bootstrap`); '—' where a run kept no captions."
+    from capbook.metrics import seed_bootstrap
+    st = _seeds(stats)
+    cell = lambda m: ("—" if st is None or m not in st[0] else "[{lo:.1f}, {hi:.1f}]".format(**seed_bootstrap([s[m] for s in st], m)))
     return {f"{m} 95% CI": cell(m) for m in metrics}
 
-def paired_verdict(a: dict | None, b: dict | None, metric: str = "CIDEr") -> dict:
-    "The paired bootstrap test of the claim 'a scores higher than b' on the same test images: difference, its 95 % interval, and holds / does not hold / cannot tell at this size."
-    from capbook.metrics import bootstrap
-    if a is None or b is None: return {"verdict": "cannot tell: captions not kept", "text": "cannot tell: a run kept no test captions"}
-    if metric not in a: return {"verdict": f"cannot tell: no {metric}", "text": f"cannot tell: no {metric} on this data"}
-    r = bootstrap(a[metric], metric, other=b[metric])
-    return {**r, "text": f"{r['verdict']} ({metric} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"}
+SEED_METRICS = {"CIDEr": "CIDEr", "semantic F1": "F1 all"}   # the spread over seeds a table shows: metric -> results_row column
+
+def seed_cells(rec: dict, which: str | None = None) -> dict:
+    "A table row's spread over training seeds: the number of seeds and the sample standard deviation (×100) of CIDEr and semantic F1 ('—' with one seed)."
+    from capbook.metrics import results_row
+    runs = rec.get("seed_runs", [rec])
+    rows = [results_row(record_stage(r, which or ("scst" if "stages" in r else "xe"))["metrics"]) for r in runs]
+    sd = lambda c: f"{np.std([r[c] for r in rows], ddof=1):.1f}" if len(rows) > 1 and all(c in r for r in rows) else "—"
+    return {"seeds": len(runs), **{f"{m} sd": sd(c) for m, c in SEED_METRICS.items()}}
+
+def paired_verdict(a: dict | list | None, b: dict | list | None, metric: str = "CIDEr", also: tuple[str, ...] = ("semantic F1",)) -> dict:
+    "The test of the claim 'a scores higher than b' on the same test images, over their seeds too where a row has several (`capbook.metrics.seed_bootstrap`): difference, 95 % interval, holds / does not hold / cannot tell at this size; the text adds the verdict on each `also` metric and says where they disagree."
+    from capbook.metrics import seed_bootstrap
+    A, B = _seeds(a), _seeds(b)
+    if A is None or B is None: return {"verdict": "cannot tell: captions not kept", "text": "cannot tell: a run kept no test captions"}
+    if metric not in A[0]: return {"verdict": f"cannot tell: no {metric}", "text": f"cannot tell: no {metric} on this data"}
+    test = lambda m: seed_bootstrap([s[m] for s in A], m, [s[m] for s in B])
+    fmt = lambda m, r: f"{r['verdict']} ({m} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"
+    r, others = test(metric), {m: test(m) for m in also if m != metric and m in A[0]}
+    text = fmt(metric, r) + "".join(f"; on {m}: {fmt(m, o)}" for m, o in others.items())
+    if any(o["verdict"] != r["verdict"] for o in others.values()): text += " - the metrics disagree"
+    if max(len(A), len(B)) > 1: text += f" [{len(A)} vs {len(B)} seeds]"
+    return {**r, "also": others, "text": text}
 
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."
@@ -449,7 +501,7 @@ def chapter_data(ch: Chapter, p: Any, device: str | None = None):
     "The prepared data a run of chapter `ch` with parameters `p` trains on: on real data the chapter's paper's encoder unless `p.encoder` names one."
     from capbook.prepare import prepare
     encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
-    return prepare(p.dataset, p.profile, seed=p.seed, data_path=p.data_path, encoder=encoder, device=device or p.device,
+    return prepare(p.dataset, p.profile, seed=p.data_seed, data_path=p.data_path, encoder=encoder, device=device or p.device,
                    weights=p.weights, regions=p.regions)
 
 def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
@@ -497,11 +549,11 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     stages = {}
     grid = list(getattr(model, "att_grid", prep.grid))  # a model may attend over its own map (the 2D LSTMs)
     if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
-        stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "train_s": fitted.train_seconds,
+        stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "best_at": fitted.best_at, "train_s": fitted.train_seconds,
                         "images_per_s": ev["timings"]["images_per_s"]}
         save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
         with timed(phase, "test_s"): rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
-        stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "train_s": rl.train_seconds,
+        stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "best_at": rl.best_at, "train_s": rl.train_seconds,
                           "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
         phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
         phase["test_s"] -= rl.train_seconds + rl.val_seconds   # self_critical's own time left in test: its test decode
@@ -514,7 +566,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
             ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
                                             "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
-                            n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch,
+                            n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch, best_at=fitted.best_at,
                             history=fitted.history, model=name, hparams=hp,
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],

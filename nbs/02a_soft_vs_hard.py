@@ -31,8 +31,8 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, paired_verdict
-from capbook.book import chapter_steps, step_record
+from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, paired_verdict
+from capbook.book import chapter_steps, row_record
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
@@ -47,10 +47,10 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 # %%
 run = start_run("02a_soft_vs_hard", read_params(["profile", "run_dir"], globals()))
 steps = chapter_steps(profile, "02_show_attend_tell")
-recs = {tag: step_record(profile, s) for tag, s in steps.items()}
+recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds
 caps = {tag: load_torch(Path(r["_dir"]) / "test_captions.pt") for tag, r in recs.items()}
 p0 = recs[""]["params"]
-prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
+prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 images = prep.image_paths("test")
 stats = {tag: stage_stats(r, prep) for tag, r in recs.items()}      # per-image statistics of each run's test captions
 pd.DataFrame([{"run": s.name, "parameters": s.params, "record": r["_dir"], "finished": r["finished"]}
@@ -96,7 +96,7 @@ display(Markdown(save_table(lam, run.path("table_sat_hard_lambda"), floatfmt=".2
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
 def row(model, m, rec, st=None):
-    return {"dataset": ds_name, "model": model, "source": "capbook (measured)", **results_row(m), **interval_cells(st),
+    return {"dataset": ds_name, "model": model, "source": "capbook (measured)", **results_row(m), **interval_cells(st), **seed_cells(rec),
             "train min": rec["timings"]["train_s"] / 60, "params (M)": rec["n_params"] / 1e6}
 ours = [row("Soft-Attention", recs[""]["metrics"], recs[""], stats[""]),
         row("Hard-Attention", recs[sel]["metrics"], recs[sel], stats[sel]),

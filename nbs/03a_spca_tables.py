@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np, pandas as pd, torch
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import get_device, load_torch
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, paired_verdict
-from capbook.book import chapter_steps, step_record
+from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, paired_verdict
+from capbook.book import chapter_steps, row_record
 from capbook.prepare import prepare
 from capbook.decode import ms_per_image
 from capbook.metrics import evaluate, attention_on_references, image_stats, results_row, semantic_table
@@ -52,10 +52,10 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 # %%
 run = start_run("03a_spca_tables", read_params(["profile", "timing_repeats", "device", "run_dir"], globals()))
 steps = chapter_steps(profile, "03_spca")
-recs = {tag: step_record(profile, s) for tag, s in steps.items()}
-soft_rec = step_record(profile, chapter_steps(profile, "02_show_attend_tell")[""])
+recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds
+soft_rec = row_record(profile, chapter_steps(profile, "02_show_attend_tell")[""])
 p0 = recs[""]["params"]
-prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
+prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 dev = get_device(device)
 models = {tag: load_trained(r["_dir"], prep).to(dev) for tag, r in recs.items()}
 models["soft"] = load_trained(soft_rec["_dir"], prep).to(dev)
@@ -111,7 +111,8 @@ display(Markdown(save_table(table1, run.path("table_spca_table1"), floatfmt=".3g
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
 def measured(tag, rec=None, metrics=None):
     rec = rec or recs[tag]
-    row = {"dataset": ds_name, "source": "capbook (measured)", **results_row(metrics or rec["metrics"]), **interval_cells(ST.get(tag))}
+    row = {"dataset": ds_name, "source": "capbook (measured)", **results_row(metrics or rec["metrics"]), **interval_cells(ST.get(tag)),
+           **seed_cells(rec, "xe" if metrics is not None else None)}
     if tag in att_refs: row.update({"ref. mass": 100 * att_refs[tag]["mass"], "ref. hit": 100 * att_refs[tag]["hit"]})
     return row
 def label(structure): return {"none": "Baseline", "S||C": "S‖C"}.get(structure, structure)
@@ -150,7 +151,7 @@ t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
       {"model": "2D-latent state*", **measured("base")},
       {"model": "1D-LSTM + SPCA", **measured("1d")},
       {"model": "2D-latent-LSTM + SPCA", **measured("")}]
-hard_rec = step_record(profile, chapter_steps(profile, "02_show_attend_tell")["hard"])
+hard_rec = row_record(profile, chapter_steps(profile, "02_show_attend_tell")["hard"])
 base_recs = baseline_records(profile, recs[""]["data"]["fingerprint"])
 ST |= {"hard": stage_stats(hard_rec, prep), **{tag: stage_stats(base_recs[tag], prep, "xe") for tag in ("nic", "sca-cnn", "att2in")}}
 t4 += [{"model": "Hard-Attention", **measured("hard", hard_rec), "note": "Show-Attend-Tell's chapter (6 epochs, beam 3)"}]

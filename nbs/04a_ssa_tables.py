@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError, load_torch
-from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, paired_verdict
+from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, paired_verdict, epochs_trained
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
@@ -46,7 +46,7 @@ steps, recs = compared_runs(profile, {"ssa": ("04_spatial_self_attention", None)
                                       "spca": ("03_spca", ("",))})
 caps = {k: load_torch(Path(r["_dir"]) / "test_captions.pt") for k, r in recs.items()}
 p0 = recs["ssa", ""]["params"]
-prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
+prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 stats = {k: stage_stats(r, prep) for k, r in recs.items()}    # per-image statistics of each run's test captions
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "record": recs[k]["_dir"], "data": recs[k]["data"]["fingerprint"]}
               for k, s in steps.items()])
@@ -68,7 +68,7 @@ def sizes(rec): return f"d={rec['hparams']['d_model']}, h={rec['hparams']['heads
 def row(model, k):
     rec = recs[k]
     return {"dataset": ds_name, "model": model, "source": "capbook (measured)", **results_row(rec["metrics"]),
-            **interval_cells(stats[k]), "train min": rec["timings"]["train_s"] / 60, "epochs": len(rec["history"]), "params (M)": rec["n_params"] / 1e6}
+            **interval_cells(stats[k]), **seed_cells(rec), "train min": rec["timings"]["train_s"] / 60, "epochs": epochs_trained(rec["history"]), "params (M)": rec["n_params"] / 1e6}
 ours = [row("Show, Attend and Tell (soft attention)", ("sat", "")),
         row(f"Proposed Model (transformer, τ paper; {sizes(recs['ssa', ''])})", ("ssa", ""))]
 table1 = pd.concat([ssa_table1(), pd.DataFrame(ours)], ignore_index=True)
@@ -142,7 +142,7 @@ def reach(rec, target):
     if any("train_s" not in h for h in hist):
         raise CapbookError(f"{rec['_dir']}: its history has no per-epoch training time (made by older code): rerun the book")
     first = next(h for h in hist if h["val BLEU-4"] >= target - 1e-12)
-    return first["epoch"] + 1, first["train_s"]
+    return first.get("epochs", first["epoch"] + 1), first["train_s"]
 best = {k: max(h["val BLEU-4"] for h in recs[k]["history"]) for k in [("sat", ""), ("ssa", "")]}
 target = min(best.values())
 def device(rec): return "CPU" if rec["machine"]["device"] == "cpu" else "GPU"   # where the run trained
@@ -152,7 +152,7 @@ for name, k in [("Show, Attend and Tell (soft attention, LSTM)", ("sat", "")), (
     h = recs[k]["history"]
     time_rows.append({"model": name, "source": "capbook (measured)", "device": f"{device(recs[k])} ({recs[k]['machine']['threads']} threads)",
                       f"epochs to val BLEU-4 {100 * target:.1f}": ep, "train min to it": secs / 60,
-                      "s / epoch": h[-1]["train_s"] / len(h), "captions / s": recs[k]["timings"]["train_captions_per_s"],
+                      "s / epoch": h[-1]["train_s"] / epochs_trained(h), "captions / s": recs[k]["timings"]["train_captions_per_s"],
                       "best val BLEU-4": 100 * best[k]})
 time_rows += [{"model": "Transformer (proposed)", "source": "paper (quoted)", "device": "Tesla K80",
                "note": SSA_TRAINING_TIME["transformer"]},

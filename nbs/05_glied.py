@@ -573,7 +573,8 @@ data_path = None          # folder with dataset_<name>.json and its images (real
 encoder = None            # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
 weights = 'imagenet'      # real data: the encoder's weights, imagenet | random | /path/file.pth
 regions = None            # real data: folder of precomputed region features (<image>.npy, N x D) instead of a grid
-seed = 0
+seed = 0                  # the training seed (initial weights, batches, dropout); the book repeats compared rows over SEEDS
+data_seed = 0             # the shapes data set's and its encoder's seed: fixed while the training seed varies
 epochs = None             # None: the chapter's default for the profile
 batch_size = 64           # captions per training step
 lr = None                 # Adam's learning rate; None: the profile's (paper 1e-4, §4.2)
@@ -635,7 +636,6 @@ _d = load_torch(r.run.path("distilling.pt"), "Figure 3 data")
 if "feat_mask" not in prep.test.inputs:                  # a grid to draw regions on (bottom-up regions have no boxes here)
     display(distilling_figure(prep.image_paths("test")[_d["index"]], _d["words"], _d["attr_words"], _d["weights"],
                               _d["step"], tuple(_d["grid"])))
-
 
 # %% [markdown]
 # ## Where capbook departs from the paper

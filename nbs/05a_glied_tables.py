@@ -35,7 +35,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, paired_verdict
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, paired_verdict, epochs_trained
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -52,7 +52,7 @@ run = start_run("05a_glied_tables", read_params(["profile", "run_dir"], globals(
 steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_show_attend_tell", ("", "none")),
                                       "base": ("06_baselines", None)})
 p0 = recs["glied", ""]["params"]
-prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])
+prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "variant": recs[k].get("figure3", {}).get("variant", ""),
                "record": Path(recs[k]["_dir"]).name, "data": recs[k]["data"]["fingerprint"]} for k, s in steps.items()])
 
@@ -91,7 +91,7 @@ def stage_row(model, k, stage):
     m = rec["stages"][stage]["metrics"]
     return {"dataset": ds_name, "model": model, "training": {"xe": "cross-entropy", "scst": "+ self-critical (CIDEr-D)"}[stage],
             "source": "capbook (measured)", **results_row(m), **({"SPICE": 100 * m["SPICE"]} if "SPICE" in m else {}),
-            **interval_cells(ST[k, stage]),
+            **interval_cells(ST[k, stage]), **seed_cells(rec, stage),
             "train min": rec["stages"][stage]["train_s"] / 60, "note": spice_note(rec)}
 def spice_note(rec):                                      # the record's note names this machine's folders: the table does not
     note = rec.get("notes", {}).get("SPICE", "")
@@ -186,7 +186,7 @@ def t2_row(name, k):                                    # the cross-entropy stag
     s = record_stage(rec, "xe")
     return {"model": name, "source": "capbook (measured)", "#Parameters (M)": rec["n_params"] / 1e6,
             "Train time (min)": s["train_s"] / 60, "Inference (ips)": s["images_per_s"], "CIDEr": 100 * s["metrics"]["CIDEr"],
-            "epochs": len(rec["history"]),
+            "epochs": epochs_trained(rec["history"]),
             "device": f"{rec['machine']['device']} ({rec['machine']['threads']} threads)"}
 ours2 = [t2_row("LSTM", ("base", "lstm")), t2_row("SoftAtt", ("sat", "")), t2_row("Up-Down", ("base", "")),
          t2_row("CT", ("base", "ct")), t2_row("Base", b), t2_row("GLIED", g)]

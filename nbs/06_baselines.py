@@ -562,7 +562,8 @@ data_path = None          # folder with dataset_<name>.json and its images (real
 encoder = None            # None: the dataset's default (the shapes CNN; for real data, the paper's backbone)
 weights = 'imagenet'      # real data: the encoder's weights, imagenet | random | /path/file.pth
 regions = None            # real data: folder of precomputed region features (<image>.npy, N x D) instead of a grid
-seed = 0
+seed = 0                  # the training seed (initial weights, batches, dropout); the book repeats compared rows over SEEDS
+data_seed = 0             # the shapes data set's and its encoder's seed: fixed while the training seed varies
 epochs = None             # None: the chapter's default for the profile
 batch_size = 64           # captions per training step
 lr = None                 # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
@@ -604,7 +605,6 @@ pd.DataFrame({"test": {m: round(100 * v, 1) for m, v in ev["metrics"].items()}})
 
 # %%
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
-
 
 # %% [markdown]
 # ## Where capbook departs from the papers

@@ -35,7 +35,7 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, paired_verdict
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, paired_verdict, epochs_trained
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -74,7 +74,7 @@ steps, recs = compared_runs(profile, {"sat": ("02_show_attend_tell", ("", "hard"
                                       "base": ("06_baselines", None)})
 data, p0 = recs["base", ""]["data"], recs["base", ""]["params"]
 print(f"{len(steps)} runs, all trained on {data['dataset']} ({data['encoder']} features, data {data['fingerprint']})")
-prep = prepare(p0["dataset"], profile, seed=p0["seed"], data_path=p0["data_path"], encoder=p0["encoder"])   # the test references
+prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])   # the test references
 
 # %% [markdown]
 # ## The table
@@ -89,10 +89,10 @@ for label, family, k, st in MODELS:
     rec = recs[k]
     s = record_stage(rec, st)
     xe = record_stage(rec, "xe")
-    epochs = len(rec["history"]) + (sum(e["epoch"] >= 0 for e in rec["stages"]["scst"]["history"]) if st == "scst" else 0)
+    epochs = epochs_trained(rec["history"]) + (epochs_trained(rec["stages"]["scst"]["history"]) if st == "scst" else 0)
     stats[label] = stage_stats(rec, prep, st)
     rows.append({"model": label, "family": family, "training": "+ self-critical" if st == "scst" else "cross-entropy",
-                 **results_row(s["metrics"]), **interval_cells(stats[label]), "params (M)": rec["n_params"] / 1e6,
+                 **results_row(s["metrics"]), **interval_cells(stats[label]), **seed_cells(rec, st), "params (M)": rec["n_params"] / 1e6,
                  "train min": (xe["train_s"] + (s["train_s"] if st == "scst" else 0)) / 60, "epochs": epochs,
                  "images/s": s["images_per_s"]})
 table = pd.DataFrame(rows)

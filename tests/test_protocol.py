@@ -46,6 +46,7 @@ def test_evaluations_are_spread_over_each_epoch(tmp_path):
     best = max(r.history, key=lambda h: h["val CIDEr"])
     assert (r.best_at, r.best_epoch, r.best_score) == (best["epochs"], best["epoch"], best["val CIDEr"])
     assert r.captions == 3 * 32
+    assert "val changed" not in r.history[0] and all(0 <= h["val openings changed"] <= h["val changed"] <= 1 for h in r.history[1:])
 
 
 def test_plateau_decays_after_lr_patience_and_stops_after_patience(monkeypatch, tmp_path):
@@ -110,3 +111,55 @@ def test_a_run_killed_at_an_evaluation_resumes_to_the_same_numbers(monkeypatch, 
     clock = lambda hs: [{k: v for k, v in h.items() if k != "train_s"} for h in hs]
     assert clock(again.history) == clock(full.history)
     assert all(torch.equal(a, b) for a, b in zip(again_m.state_dict().values(), full_m.state_dict().values()))
+
+
+def fake_record(seed, cider, f1, stages=False):
+    m = {"CIDEr": cider, "BLEU-4": 0.3, "semantic": {c: {"p": f1, "r": f1, "f1": f1} for c in ("objects", "attributes", "counts", "relations", "all")}}
+    r = {"params": {"seed": seed}, "metrics": m, "timings": {"train_s": 10.0 * (seed + 1), "images_per_s": 100.0}, "history": [{"epoch": 0, "epochs": 1.0}]}
+    if stages: r["stages"] = {"xe": {"metrics": m, "train_s": 1.0}, "scst": {"metrics": {**m, "CIDEr": cider + 0.1}, "train_s": 2.0}}
+    return r
+
+
+def test_a_row_over_seeds_averages_its_runs_and_shows_their_spread():
+    from capbook.runner import merge_seeds, seed_cells
+    recs = [fake_record(s, c, f) for s, c, f in ((0, 1.0, 0.4), (1, 1.2, 0.5), (2, 0.8, 0.6))]
+    row = merge_seeds(recs)
+    assert row["metrics"]["CIDEr"] == pytest.approx(1.0) and row["metrics"]["semantic"]["all"]["f1"] == pytest.approx(0.5)
+    assert row["metrics_sd"]["CIDEr"] == pytest.approx(0.2) and row["timings"]["train_s"] == pytest.approx(20.0)
+    assert row["seeds"] == [0, 1, 2] and row["seed_runs"] == recs
+    assert seed_cells(row) == {"seeds": 3, "CIDEr sd": "20.0", "semantic F1 sd": "10.0"}
+    assert seed_cells(merge_seeds(recs[:1])) == {"seeds": 1, "CIDEr sd": "—", "semantic F1 sd": "—"}
+    st = merge_seeds([fake_record(s, c, 0.5, stages=True) for s, c in ((0, 1.0), (1, 2.0))])
+    assert st["stages"]["scst"]["metrics"]["CIDEr"] == pytest.approx(1.6) and seed_cells(st, "xe")["CIDEr sd"] == f"{100 * np.std([1.0, 2.0], ddof=1):.1f}"
+
+
+def test_verdicts_over_seeds_state_cider_and_semantic_f1():
+    from capbook.runner import paired_verdict, interval_cells
+    rng = np.random.default_rng(0)
+    def seed_stats(shift_c, shift_f):                 # per-image statistics as image_stats gives them (CIDEr, semantic F1 counts)
+        f = np.zeros((50, 4)); f[:, 0] = rng.integers(2, 5, 50) + shift_f; f[:, 1] = 5; f[:, 2] = f[:, 0]; f[:, 3] = 5
+        return {"CIDEr": rng.uniform(0.5, 1.5, 50) + shift_c, "semantic F1": f}
+    a = [seed_stats(0.5, 0.0) for _ in range(3)]; b = [seed_stats(0.0, 0.0) for _ in range(3)]
+    v = paired_verdict(a, b)
+    assert v["verdict"] == "holds" and v["also"]["semantic F1"]["verdict"] == "cannot tell at this size"
+    assert "on semantic F1" in v["text"] and "the metrics disagree" in v["text"] and "3 vs 3 seeds" in v["text"]
+    one = paired_verdict(a[0], b[0])                   # one seed each: the paired test over images
+    assert one["verdict"] == "holds" and "seeds" not in one["text"]
+    assert paired_verdict([a[0], None], b)["verdict"].startswith("cannot tell")
+    assert interval_cells([a[0], None])["CIDEr 95% CI"] == "—" and interval_cells(a)["CIDEr 95% CI"].startswith("[")
+
+
+def test_the_plan_repeats_every_chapter_run_over_the_profile_seeds():
+    from capbook.book import plan, chapter_steps, replicas
+    from capbook.runner import SEEDS, chapters
+    steps = plan("default")
+    chs = chapters()
+    rows = [s for s in steps if s.notebook in chs and not s.replica]
+    reps = [s for s in steps if s.replica]
+    assert len(reps) == (SEEDS["default"] - 1) * len(rows) and steps.index(reps[0]) > steps.index(rows[-1])
+    assert {s.params["seed"] for s in reps} == set(range(1, SEEDS["default"]))
+    assert len({s.name for s in steps}) == len(steps)                            # every run its own folder
+    sat = chapter_steps("default", "02_show_attend_tell")
+    assert all(not s.replica for s in sat.values()) and [r.name for r in replicas("default", sat["hard"])] == \
+        ["02_show_attend_tell-hard", "02_show_attend_tell-hard-seed1", "02_show_attend_tell-hard-seed2"]
+    assert all(not s.replica for s in plan("smoke"))                              # the smoke book: one seed
