@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from .core import CapbookError
 
 # %% auto 0
-__all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'fast', 'plain_paths', 'Dropout', 'tanh', 'check_inputs', 'batch_size',
-           'image_rows', 'image_groups', 'repeat_batch', 'token_nll', 'ModelSpec', 'register', 'available', 'spec',
-           'make_config', 'build', 'hparams']
+__all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'unroll_shrinking', 'fast', 'plain_paths', 'Dropout', 'tanh', 'check_inputs',
+           'batch_size', 'image_rows', 'image_groups', 'repeat_batch', 'token_nll', 'ModelSpec', 'register',
+           'available', 'spec', 'make_config', 'build', 'hparams']
 
 # %% ../nbs/00f_models.ipynb
 class CaptionModel(nn.Module):
@@ -46,18 +46,26 @@ class CaptionModel(nn.Module):
         if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'sample'")
         return self.teacher_forcing(batch)
 
+    shrinks: bool = True                    # teacher forcing may drop ended captions from the batch (`unroll`'s lengths)
+
     def teacher_forcing(self, batch: Mapping[str, Any]) -> dict:
         "Teacher forcing over `batch['caps']` (B, T) starting with `<start>`: logits (B, T-1, V) and stacked extras (B, T-1, ...)."
         memory, state = self.init_state(batch)
-        return unroll(self.step, batch["caps"][:, :-1], memory, state)
+        return unroll(self.step, batch["caps"][:, :-1], memory, state, self.target_lengths(batch["caps"]))
+
+    def target_lengths(self, caps: torch.Tensor) -> torch.Tensor | None:
+        "The steps each caption of `caps` (B, T) needs, its words and `<end>`: (B,); None where the model keeps every row."
+        return (caps[:, 1:] != self.pad).sum(1) if self.shrinks else None
 
     @property
     def n_params(self) -> int:
         "Number of trainable parameters."
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-def unroll(step: Callable, xs: torch.Tensor, memory: dict, state: dict) -> dict:
-    "Run `step(xs[:, t], memory, state)` for every t: logits (B, T, V) and every extra stacked (B, T, ...); an extra a step gives as None (an attention without that part) is left out."
+def unroll(step: Callable, xs: torch.Tensor, memory: dict, state: dict, lengths: torch.Tensor | None = None) -> dict:
+    "Run `step(xs[:, t], memory, state)` for every t: logits (B, T, V) and every extra stacked (B, T, ...); an extra a step gives as None (an attention without that part) is left out. With `lengths` (B,) the rows whose caption has ended leave the batch (`unroll_shrinking`)."
+    if lengths is not None and fast() and int(lengths.min()) < xs.shape[1]:
+        return unroll_shrinking(step, xs, memory, state, lengths)
     logits, extras = [], {}
     for x in xs.unbind(1):              # unbind, not xs[:, t]: for an input with gradients (SPCA's K_X * X_t) each index
         lg, state, aux = step(x, memory, state)   # zero-fills a (B, T, ...) gradient; unbind stacks them once (same bits)
@@ -65,6 +73,32 @@ def unroll(step: Callable, xs: torch.Tensor, memory: dict, state: dict) -> dict:
         for k, v in aux.items():
             if v is not None: extras.setdefault(k, []).append(v)
     return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
+
+def unroll_shrinking(step: Callable, xs: torch.Tensor, memory: dict, state: dict, lengths: torch.Tensor) -> dict:
+    "`unroll` computing, at step t, only the rows with lengths > t (sorted longest first, so they are a prefix): ended rows' logits and extras are zeros, as the loss masks them (the tutorial's shrinking batch, `decode_lengths`)."
+    B, T = xs.shape[:2]
+    order = lengths.argsort(descending=True, stable=True)                       # longest first: (B,)
+    live = (lengths[order][None, :] > torch.arange(T, device=xs.device)[:, None]).sum(1).tolist()   # rows at each step
+    rows = lambda d: {k: v.index_select(0, order) if isinstance(v, torch.Tensor) and v.dim() and len(v) == B else v
+                      for k, v in d.items()}                                    # per-caption tensors in that order
+    memory, state, xs = rows(memory), rows(state), xs.index_select(0, order)
+    sub = lambda d, n: {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() and len(v) == B else v for k, v in d.items()}
+    pad = lambda v: v if len(v) == B else torch.cat([v, v.new_zeros((B - len(v), *v.shape[1:]))])
+    logits, extras = [], {}
+    for t, x in enumerate(xs.unbind(1)):
+        n = live[t]
+        if n == 0:                                                              # every caption has ended
+            logits.append(logits[-1].new_zeros(logits[-1].shape))
+            for k in extras: extras[k].append(extras[k][-1].new_zeros(extras[k][-1].shape))
+            continue
+        state = {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() else v for k, v in state.items()}   # every entry per row
+        lg, state, aux = step(x[:n], sub(memory, n), state)
+        logits.append(pad(lg))
+        for k, v in aux.items():
+            if v is not None: extras.setdefault(k, []).append(pad(v))
+    inverse = order.argsort()
+    return {"logits": torch.stack(logits, 1).index_select(0, inverse),
+            **{k: torch.stack(v, 1).index_select(0, inverse) for k, v in extras.items()}}
 
 _FAST = [True]
 

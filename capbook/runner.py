@@ -15,11 +15,11 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
                           stable_hash)
 
 # %% auto 0
-__all__ = ['PROFILES', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS', 'SEED_METRICS', 'check_profile', 'out_dir', 'Run',
-           'start_run', 'records', 'RunConfig', 'read_params', 'parameters_source', 'Chapter', 'register_chapter',
-           'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage', 'save_test_captions',
-           'merge_seeds', 'stage_stats', 'epochs_trained', 'interval_cells', 'seed_cells', 'paired_verdict',
-           'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config', 'run_chapter']
+__all__ = ['PROFILES', 'RECIPES', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS', 'SEED_METRICS', 'check_profile', 'out_dir',
+           'Run', 'start_run', 'records', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
+           'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
+           'save_test_captions', 'merge_seeds', 'stage_stats', 'epochs_trained', 'interval_cells', 'seed_cells',
+           'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config', 'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -79,6 +79,14 @@ def _train_default(name: str):
     from capbook.train import TrainConfig
     return getattr(TrainConfig, name)
 
+RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe`
+    "protocol": {},
+    # capbook's recipe before the protocol (nbs/02b_protocol): captions bucketed by length, x0.8 every 3 epochs, no
+    # averaging, validation once an epoch on BLEU-4 (Show-Attend-Tell's early stopping), 3 epochs' patience, 6 epochs
+    "legacy": {"batch_order": "length", "schedule": "step", "lr_step": 3, "lr_gamma": 0.8, "ema": 0.0, "evals_per_epoch": 1,
+               "patience": 3, "metric": "BLEU-4", "epochs": 6},
+}
+
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
                                 # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
 
@@ -103,6 +111,7 @@ class RunConfig:
     scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "bf16"         # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+    recipe: str = "protocol"        # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
 
     def check(self):
@@ -119,7 +128,7 @@ class RunConfig:
         from capbook.objectives import SCST_BASELINES
         check_choice("scst_baseline", self.scst_baseline, SCST_BASELINES)
         from capbook.train import PRECISIONS
-        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("precision", self.precision, PRECISIONS); check_choice("recipe", self.recipe, RECIPES)
         get_device(self.device)
 
 def _injected_names(namespace: Mapping[str, Any]) -> list[str]:
@@ -388,8 +397,10 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     from capbook.models import spec
     from capbook.train import TrainConfig
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
+    recipe = RECIPES[getattr(p, "recipe", "protocol")]
     epochs = ch.epochs[p.profile]
-    return TrainConfig(**{**spec(name).train, **ch.train, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),
+    epochs = recipe.get("epochs", epochs) if p.profile == "default" else epochs
+    return TrainConfig(**{**spec(name).train, **ch.train, **recipe, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),
                           "max_len": max_len, "val_beam": p.beam_size, "length_norm": p.length_norm})
 
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:

@@ -16,8 +16,8 @@ from .runner import Chapter, RunConfig, register_chapter
 from .papers import ssa_table1
 
 # %% auto 0
-__all__ = ['NOAM', 'SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderLayer', 'SSAConfig', 'SpatialTransformer', 'ssa',
-           'inter_attention_spread', 'SSAParams', 'ssa_measure']
+__all__ = ['NOAM', 'WARMUP', 'SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderLayer', 'SSAConfig', 'SpatialTransformer',
+           'ssa', 'inter_attention_spread', 'SSAParams', 'ssa_measure']
 
 # %% ../nbs/04_spatial_self_attention.ipynb
 def sinusoid(n: int, d: int) -> torch.Tensor:
@@ -165,8 +165,9 @@ class SpatialTransformer(CaptionModel):
         return {"logits": self.out(y), "alpha": w.mean(1)}      # (N, T, V), (N, T, L)
 
 NOAM = {"schedule": "noam", "warmup": 1.0}   # the Transformer's schedule: one epoch of warm-up, then 1/sqrt(step)
+WARMUP = {"warmup": 1.0}   # the peers' transformer warm-up: one epoch linear to lr, then the protocol's decay on plateaus
 
-@register("ssa", SSAConfig, train=NOAM)
+@register("ssa", SSAConfig, train=WARMUP)
 def ssa(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "Springenberg et al. 2018: the spatial self-attention transformer (τ = √(d_len + d_attn) unless tau='standard')."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)
@@ -216,10 +217,10 @@ SSA = register_chapter(Chapter(
     params=SSAParams,
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
-    epochs={"smoke": 1, "default": 6, "paper": 30},                      # as Show-Attend-Tell's, for the time table
+    epochs={"smoke": 1, "default": 15, "paper": 30},                     # at most: the protocol stops on a plateau
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 128, "d_hidden": 256, "heads": 2},
            "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
-    train={"batch_order": "image"},                     # Adam peaking at l (§3), the Transformer's warm-up (registry)
+    train={},                                           # the protocol, Adam at l (§3), the peers' warm-up (registry)
     label=lambda p: f"Transformer, τ {p.tau}",
     figure=lambda p: f"fig_ssa_{p.tau}_attention.png",
     check=lambda p: check_int("max_words", p.max_words, lo=0),

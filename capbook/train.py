@@ -27,25 +27,25 @@ __all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'TrainConfig', 'lr_facto
 @dataclass
 class TrainConfig:
     "Everything the trainer needs besides the model and the data; saved in every checkpoint."
-    epochs: int = 10            # maximum number of epochs
+    epochs: int = 15            # maximum number of epochs (training stops earlier when validation stops improving)
     batch_size: int = 64        # captions per step (per process under DDP)
     lr: float = 4e-4            # Adam learning rate
-    schedule: str = "step"      # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step) | plateau: x lr_gamma after lr_patience evaluations without a better score
+    schedule: str = "plateau"   # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step) | plateau: x lr_gamma after lr_patience evaluations without a better score
     lr_step: int = 3            # step: decay the learning rate every lr_step epochs ...
-    lr_gamma: float = 0.8       # ... by this factor (step and plateau)
+    lr_gamma: float = 0.5       # ... by this factor (step and plateau; SPCA's 0.5)
     lr_patience: int = 2        # plateau: evaluations without a better validation score before each decay
     warmup: float = 0.0         # epochs of linear warm-up from 0 to lr (either schedule; noam needs some)
     clip: float = 5.0           # gradient-norm clipping (0: off)
-    patience: int = 3           # early stopping: evaluations without a better validation score
-    evals_per_epoch: int = 1    # validation evaluations per epoch, evenly spaced (the last at the epoch's end)
-    ema: float = 0.0            # weight averaging: decay of the exponential moving average validated, selected and kept (0: off)
-    metric: str = "BLEU-4"      # validation metric for early stopping and model selection
+    patience: int = 6           # early stopping: evaluations without a better validation score (3 epochs at 2 a epoch)
+    evals_per_epoch: int = 2    # validation evaluations per epoch, evenly spaced (the last at the epoch's end)
+    ema: float = 0.995          # weight averaging: decay of the exponential moving average validated, selected and kept (0: off)
+    metric: str = "CIDEr"       # validation metric for early stopping and model selection
     val_beam: int = 3           # beam size of the validation decode (1: greedy)
     length_norm: float = 0.0    # the validation beams ranked by log-probability / length^length_norm
     max_len: int = 20           # longest caption decoded
     seed: int = 0
     ckpt_every: int = 0         # also checkpoint every this many steps (0: at the end of each epoch only)
-    batch_order: str = "length" # length: captions bucketed by length | image: the captions of an image in one batch
+    batch_order: str = "image"  # length: captions bucketed by length | image: the captions of an image in one batch
     max_words: int = 0          # train on captions of at most this many words (0: every caption)
     device: str = "auto"
     progress: bool = True       # tqdm progress bars

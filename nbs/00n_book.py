@@ -134,13 +134,13 @@ def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | N
 
 
 # %% [markdown]
-# The smoke plan: every notebook, the index first; Show-Attend-Tell's six runs and SPCA's nine, by tag.
+# The smoke plan: every notebook, the index first; Show-Attend-Tell's seven runs (the legacy recipe's included) and SPCA's nine, by tag.
 
 # %%
 import capbook.book as _book                               # the installed module (a notebook has no __file__)
 _p = _book.plan("smoke")
 assert _p[0].notebook == "index" and {s.notebook for s in _p} == set(_book.notebooks())
-assert len(_book.chapter_steps("smoke", "02_show_attend_tell")) == 6 and len(_book.chapter_steps("smoke", "03_spca")) == 9
+assert len(_book.chapter_steps("smoke", "02_show_attend_tell")) == 7 and len(_book.chapter_steps("smoke", "03_spca")) == 9
 
 # %% [markdown]
 # ### What else is derived: parameters cells, the API modules, the README's chapter table

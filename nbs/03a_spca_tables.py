@@ -154,7 +154,7 @@ t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
 hard_rec = row_record(profile, chapter_steps(profile, "02_show_attend_tell")["hard"])
 base_recs = baseline_records(profile, recs[""]["data"]["fingerprint"])
 ST |= {"hard": stage_stats(hard_rec, prep), **{tag: stage_stats(base_recs[tag], prep, "xe") for tag in ("nic", "sca-cnn", "att2in")}}
-t4 += [{"model": "Hard-Attention", **measured("hard", hard_rec), "note": "Show-Attend-Tell's chapter (6 epochs, beam 3)"}]
+t4 += [{"model": "Hard-Attention", **measured("hard", hard_rec), "note": "Show-Attend-Tell's chapter (the protocol, beam 3)"}]
 t4 += [{"model": name, **measured(tag, base_recs[tag], record_stage(base_recs[tag])["metrics"]), "note": f"{BASELINE_NOTE}; beam 3"}
        for name, tag in (("Google NIC", "nic"), ("SCA-CNN", "sca-cnn"), ("ATT2in", "att2in"))]
 table4 = pd.concat([spca_table(4), pd.DataFrame(t4)], ignore_index=True)

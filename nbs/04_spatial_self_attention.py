@@ -259,8 +259,9 @@ class SpatialTransformer(CaptionModel):
         return {"logits": self.out(y), "alpha": w.mean(1)}      # (N, T, V), (N, T, L)
 
 NOAM = {"schedule": "noam", "warmup": 1.0}   # the Transformer's schedule: one epoch of warm-up, then 1/sqrt(step)
+WARMUP = {"warmup": 1.0}   # the peers' transformer warm-up: one epoch linear to lr, then the protocol's decay on plateaus
 
-@register("ssa", SSAConfig, train=NOAM)
+@register("ssa", SSAConfig, train=WARMUP)
 def ssa(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "Springenberg et al. 2018: the spatial self-attention transformer (τ = √(d_len + d_attn) unless tau='standard')."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)
@@ -350,7 +351,8 @@ assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # unifo
 #   every model.
 # - **Schedule.** §3 names Adam and $l$, not a schedule; the paper's model is Vaswani et al.'s Transformer, whose
 #   recipe (and every peer transformer's) warms the rate up and decays it. The book's one trainer does that for every
-#   transformer (`NOAM` in the registry entry: one epoch of linear warm-up to $l$, then $l\sqrt{w/s}$).
+#   transformer (`WARMUP` in the registry entry: one epoch of linear warm-up to $l$), and decays it as it does every
+#   model, by half when validation stops improving (`nbs/02b_protocol`; Vaswani's $l\sqrt{w/s}$ is `NOAM`).
 # - **Sizes.** The paper's widths (d = 512, d_hidden = 1024, h = 8; 16.9 M parameters on shapes) are the `paper`
 #   profile. At them a training step of 64 captions takes 1.75 s on the book's 2-core CPU (about 6 min an epoch, 70 min
 #   for the chapter's two runs), against 0.40 s at d = 128, so the `default` profile keeps the depth (2 encoder and 4
@@ -392,10 +394,10 @@ SSA = register_chapter(Chapter(
     params=SSAParams,
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
-    epochs={"smoke": 1, "default": 6, "paper": 30},                      # as Show-Attend-Tell's, for the time table
+    epochs={"smoke": 1, "default": 15, "paper": 30},                     # at most: the protocol stops on a plateau
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 128, "d_hidden": 256, "heads": 2},
            "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
-    train={"batch_order": "image"},                     # Adam peaking at l (§3), the Transformer's warm-up (registry)
+    train={},                                           # the protocol, Adam at l (§3), the peers' warm-up (registry)
     label=lambda p: f"Transformer, τ {p.tau}",
     figure=lambda p: f"fig_ssa_{p.tau}_attention.png",
     check=lambda p: check_int("max_words", p.max_words, lo=0),
@@ -432,6 +434,7 @@ scst_lr = 5e-05           # Adam's learning rate in self-critical training (Renn
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
 precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 d_model = None            # d_feat; None: the profile's (paper 512, default 128, smoke 64)
 heads = None              # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)

@@ -49,7 +49,7 @@ from capbook.core import CapbookError, check_float, check_int, save_torch
 from capbook.attention import MultiHeadAttention
 from capbook.models import CaptionModel, Dropout, image_groups, image_rows, register
 from capbook.runner import Chapter, RunConfig, register_chapter
-from capbook.ssa import NOAM, FeedForward, sinusoid
+from capbook.ssa import WARMUP, FeedForward, sinusoid
 
 # %%
 #| hide
@@ -307,7 +307,7 @@ class GLIED(CaptionModel):
         logits, w, _ = self.decode(self.embed(caps, 0), mem, mask=mask)
         return {"logits": logits, **self._alphas(w)}             # (N, T, V), (N, T, L), (N, T, K)
 
-@register("glied", GLIEDConfig, train=NOAM)             # the Transformer's warm-up and decay
+@register("glied", GLIEDConfig, train=WARMUP)           # the peers' transformer warm-up
 def glied(cfg: GLIEDConfig, vocab_size, feat_dim, grid):
     "Liu et al. 2019: GLIED, and with its switches off the cross-modal base model (Table 4's rows)."
     return GLIED(cfg, vocab_size, feat_dim, grid)
@@ -479,9 +479,9 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   that epoch was selected — a model picked after one epoch of the paper's 25, which the book's protocol (trained
 #   until validation stops improving) is there to replace.
 # - **Selection.** CIDEr on the validation split picks the cross-entropy epoch (as the paper's early stopping) and the
-#   self-critical epoch; the learning rate warms up over the first epoch and then decays as $1/\sqrt{step}$ (the
-#   paper names no schedule; this is the Transformer's, which every transformer of the book trains with:
-#   `capbook.ssa.NOAM`); batches grouped by image, so the image side runs once per image.
+#   self-critical epoch, under the book's one protocol (`nbs/02b_protocol`: validation twice an epoch on averaged
+#   weights, the rate halved on plateaus, stopped after three epochs without a better CIDEr); the learning rate warms up
+#   over the first epoch (the paper names no schedule; every peer transformer warms up: `capbook.ssa.WARMUP`).
 # - **Self-critical training** (`scst_epochs`; `capbook.objectives.SelfCritical`) starts from the best cross-entropy
 #   weights: 5 samples per image, the greedy caption's reward as baseline (Rennie et al.; `scst_baseline="mean"` for the
 #   mean of the other samples), CIDEr-D with the training set's document frequencies and the end token counted, Adam at
@@ -545,11 +545,11 @@ GLIED_CHAPTER = register_chapter(Chapter(
     model=lambda p: "glied",
     runs={tag: {"global_visual": v, "global_attribute": a, "local": l, **({} if tag in ("", "base") else {"scst_epochs": 0})}
           for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
-    epochs={"smoke": 1, "default": 4, "paper": 25},
+    epochs={"smoke": 1, "default": 15, "paper": 25},       # at most: the protocol stops on a plateau (GLIED: 25, early stopping)
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
            "default": {"d_embed": 64, "d_model": 128, "d_hidden": 512, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
-    train={"batch_order": "image", "metric": "CIDEr"},      # the schedule: its registry entry's warm-up and decay
+    train={},                                             # the protocol; the warm-up: its registry entry
     label=lambda p: p.variant,
     figure=lambda p: f"fig_glied_{p.variant.strip('+ ').replace(' ', '_').lower()}_attention.png",
     measure=glied_measure,
@@ -585,6 +585,7 @@ scst_lr = 5e-05           # Adam's learning rate in self-critical training (Renn
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
 precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 d_embed = None            # None: the profile's (paper 256, default 64, smoke 32)
 d_model = None            # None: the profile's (paper 512, default 128, smoke 64)

@@ -125,7 +125,7 @@ def test_unrolled_word_maps_train_the_same_weights_as_indexing(monkeypatch):
     import capbook.models as M
     import capbook.spca as S
     from capbook.objectives import objective_for
-    def indexed(step, xs, memory, state):                   # the unroll before: a zero-filled (B, T, ...) gradient per step
+    def indexed(step, xs, memory, state, lengths=None):     # the unroll before: a zero-filled (B, T, ...) gradient per step
         logits, extras = [], {}
         for t in range(xs.shape[1]):
             lg, state, aux = step(xs[:, t], memory, state)

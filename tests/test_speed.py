@@ -66,7 +66,7 @@ def test_bench_times_a_family_as_the_book_builds_it(smoke):
     fam, = families("smoke", ["nic"])
     assert fam.step.name == "06_baselines-nic" and fam.params.profile == "smoke"
     s = setup(fam)
-    assert s["cfg"].batch_order == "length" and s["model"].name == "nic"
+    assert s["cfg"].batch_order == "image" and s["model"].name == "nic"      # the protocol's batches
     alt = alternatives(s, batches=1)
     assert set(alt) == {"fp32", "bf16", "batch_x2"} and all(v > 0 for v in alt.values())
     prof = step_profile(s, batches=1)
@@ -89,3 +89,19 @@ def test_bf16_precision_is_a_checked_option_close_to_fp32(smoke):
     assert abs(losses["bf16"] - losses["fp32"]) < 0.01 * losses["fp32"] and losses["bf16"] != losses["fp32"]
     with pytest.raises(CapbookError, match="parameter precision='fp16' is invalid"):
         TrainConfig(precision="fp16").check()
+
+
+def test_a_shrinking_batch_computes_what_the_full_one_does():
+    "unroll with lengths drops ended captions from the batch: the live positions' logits and attention equal the full unroll's, the ended ones are zeros."
+    from capbook.models import build, unroll, unroll_shrinking
+    torch.manual_seed(0)
+    m = build("sat_soft", 15, 6, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8).eval()
+    caps = torch.tensor([[1, 5, 6, 2, 0, 0], [1, 7, 8, 9, 10, 2], [1, 2, 0, 0, 0, 0], [1, 11, 12, 13, 2, 0]])
+    feats = torch.randn(4, 4, 6)
+    lengths = m.target_lengths(caps)
+    assert lengths.tolist() == [3, 5, 1, 4]
+    full = unroll(m.step, caps[:, :-1], *m.init_state({"feats": feats}))
+    short = unroll_shrinking(m.step, caps[:, :-1], *m.init_state({"feats": feats}), lengths)
+    live = torch.arange(5)[None, :] < lengths[:, None]                     # (B, T): the steps each caption needs
+    for k in ("logits", "alpha"):
+        assert torch.allclose(full[k][live], short[k][live], atol=1e-6) and not short[k][~live].any()
