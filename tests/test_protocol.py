@@ -76,7 +76,7 @@ def test_weight_average_is_what_is_validated_and_kept(monkeypatch, tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(live, avg))                         # ... not the live weights
     best = load_torch(tmp_path / "ckpt" / "best.pt")["model"]
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), best.values()))
-    kept = seen[int(r.best_epoch)]
+    kept = seen[[h["epochs"] for h in r.history].index(r.best_at)]
     assert all(torch.equal(a, b) for a, b in zip(kept, best.values()))
 
 

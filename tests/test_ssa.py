@@ -187,14 +187,15 @@ def test_scaled_word_embedding_and_positional_encoding_are_of_one_scale():
 
 
 def test_every_transformer_warms_its_learning_rate_up():
-    "The spatial transformer, CT and GLIED train with the one trainer's warm-up and decay (declared in their registry entries)."
+    "The spatial transformer, CT and GLIED warm up (declared in their registry entries), then decay on plateaus like every model."
     from capbook.models import spec
     from capbook.train import TrainConfig, lr_factor
     for name in ("ssa", "ct", "glied"):
         cfg = TrainConfig(**spec(name).train)
         assert cfg.check().warmup > 0
         f = [lr_factor(cfg, s, s // 100, 100) for s in (1, 50, 100, 400, 1600)]
-        assert f[0] < f[1] < f[2] == 1.0 > f[3] > f[4]               # up, the peak at lr, then down
+        assert f[0] < f[1] < f[2] == 1.0 == f[3] == f[4]             # up to lr, and there until validation stalls
+        assert lr_factor(cfg, 400, 4, 100, decays=2) == cfg.lr_gamma ** 2 < 1
 
 
 def test_spread_of_uniform_and_one_hot_attention():

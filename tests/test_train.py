@@ -81,7 +81,7 @@ def test_checkpoint_of_other_code_is_moved_aside_not_resumed(smoke, tmp_path):
     ck["code"] = "0ldc0de"
     save_torch(tmp_path / "ckpt" / "last.pt", ck)
     res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
-    assert res.resumed_from is None and len(res.history) == 1           # trained again, not resumed
+    assert res.resumed_from is None and len(res.history) == cfg.evals_per_epoch   # trained again (one epoch), not resumed
     assert load_torch(tmp_path / "ckpt.code-0ldc0de" / "last.pt")["code"] == "0ldc0de"   # nothing lost
 
 
