@@ -16,7 +16,7 @@
 # %% [markdown]
 # # train
 #
-# > One trainer for every model and objective: Adam with a learning-rate schedule (step decay, or warm-up and inverse-square-root decay), clipping, early stopping, exact resume after a kill, bfloat16 autocast (GPU, and CPU by default) and DistributedDataParallel under `torchrun`.
+# > One trainer for every model and objective: Adam with a learning-rate schedule (halved on plateaus — the book's protocol —, step decay, or warm-up and inverse-square-root decay), weight averaging, validation within epochs, clipping, early stopping, exact resume after a kill, bfloat16 autocast (GPU, and CPU by default) and DistributedDataParallel under `torchrun`.
 
 # %%
 #| default_exp train
@@ -482,7 +482,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         if cfg.schedule == "plateau" and bad and bad % cfg.lr_patience == 0 and not stop.item():
             decays += 1; log(f"no better {cfg.metric} for {bad} evaluations: learning rate x{cfg.lr_gamma:g}")
         tot, n = {}, 0
-        if stop.item(): log(f"early stop after epoch {at:g}: no better {cfg.metric} for {cfg.patience} evaluations")
+        if stop.item(): log(f"early stop after {at:g} epochs: no better {cfg.metric} for {cfg.patience} evaluations")
         return bool(stop.item())
 
     if ck is None and cfg.validate_start and rank == 0:
