@@ -83,22 +83,18 @@ def unroll_shrinking(step: Callable, xs: torch.Tensor, memory: dict, state: dict
                       for k, v in d.items()}                                    # per-caption tensors in that order
     memory, state, xs = rows(memory), rows(state), xs.index_select(0, order)
     sub = lambda d, n: {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() and len(v) == B else v for k, v in d.items()}
-    pad = lambda v: v if len(v) == B else torch.cat([v, v.new_zeros((B - len(v), *v.shape[1:]))])
-    logits, extras = [], {}
+    out = {}                                                                    # name -> (B, T, ...) zeros, filled row-prefix by step
     for t, x in enumerate(xs.unbind(1)):
         n = live[t]
-        if n == 0:                                                              # every caption has ended
-            logits.append(logits[-1].new_zeros(logits[-1].shape))
-            for k in extras: extras[k].append(extras[k][-1].new_zeros(extras[k][-1].shape))
-            continue
+        if n == 0: break                                                        # every caption has ended: the rest stay zeros
         state = {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() else v for k, v in state.items()}   # every entry per row
         lg, state, aux = step(x[:n], sub(memory, n), state)
-        logits.append(pad(lg))
-        for k, v in aux.items():
-            if v is not None: extras.setdefault(k, []).append(pad(v))
+        for k, v in {"logits": lg, **aux}.items():
+            if v is None: continue
+            if k not in out: out[k] = v.new_zeros((B, T, *v.shape[1:]))
+            out[k][:n, t] = v
     inverse = order.argsort()
-    return {"logits": torch.stack(logits, 1).index_select(0, inverse),
-            **{k: torch.stack(v, 1).index_select(0, inverse) for k, v in extras.items()}}
+    return {k: v.index_select(0, inverse) for k, v in out.items()}
 
 _FAST = [True]
 
