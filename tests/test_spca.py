@@ -224,7 +224,7 @@ def _train_and_check_map(smoke, objective_for, steps=60):
             done += 1
             if done == steps: break
         epoch += 1
-    maps.clear(); m.eval()
+    maps.clear(); m.eval(); m.shrinks = False                            # every row at every step, so the maps stack
     with torch.no_grad(): m(next(iter(smoke.val.batches(64, 0, 0))))
     Ms = torch.stack([x.flatten(1) for x in maps], 1)                    # M^S of every step: (B, T, H*W)
     ratio = (Ms.max(-1).values / Ms.min(-1).values).mean().item()        # max/min over the map, averaged over steps

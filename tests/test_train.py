@@ -68,7 +68,7 @@ def test_ddp_two_cpu_processes(smoke, tmp_path):
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(BIN / "capbook"), "train",
            "--profile", "smoke", "--run-dir", str(tmp_path / "ddp"), "--epochs", "1", "--batch-size", "32"]
     out = run_json(cmd, env)
-    assert out["world_size"] == 2 and len(out["history"]) == 1
+    assert out["world_size"] == 2 and len(out["history"]) == TrainConfig.evals_per_epoch      # one epoch's validations
     ck = load_torch(tmp_path / "ddp" / "ckpt" / "best.pt")
     m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
     m.load_state_dict(ck["model"])
@@ -94,7 +94,7 @@ def test_self_critical_training_never_returns_a_model_worse_on_validation_than_i
     start = val_score(m, smoke.val, smoke.vocab, cfg, torch.device("cpu"))["CIDEr"]
     sc = SelfCritical(smoke.vocab, smoke.train.refs, n=2, max_len=smoke.max_len)
     bad = TrainConfig(epochs=1, lr=0.5, lr_gamma=1.0, metric="CIDEr", batch_order="image", validate_start=True,
-                      progress=False, max_len=smoke.max_len)               # a rate that wrecks the model
+                      ema=0.0, evals_per_epoch=1, progress=False, max_len=smoke.max_len)   # a rate that wrecks the model
     res = fit(m, smoke, bad, tmp_path / "scst", log=lambda s: None, objective=sc)
     assert res.history[0]["epoch"] == -1 and res.history[0]["val CIDEr"] == start
     assert res.history[1]["val CIDEr"] < start and res.best_epoch == -1 and res.best_score == start
