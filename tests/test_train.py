@@ -47,7 +47,7 @@ def one_epoch(smoke, ckpt_dir):
     "Train a fresh soft-attention model for one epoch into `ckpt_dir`; return it and its config for a second fit."
     torch.manual_seed(0)
     m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
-    cfg = TrainConfig(epochs=1, progress=False, max_len=smoke.max_len)
+    cfg = TrainConfig(epochs=1, lr=1e-3, ema=0.0, progress=False, max_len=smoke.max_len)   # the smoke book's rate, the live weights
     fit(m, smoke, cfg, ckpt_dir, log=lambda s: None)
     return m, cfg
 
