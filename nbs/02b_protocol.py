@@ -21,8 +21,8 @@
 # *capbook:* this chapter is the book's own, not a paper's. Every table of the book compares models; a comparison is
 # worth what its training protocol is worth. Before this chapter, each model was selected among 3–6 end-of-epoch
 # snapshots at a nearly constant learning rate, on captions batched by length, and trained once: soft attention's
-# validation CIDEr over its six epochs read 0.65, 1.36, 1.42, 1.26, 1.14, 0.50 while its loss fell smoothly, and three
-# seeds of it scored 144, 124 and 92 test CIDEr. This notebook trains nothing: it reads two rows of the Show-Attend-Tell
+# validation CIDEr rose and fell by half between epochs while its loss fell smoothly, and its "seeds" (which then also
+# redrew the data set and its encoder) differed by tens of CIDEr points. This notebook trains nothing: it reads two rows of the Show-Attend-Tell
 # chapter, soft attention under the protocol (`02_show_attend_tell`) and under the recipe the book used before
 # (`02_show_attend_tell-legacy`, `recipe="legacy"`), each over the profile's seeds (`capbook.runner.SEEDS`).
 
