@@ -17,7 +17,7 @@ from .decode import decode_split, teacher_forced, pad_captions, Caption
 __all__ = ['METEOR_ENV', 'FROM_SUMS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized', 'meteor_score',
            'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
            'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled', 'bootstrap', 'seed_bootstrap',
-           'seed_spread', 'results_row', 'semantic_table']
+           'results_row', 'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -430,11 +430,6 @@ def seed_bootstrap(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None 
            "seeds": (len(a), len(b)) if b is not None else len(a)}
     if b is not None: out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
-
-def seed_spread(values: list[float]) -> dict:
-    "Mean and sample standard deviation (n − 1) of one metric over seeds; std is None with one seed."
-    v = np.asarray(values, float)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": len(v)}
 
 # %% ../nbs/00j_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]

@@ -302,16 +302,15 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     def evaluation(at: float) -> bool:
         "Validate after `at` epochs (every rank agrees); update early stopping and the plateau schedule; True: stop."
         nonlocal bad, decays, tot, n
-        stop = torch.zeros(1)
-        if rank == 0:
-            bad = 0 if validate(at, {k: v / max(n, 1) for k, v in tot.items()}) else bad + 1
-            stop[0] = float(bad >= cfg.patience)
-        if world > 1: dist.broadcast(stop, 0)
-        if cfg.schedule == "plateau" and bad and bad % cfg.lr_patience == 0 and not stop.item():
+        count = torch.zeros(1)                           # evaluations without a better score, decided by rank 0 ...
+        if rank == 0: count[0] = 0 if validate(at, {k: v / max(n, 1) for k, v in tot.items()}) else bad + 1
+        if world > 1: dist.broadcast(count, 0)           # ... and known to every rank, whose rates must decay together
+        bad = int(count.item()); stop = bad >= cfg.patience
+        if cfg.schedule == "plateau" and bad and bad % cfg.lr_patience == 0 and not stop:
             decays += 1; log(f"no better {cfg.metric} for {bad} evaluations: learning rate x{cfg.lr_gamma:g}")
         tot, n = {}, 0
-        if stop.item(): log(f"early stop after {at:g} epochs: no better {cfg.metric} for {cfg.patience} evaluations")
-        return bool(stop.item())
+        if stop: log(f"early stop after {at:g} epochs: no better {cfg.metric} for {cfg.patience} evaluations")
+        return stop
 
     if ck is None and cfg.validate_start and rank == 0:
         # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
@@ -334,12 +333,11 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
             stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
                                precision=cfg.precision)
             if avg is not None: avg.update()
-            skip += 1; step += 1; n += 1; res.captions += len(next(iter(b.values()))) * world
+            skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
             for k, v in {**stats, "lr": lr}.items(): tot[k] = tot.get(k, 0.0) + v
             if skip in marks and skip < n_batches:                        # a validation inside the epoch
                 res.train_seconds += time.time() - t0
                 stopped = evaluation(round(epoch + skip / n_batches, 3))
-                t0 = time.time()
                 if stopped: break
                 save_last(); net.train(); objective.train(); t0 = time.time()
             elif cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:

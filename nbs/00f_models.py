@@ -127,16 +127,15 @@ def unroll_shrinking(step: Callable, xs: torch.Tensor, memory: dict, state: dict
     B, T = xs.shape[:2]
     order = lengths.argsort(descending=True, stable=True)                       # longest first: (B,)
     live = (lengths[order][None, :] > torch.arange(T, device=xs.device)[:, None]).sum(1).tolist()   # rows at each step
-    rows = lambda d: {k: v.index_select(0, order) if isinstance(v, torch.Tensor) and v.dim() and len(v) == B else v
-                      for k, v in d.items()}                                    # per-caption tensors in that order
-    memory, state, xs = rows(memory), rows(state), xs.index_select(0, order)
-    sub = lambda d, n: {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() and len(v) == B else v for k, v in d.items()}
-    out = {}                                                                    # name -> (B, T, ...) zeros, filled row-prefix by step
+    def per_row(d, rows, idx):                                                  # v[idx] for the entries with a row per caption
+        return {k: v[idx] if isinstance(v, torch.Tensor) and v.dim() and len(v) == rows else v for k, v in d.items()}
+    memory, state = per_row(memory, B, order), per_row(state, B, order)
+    xs, out, rows = xs[order], {}, B                                            # out: name -> (B, T, ...) zeros, filled by step
     for t, x in enumerate(xs.unbind(1)):
         n = live[t]
         if n == 0: break                                                        # every caption has ended: the rest stay zeros
-        state = {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() else v for k, v in state.items()}   # every entry per row
-        lg, state, aux = step(x[:n], sub(memory, n), state)
+        lg, state, aux = step(x[:n], per_row(memory, B, slice(n)), per_row(state, rows, slice(n)))
+        rows = n
         for k, v in {"logits": lg, **aux}.items():
             if v is None: continue
             if k not in out: out[k] = v.new_zeros((B, T, *v.shape[1:]))

@@ -611,11 +611,6 @@ def seed_bootstrap(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None 
     if b is not None: out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
 
-def seed_spread(values: list[float]) -> dict:
-    "Mean and sample standard deviation (n − 1) of one metric over seeds; std is None with one seed."
-    v = np.asarray(values, float)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else None, "n": len(v)}
-
 
 # %% [markdown]
 # A check against brute force on a case small enough to enumerate: two models, two seeds each, three test images. Every
