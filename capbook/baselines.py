@@ -288,7 +288,7 @@ BASELINES_CHAPTER = register_chapter(Chapter(
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1},
-           "default": {"d_model": 128, "d_hidden": 256, "scst_epochs": 2},
+           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2},
            "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",

@@ -110,7 +110,7 @@ class RunConfig:
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
     scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
     device: str = "auto"            # auto | cpu | cuda | cuda:N
-    precision: str = "bf16"         # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+    precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
     recipe: str = "protocol"        # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
 
@@ -457,7 +457,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                                             "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch, best_at=fitted.best_at,
-                            history=fitted.history, model=name, hparams=hp,
+                            history=fitted.history, model=name, hparams=hp, precision=fitted.precision,
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **({"stages": stages} if stages else {}), **inputs, **extra)

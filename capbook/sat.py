@@ -27,9 +27,9 @@ ATTENTION = ("soft", "hard", "none")
 class SATConfig:
     "Show, Attend and Tell's decoder and training rule."
     attention: str = "soft"       # soft (§4.2) | hard (§4.1) | none (the mean annotation vector: the no-attention baseline)
-    emb_dim: int = 128            # m, the word embedding size
-    hidden_dim: int = 256         # n, the LSTM size
-    att_dim: int = 128            # size of f_att's hidden layer
+    emb_dim: int = 64             # m, the word embedding size (the book's scale: see 01_dataset)
+    hidden_dim: int = 128         # n, the LSTM size
+    att_dim: int = 64             # size of f_att's hidden layer
     dropout: float = 0.5
     penalty: float | None = None  # λ of the doubly stochastic penalty (Eq. 9); None: 1 with attention (soft, hard), 0 without
     gate: bool | None = None      # the gating scalar β (§4.2.1); None: on with attention (soft, hard), off without

@@ -296,7 +296,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
           "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
     epochs={"smoke": 1, "default": 15, "paper": 30},   # at most: the protocol stops on a plateau
-    sizes={"smoke": {"channels": 32}, "default": {"channels": 32}, "paper": {"channels": 256}},   # c of the 2D state
+    sizes={"smoke": {"channels": 32}, "default": {"channels": 16}, "paper": {"channels": 256}},   # c of the 2D state
     train={},                                          # the protocol: SPCA's x0.5, on plateaus (nbs/02b_protocol)
     label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",

@@ -197,9 +197,9 @@ def inter_attention_spread(model: SpatialTransformer, feats: torch.Tensor, capti
 class SSAParams(SSAConfig, RunConfig):
     "The spatial self-attention chapter's parameters: the run's (`RunConfig`), then the model's (`SSAConfig`)."
     lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
-    d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
+    d_model: int | None = None          # d_feat; None: the profile's (paper 512, default and smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
-    heads: int | None = None            # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)
+    heads: int | None = None            # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default and smoke 1)
     max_words: int = 0                  # train on captions of at most this many words; 0: all (as every compared row; §3 says 14)
 
 def ssa_measure(r) -> dict:
@@ -218,7 +218,7 @@ SSA = register_chapter(Chapter(
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
     epochs={"smoke": 1, "default": 15, "paper": 30},                     # at most: the protocol stops on a plateau
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 128, "d_hidden": 256, "heads": 2},
+    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 64, "d_hidden": 128, "heads": 1},
            "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
     train={},                                           # the protocol, Adam at l (§3), the peers' warm-up (registry)
     label=lambda p: f"Transformer, τ {p.tau}",

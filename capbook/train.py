@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm          # text bars: tqdm.auto warns in a notebook without ipywidgets
-from .core import (CapbookError, autocast, check_choice, check_float, check_int, get_device, io_error, load_torch,
-                          package_hash, save_torch, seed_everything)
+from .core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
+                          get_device, io_error, load_torch, package_hash, save_torch, seed_everything)
 from .models import CaptionModel, check_inputs, hparams
 from .data import BATCH_ORDERS, to_device
 from .objectives import Objective, objective_for
@@ -50,7 +50,7 @@ class TrainConfig:
     device: str = "auto"
     progress: bool = True       # tqdm progress bars
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
-    precision: str = "bf16"     # the CPU's training arithmetic: bf16 (autocast: products in bfloat16, weights in float32) | fp32
+    precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
@@ -73,7 +73,7 @@ class TrainConfig:
 
 VAL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
 LR_SCHEDULES = ("step", "noam", "plateau")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = PRECISION_CHOICES
 
 # %% ../nbs/00i_train.ipynb
 def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int, decays: int = 0) -> float:
@@ -214,6 +214,7 @@ class FitResult:
     resumed_from: tuple | None = None
     world_size: int = 1
     captions: int = 0                # training captions seen (over every process)
+    precision: str = "fp32"          # the arithmetic it trained in (`cpu_precision` of the config's)
 
 def _eval_marks(n_batches: int, k: int) -> set[int]:
     "The batch counts after which an epoch of `n_batches` batches is validated `k` times (its end included)."
@@ -228,6 +229,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     check_inputs(model, next(data.train.image_batches(1)))
     rank, world, local = dist_info()
     device = get_device(cfg.device)
+    precision = cpu_precision(cfg.precision, device)            # auto: bf16 where this machine runs it faster
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
     ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
     try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
@@ -237,7 +239,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     avg = WeightAverage(model, cfg.ema) if cfg.ema else None
-    res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world), 0, 0, 0, 0, {}, 0, 0
+    res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world, precision=precision), 0, 0, 0, 0, {}, 0, 0
     val_caps = None                                                # the last evaluation's validation captions
     code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
@@ -331,7 +333,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
             lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch, decays)
             for g in opt.param_groups: g["lr"] = lr
             stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
-                               precision=cfg.precision)
+                               precision=precision)
             if avg is not None: avg.update()
             skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
             for k, v in {**stats, "lr": lr}.items(): tot[k] = tot.get(k, 0.0) + v

@@ -65,7 +65,7 @@ RELATIONS = ("left of", "right of", "above", "below")
 CATEGORIES = ("objects", "attributes", "counts", "relations")
 # default: 1,000 test images, so that a row's CIDEr interval is about ±5 (±9 at the 250 it had), and 500 validation
 # images for a steadier selection (decoding is cheap: a validation costs seconds)
-PROFILES = {"smoke": dict(train=300, val=40, test=40), "default": dict(train=3000, val=500, test=1000)}
+PROFILES = {"smoke": dict(train=300, val=40, test=40), "default": dict(train=1500, val=500, test=1000)}
 
 
 # %% [markdown]

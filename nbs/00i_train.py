@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm          # text bars: tqdm.auto warns in a notebook without ipywidgets
-from capbook.core import (CapbookError, autocast, check_choice, check_float, check_int, get_device, io_error, load_torch,
-                          package_hash, save_torch, seed_everything)
+from capbook.core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
+                          get_device, io_error, load_torch, package_hash, save_torch, seed_everything)
 from capbook.models import CaptionModel, check_inputs, hparams
 from capbook.data import BATCH_ORDERS, to_device
 from capbook.objectives import Objective, objective_for
@@ -89,7 +89,7 @@ class TrainConfig:
     device: str = "auto"
     progress: bool = True       # tqdm progress bars
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
-    precision: str = "bf16"     # the CPU's training arithmetic: bf16 (autocast: products in bfloat16, weights in float32) | fp32
+    precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
@@ -112,7 +112,7 @@ class TrainConfig:
 
 VAL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
 LR_SCHEDULES = ("step", "noam", "plateau")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = PRECISION_CHOICES
 
 
 # %% [markdown]
@@ -264,11 +264,16 @@ def dist_info() -> tuple[int, int, int]:
 # (`capbook.objectives`): cross-entropy, hard attention's rule and self-critical training all take this step.
 #
 # **Precision.** On a GPU the model always runs under autocast (bfloat16 where the card has it, else float16 with a
-# gradient scaler). On the CPU, `TrainConfig.precision` chooses: `bf16` (the default) runs the model's matrix products
+# gradient scaler). On the CPU, `TrainConfig.precision` chooses: `bf16` runs the model's matrix products
 # and convolutions under `torch.autocast("cpu", torch.bfloat16)` — their inputs rounded to bfloat16, their sums, the
-# weights, the optimiser and the loss in float32 — and `fp32` runs everything in float32. This 2-core CPU has no
-# bfloat16 arithmetic, yet oneDNN's bfloat16 products move half the bytes: measured with `capbook bench --alternatives`
-# (one thread, default sizes), bf16 trains the transformers 1.8x as fast, NIC and LSTM 1.9x, the others 1.1–1.6x. And it
+# weights, the optimiser and the loss in float32 — and `fp32` runs everything in float32; `auto` (the default) takes
+# bf16 only where this CPU runs it faster, timed once per process (`capbook.core.cpu_bf16_faster`). Which one wins
+# depends on the machine, and by far. On an AVX machine without bfloat16 arithmetic oneDNN's bfloat16 products move
+# half the bytes: measured with `capbook bench --alternatives` (one thread, default sizes), bf16 trained the
+# transformers 1.8x as fast, NIC and LSTM 1.9x, the others 1.1–1.6x. On an AVX2 machine of the same 2-core kind
+# (issue 27's second session) the same autocast fell to a slow path: a 1024² product at 0.84 GFLOP/s against 38.7 in
+# float32, the 2D-LSTM + SPCA step 5 against 40 captions/s — a fixed `bf16` default made every run there several
+# times slower. The arithmetic each run used is in its record (`precision`). Where bf16 is chosen it
 # trains the same models: two epochs at the default sizes, seed 0, fp32 against bf16, gave training losses equal to
 # the fourth decimal and validation CIDEr 1.1942 / 1.1943 (spatial transformer), 1.0860 / 1.0859 (GLIED), 1.3101 /
 # 1.3050 (soft attention), differences far inside what one seed to the next changes. `train_step` itself defaults to
@@ -386,6 +391,7 @@ class FitResult:
     resumed_from: tuple | None = None
     world_size: int = 1
     captions: int = 0                # training captions seen (over every process)
+    precision: str = "fp32"          # the arithmetic it trained in (`cpu_precision` of the config's)
 
 def _eval_marks(n_batches: int, k: int) -> set[int]:
     "The batch counts after which an epoch of `n_batches` batches is validated `k` times (its end included)."
@@ -400,6 +406,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     check_inputs(model, next(data.train.image_batches(1)))
     rank, world, local = dist_info()
     device = get_device(cfg.device)
+    precision = cpu_precision(cfg.precision, device)            # auto: bf16 where this machine runs it faster
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
     ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
     try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
@@ -409,7 +416,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     avg = WeightAverage(model, cfg.ema) if cfg.ema else None
-    res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world), 0, 0, 0, 0, {}, 0, 0
+    res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world, precision=precision), 0, 0, 0, 0, {}, 0, 0
     val_caps = None                                                # the last evaluation's validation captions
     code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
@@ -503,7 +510,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
             lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch, decays)
             for g in opt.param_groups: g["lr"] = lr
             stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
-                               precision=cfg.precision)
+                               precision=precision)
             if avg is not None: avg.update()
             skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
             for k, v in {**stats, "lr": lr}.items(): tot[k] = tot.get(k, 0.0) + v

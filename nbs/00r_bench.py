@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 import numpy as np
 import torch
-from capbook.core import CapbookError, check_int, load_torch, runs_dir, seed_everything, get_device
+from capbook.core import CapbookError, check_int, cpu_precision, load_torch, runs_dir, seed_everything, get_device
 from capbook.runner import check_profile
 
 
@@ -114,7 +114,8 @@ def train_speed(s: dict, batches: int = 12, rounds: int = 3, warmup: int = 3) ->
     model, cfg, it = s["model"], s["cfg"], train_batches(s)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     model.train(); s["objective"].train()
-    step = lambda b: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip, precision=cfg.precision)
+    prec = cpu_precision(cfg.precision, s["device"])
+    step = lambda b: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip, precision=prec)
     for _ in range(warmup): step(next(it))
     work, best = [next(it) for _ in range(batches)], float("inf")
     for _ in range(rounds):

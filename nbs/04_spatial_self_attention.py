@@ -356,12 +356,12 @@ assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # unifo
 # - **Sizes.** The paper's widths (d = 512, d_hidden = 1024, h = 8; 16.9 M parameters on shapes) are the `paper`
 #   profile. At them a training step of 64 captions takes 1.75 s on the book's 2-core CPU (about 6 min an epoch, 70 min
 #   for the chapter's two runs), against 0.40 s at d = 128, so the `default` profile keeps the depth (2 encoder and 4
-#   decoder layers) and narrows the model to d = 128, d_hidden = 256 (the paper's 2·d; 1.1 M parameters); `smoke`
-#   uses d = 64. **Heads follow d_attn.** Eq. 2's τ = √(d_len + d_attn) is strong or weak relative to √d_attn
+#   decoder layers) and narrows the model to the book's one default scale (`01_dataset`): d = 64, d_hidden = 128 (the
+#   paper's 2·d), as `smoke`. **Heads follow d_attn.** Eq. 2's τ = √(d_len + d_attn) is strong or weak relative to √d_attn
 #   depending on d_attn: at the paper's d_attn = 64 and 196 regions τ_paper/τ_standard = √260/√64 = 2.02, but with 8
 #   heads at d = 128 (d_attn = 16) it was √212/√16 = 3.64, nearly twice the paper's strength (the first two decoder
 #   layers then attended almost uniformly, normalised entropy 0.99 and 0.98). So each profile takes the number of heads
-#   that keeps d_attn = 64: 8 at `paper`, 2 at `default`, 1 at `smoke`. A `None` width or head count in the
+#   that keeps d_attn = 64: 8 at `paper`, 1 at `default` and `smoke`. A `None` width or head count in the
 #   parameters means "the profile's"; the run's record keeps the value used.
 # - **Batches by image.** A batch holds every (kept) caption of its images (`TrainConfig.batch_order="image"`), so the
 #   encoder runs once per image — about five times fewer encoder passes than captions drawn at random would need.
@@ -374,9 +374,9 @@ assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # unifo
 class SSAParams(SSAConfig, RunConfig):
     "The spatial self-attention chapter's parameters: the run's (`RunConfig`), then the model's (`SSAConfig`)."
     lr: float = 3e-4                    # Adam's learning rate, the paper's l (§3)
-    d_model: int | None = None          # d_feat; None: the profile's (paper 512, default 128, smoke 64)
+    d_model: int | None = None          # d_feat; None: the profile's (paper 512, default and smoke 64)
     d_hidden: int | None = None         # the feed-forward's width; None: the profile's (2 d_model)
-    heads: int | None = None            # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)
+    heads: int | None = None            # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default and smoke 1)
     max_words: int = 0                  # train on captions of at most this many words; 0: all (as every compared row; §3 says 14)
 
 def ssa_measure(r) -> dict:
@@ -395,7 +395,7 @@ SSA = register_chapter(Chapter(
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
     epochs={"smoke": 1, "default": 15, "paper": 30},                     # at most: the protocol stops on a plateau
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 128, "d_hidden": 256, "heads": 2},
+    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 64, "d_hidden": 128, "heads": 1},
            "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
     train={},                                           # the protocol, Adam at l (§3), the peers' warm-up (registry)
     label=lambda p: f"Transformer, τ {p.tau}",
@@ -433,11 +433,11 @@ scst_epochs = 0           # then self-critical training on CIDEr-D for this many
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
-precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
-d_model = None            # d_feat; None: the profile's (paper 512, default 128, smoke 64)
-heads = None              # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default 2, smoke 1)
+d_model = None            # d_feat; None: the profile's (paper 512, default and smoke 64)
+heads = None              # h; None: the profile's, for the paper's d_attn of 64 (paper 8, default and smoke 1)
 d_hidden = None           # the feed-forward's width; None: the profile's (2 d_model)
 enc_layers = 2            # self-attention layers over the regions
 dec_layers = 4            # decoder layers
@@ -484,7 +484,7 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # | every training caption kept (§3: "restricted to ... 14 words") | one rule for every compared row (soft attention and CT train on all) | the 14-word rule kept 11,542 of 15,000 captions and lost ~42 % of the relation tuples; previous book: relation recall 3.6 against soft attention's 17.9 |
 # | all four changes of this table together | — | CIDEr 103.9 → 121.2, BLEU-4 29.3 → 40.5, semantic F1 26.9 → 30.3, 8.4 → 4.4 training minutes; relation F1 6.8 → 0.3, with the epoch selected after the first of four (validation CIDEr 1.26, 1.25, 1.11, 1.12; early stopping on BLEU-4) |
 # | word embedding initialised N(0, 1/d) | Vaswani et al.'s unit-scale $E w\sqrt d$ | word/position standard-deviation ratio 21 → 1.8 at d = 128 (tested: within 2) |
-# | heads chosen per profile so that d_attn = 64 (8 at `paper`, 2 at `default`, 1 at `smoke`) | Eq. 2's τ is only the paper's at the paper's d_attn | τ_paper/τ_standard 3.64 → 2.02 (the paper's); with d_attn = 16 the first two decoder layers attended almost uniformly (normalised entropy 0.99, 0.98) |
+# | heads chosen per profile so that d_attn = 64 (8 at `paper`, 1 at `default` and `smoke`) | Eq. 2's τ is only the paper's at the paper's d_attn | τ_paper/τ_standard 3.64 → 2.02 (the paper's); with d_attn = 16 the first two decoder layers attended almost uniformly (normalised entropy 0.99, 0.98) |
 # | one epoch of linear warm-up, then 1/√step decay, peaking at l = 3×10⁻⁴ | §3 names only Adam and l; the Transformer's recipe | not yet measured at the default profile (the regenerated book will) |
-# | d = 128, d_hidden = 256 at the default profile (paper 512, 1,024) | a step costs 0.40 s against 1.75 s on the 2-core CPU | the `paper` profile runs the paper's sizes |
+# | d = 64, d_hidden = 128 at the default profile (paper 512, 1,024), the book's one default scale (`01_dataset`) | three seeds of every row converged within the book's budget on a 2-core CPU (a step at d = 512 costs 1.75 s, at d = 128 0.40 s) | the `paper` profile runs the paper's sizes |
 # | the shapes CNN's 14×14 grid instead of VGG-11's | no pretrained weights or COCO here | on real data (`-p dataset coco`) the chapter uses VGG-11 |

@@ -547,7 +547,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
           for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
     epochs={"smoke": 1, "default": 15, "paper": 25},       # at most: the protocol stops on a plateau (GLIED: 25, early stopping)
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
-           "default": {"d_embed": 64, "d_model": 128, "d_hidden": 512, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
+           "default": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
     train={},                                             # the protocol; the warm-up: its registry entry
     label=lambda p: p.variant,
@@ -584,7 +584,7 @@ scst_epochs = None        # self-critical epochs after cross-entropy; None: the 
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
-precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 d_embed = None            # None: the profile's (paper 256, default 64, smoke 32)

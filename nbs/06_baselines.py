@@ -510,7 +510,7 @@ BASELINES_CHAPTER = register_chapter(Chapter(
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1},
-           "default": {"d_model": 128, "d_hidden": 256, "scst_epochs": 2},
+           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2},
            "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
@@ -568,12 +568,12 @@ scst_epochs = None        # self-critical epochs after cross-entropy; None: the 
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
-precision = 'bf16'        # the CPU's training arithmetic: bf16 (autocast, as a GPU always does) | fp32
+precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
-emb_dim = 128             # the word (and image) embedding size
-hidden_dim = 256          # the LSTM size (Up-Down: each of its two LSTMs)
-att_dim = 128             # the attention's hidden size
+emb_dim = 64              # the word (and image) embedding size
+hidden_dim = 128          # the LSTM size (Up-Down: each of its two LSTMs)
+att_dim = 64              # the attention's hidden size
 dropout = None            # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
 order = 'C-S'             # sca_cnn: C-S (channel, then spatial; the paper's) | S-C
 model = 'updown'          # nic | lstm | att2in | sca_cnn | updown | ct

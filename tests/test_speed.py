@@ -91,6 +91,39 @@ def test_bf16_precision_is_a_checked_option_close_to_fp32(smoke):
         TrainConfig(precision="fp16").check()
 
 
+def test_auto_precision_takes_bf16_only_where_it_is_measured_faster(monkeypatch):
+    "precision='auto' (the default) resolves to bf16 on a GPU, and on the CPU to bf16 exactly where `cpu_bf16_faster` measured it faster; an explicit choice is kept; the trainer records what it used."
+    import capbook.core as C
+    from capbook.core import CapbookError, cpu_precision
+    from capbook.train import TrainConfig
+    from capbook.runner import RunConfig
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert TrainConfig().precision == "auto" and RunConfig().precision == "auto"
+    assert cpu_precision("fp32", gpu) == "fp32" and cpu_precision("bf16", cpu) == "bf16"
+    for faster in (True, False):
+        monkeypatch.setattr(C, "cpu_bf16_faster", lambda faster=faster: faster)
+        assert cpu_precision("auto", cpu) == ("bf16" if faster else "fp32")
+        assert cpu_precision("auto", gpu) == "bf16"
+    monkeypatch.undo()
+    measured = C.cpu_bf16_faster()                               # the real measurement, once per process
+    assert isinstance(measured, bool) and C.cpu_bf16_faster() is measured
+    assert cpu_precision("auto", cpu) == ("bf16" if measured else "fp32")
+    with pytest.raises(CapbookError, match="parameter precision='fp16' is invalid"):
+        cpu_precision("fp16", cpu)
+
+
+def test_the_trainer_records_the_precision_it_trained_in(monkeypatch, tmp_path):
+    "fit resolves precision='auto' once and reports the arithmetic it used (kept in every run's record)."
+    from capbook.core import cpu_precision
+    from capbook.train import fit
+    import test_protocol as P
+    P.scripted(monkeypatch, [0.5] * 8)                           # validation scores: the trainer, not the model, under test
+    res = fit(P.model(), P.PREP, P.cfg(epochs=1, precision="auto", ema=0.0), tmp_path, log=lambda s: None)
+    assert res.precision == cpu_precision("auto", torch.device("cpu")) and res.precision in ("fp32", "bf16")
+    res = fit(P.model(), P.PREP, P.cfg(epochs=1, precision="fp32", ema=0.0), tmp_path / "b", log=lambda s: None)
+    assert res.precision == "fp32"
+
+
 def test_a_shrinking_batch_computes_what_the_full_one_does():
     "unroll with lengths drops ended captions from the batch: the live positions' logits and attention equal the full unroll's, the ended ones are zeros."
     from capbook.models import build, unroll, unroll_shrinking

@@ -145,7 +145,7 @@ def test_default_batches_are_unchanged():
 def test_profile_sizes_fill_the_parameters_left_none():
     from capbook.runner import chapter
     ch = chapter("04_spatial_self_attention")
-    for profile, want in [("default", 128), ("paper", 512), ("smoke", 64)]:
+    for profile, want in [("default", 64), ("paper", 512), ("smoke", 64)]:
         p = ch.resolve(SSAParams(profile=profile))
         assert p.d_model == want and p.d_hidden == 2 * want and p.d_model // p.heads == 64   # d_attn: the paper's 64
     assert ch.resolve(SSAParams(profile="default", d_model=32)).d_model == 32   # a value given wins
