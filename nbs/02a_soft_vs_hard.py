@@ -32,13 +32,13 @@ import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
 from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, paired_verdict
-from capbook.book import chapter_steps, row_record
+from capbook.book import chapter_steps, compared_runs, row_record
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
 from capbook.shapes import object_mentions, parse_caption
 from capbook.viz import attention_figure, save_figure, save_table
-from capbook.baselines import BASELINE_NOTE, baseline_records
+from capbook.baselines import BASELINE_NOTE
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -102,7 +102,8 @@ ours = [row("Soft-Attention", recs[""]["metrics"], recs[""], stats[""]),
         row("Hard-Attention", recs[sel]["metrics"], recs[sel], stats[sel]),
         row("Hard-Attention, argmax location at test", recs[sel]["metrics_argmax_context"], recs[sel]),   # captions not kept
         row("No attention (mean context)", recs["none"]["metrics"], recs["none"], stats["none"])]
-nic = baseline_records(profile, recs[""]["data"]["fingerprint"])["nic"]
+# the one baseline row Table 1 needs, trained on this table's data (compared_runs stops on other data)
+nic = compared_runs(profile, {"sat": ("02_show_attend_tell", ("",)), "nic": ("06_baselines", ("nic",))})[1]["nic", "nic"]
 ours.append({**row("Google NIC", nic["metrics"], nic, stage_stats(nic, prep)), "note": f"Show and Tell, measured: {BASELINE_NOTE}"})
 table1 = pd.concat([sat_table1(), pd.DataFrame(ours)], ignore_index=True)
 cols = ["dataset", "model", "source", "BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR"]
@@ -129,8 +130,8 @@ if "att. mass" in T:
     lines.append(f"- **Where they look (attention mass on the named object):** soft {T.loc['Soft-Attention', 'att. mass']:.1f} %, "
                  f"hard {T.loc['Hard-Attention', 'att. mass']:.1f} %; uniform attention would put "
                  f"{100 * recs['']['metrics']['attention']['mass_uniform']:.1f} % there.")
-display(Markdown("Measured on this run of the book (one seed each, so differences of a point or two are within the "
-                 "noise of a single training run):\n\n" + "\n".join(lines)))
+display(Markdown(f"Measured on this run of the book (each row the mean over its {len(recs[''].get('seed_runs', [0]))} "
+                 "training seeds; the verdicts resample seeds, then test images):\n\n" + "\n".join(lines)))
 
 # %% [markdown]
 # ## What the captions say: semantic precision and recall

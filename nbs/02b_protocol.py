@@ -65,7 +65,7 @@ pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [s["_dir"] for s in 
 #    that hold all five captions of each image (the peers' `seq_per_img = 5`, and already the book's transformers')
 #    mix the templates in every step.
 # 2. **Selecting a snapshot of moving weights.** At a constant rate Adam keeps moving the weights by about as much as
-#    the templates need to flip; a moving average of the weights (EMA, 0.995 — a window of about an epoch) moves only
+#    the templates need to flip; a moving average of the weights (EMA, 0.995 — a window of about 200 steps, 1.7 epochs of the default profile) moves only
 #    as far as the weights move on average, and halving the rate whenever validation stops improving settles it.
 # 3. **Budgets and rules that differed.** Each chapter had its own epochs (3 to 6), metric (BLEU-4 or CIDEr) and
 #    schedule; the protocol gives every compared row the same rule, and trains each until validation stops improving.
@@ -88,7 +88,7 @@ display(Markdown(save_table(proto, run.path("table_protocol_settings"), floatfmt
 
 # %% [markdown]
 # Where this departs from a paper it is the paper's setting on COCO translated, not replaced: SPCA decays by 0.5 every
-# five COCO epochs (about 35,000 steps), the protocol by 0.5 on plateaus (the default profile's epoch is 235 steps);
+# five COCO epochs (about 35,000 steps), the protocol by 0.5 on plateaus (the default profile's epoch is 117 steps);
 # Show-Attend-Tell and GLIED stop early on a validation score, as the protocol does; the evaluation beam is 3 for every
 # compared row (SPCA's tables were run with 2: the SPCA chapter reports its beam beside). Validation uses the averaged
 # weights, and those are the model every table scores.
