@@ -12,7 +12,7 @@ from .core import check_choice, check_float, check_int
 from .attention import Attention, SoftAttention
 from .models import CaptionModel, Dropout, register, tanh
 from .objectives import DoublyStochastic
-from .sat import SATConfig, ShowAttendTell
+from .sat import SATConfig, ShowAttendTell, WIDTHS
 from .ssa import WARMUP, SSAConfig, SpatialTransformer
 from .runner import Chapter, RunConfig, register_chapter
 
@@ -268,6 +268,9 @@ BASELINES = ("nic", "lstm", "att2in", "sca_cnn", "updown", "ct")
 class BaselineParams(SCAConfig, RunConfig):
     "The baselines chapter's parameters: the run's (`RunConfig`), the model, the recurrent sizes, the transformer's."
     model: str = "updown"               # nic | lstm | att2in | sca_cnn | updown | ct
+    emb_dim: int | None = None          # the LSTMs' word (and image) embedding; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+    hidden_dim: int | None = None       # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+    att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (default 2)
     d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default 128, smoke 64)
@@ -287,9 +290,9 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1},
-           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2},
-           "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20}},
+    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
+           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
+           "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
                      "updown": "Up-Down", "ct": "CT"}[p.model],

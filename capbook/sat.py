@@ -17,8 +17,8 @@ from .runner import Chapter, RunConfig, register_chapter, measured
 from .papers import sat_table1
 
 # %% auto 0
-__all__ = ['ATTENTION', 'sat_soft', 'sat_hard', 'sat_none', 'SAT', 'SATConfig', 'ShowAttendTell', 'sat_objective', 'quadrants',
-           'worked_example', 'SATParams', 'sat_measure']
+__all__ = ['ATTENTION', 'sat_soft', 'sat_hard', 'sat_none', 'WIDTHS', 'SAT', 'SATConfig', 'ShowAttendTell', 'sat_objective',
+           'quadrants', 'worked_example', 'SATParams', 'sat_measure']
 
 # %% ../nbs/02_show_attend_tell.ipynb
 ATTENTION = ("soft", "hard", "none")
@@ -156,6 +156,17 @@ def worked_example(att: SoftAttention, regions: torch.Tensor, h: torch.Tensor, d
 @dataclass
 class SATParams(SATConfig, RunConfig):
     "The Show-Attend-Tell chapter's parameters: the run's (`RunConfig`), then the model's (`SATConfig`)."
+    emb_dim: int | None = None      # m; None: the profile's (`WIDTHS`: default 64, smoke and paper 128)
+    hidden_dim: int | None = None   # n; None: the profile's (default 128, smoke and paper 256)
+    att_dim: int | None = None      # f_att's hidden size; None: the profile's (default 64, smoke and paper 128)
+
+# The recurrent decoders' widths per profile (Show-Attend-Tell's, 1D-SPCA's, the recurrent baselines'): `default` is the
+# book's one default scale (`01_dataset`); `smoke` keeps the earlier, wider models, which learn to name objects in the
+# one epoch a smoke run trains (at the default scale they did not, and the smoke book's attention figures had no word
+# to draw); `paper` keeps them too (the paper's LSTM is wider still: the profile is as large as the CPU allows).
+WIDTHS = {"smoke": dict(emb_dim=128, hidden_dim=256, att_dim=128),
+          "default": dict(emb_dim=SATConfig.emb_dim, hidden_dim=SATConfig.hidden_dim, att_dim=SATConfig.att_dim),
+          "paper": dict(emb_dim=128, hidden_dim=256, att_dim=128)}
 
 def sat_measure(r) -> dict:
     "Hard attention decoded with the other test context (`metrics_<context>_context`); the gate's mean β on object-noun steps and on the others."
@@ -195,6 +206,7 @@ SAT = register_chapter(Chapter(
           "no-penalty": {"penalty": 0.0}, "no-gate": {"gate": False},                # §4.2.1 ablation
           "legacy": {"recipe": "legacy"}},                                           # nbs/02b_protocol: before and after
     epochs={"smoke": 1, "default": 15, "paper": 30},   # at most: the protocol stops on a plateau
+    sizes=WIDTHS,
     label=lambda p: f"{p.attention.capitalize()}-Attention",
     figure=lambda p: f"fig_sat_{p.attention}_attention.png",
     measure=sat_measure,

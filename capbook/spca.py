@@ -12,7 +12,7 @@ from .core import check_choice, check_float, check_int
 from .attention import Attention
 from .models import CaptionModel, Dropout, fast, register, unroll
 from .objectives import DoublyStochastic
-from .sat import SATConfig, ShowAttendTell
+from .sat import SATConfig, ShowAttendTell, WIDTHS
 from .runner import Chapter, RunConfig, register_chapter
 from .papers import spca_table
 
@@ -268,7 +268,9 @@ class _Decoder:
 class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
     "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
     structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
-    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke, default 32; paper 256, Dai et al.'s)
+    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke 32, default 16; paper 256, Dai et al.'s)
+    emb_dim: int | None = None  # 1d: word embedding size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+    hidden_dim: int | None = None   # 1d: LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     beam_size: int = 2          # the paper's evaluation beam
 
 def _check(p):
@@ -296,7 +298,8 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
           "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
     epochs={"smoke": 1, "default": 15, "paper": 30},   # at most: the protocol stops on a plateau
-    sizes={"smoke": {"channels": 32}, "default": {"channels": 16}, "paper": {"channels": 256}},   # c of the 2D state
+    sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
+           for pr, c in {"smoke": 32, "default": 16, "paper": 256}.items()},   # c of the 2D state; the 1D decoder's widths
     train={},                                          # the protocol: SPCA's x0.5, on plateaus (nbs/02b_protocol)
     label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",

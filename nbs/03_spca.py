@@ -39,7 +39,7 @@ from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention
 from capbook.models import CaptionModel, Dropout, fast, register, unroll
 from capbook.objectives import DoublyStochastic
-from capbook.sat import SATConfig, ShowAttendTell
+from capbook.sat import SATConfig, ShowAttendTell, WIDTHS
 from capbook.runner import Chapter, RunConfig, register_chapter
 from capbook.papers import spca_table
 
@@ -438,7 +438,9 @@ class _Decoder:
 class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
     "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
     structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
-    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke, default 32; paper 256, Dai et al.'s)
+    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke 32, default 16; paper 256, Dai et al.'s)
+    emb_dim: int | None = None  # 1d: word embedding size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+    hidden_dim: int | None = None   # 1d: LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     beam_size: int = 2          # the paper's evaluation beam
 
 def _check(p):
@@ -466,7 +468,8 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
           "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
     epochs={"smoke": 1, "default": 15, "paper": 30},   # at most: the protocol stops on a plateau
-    sizes={"smoke": {"channels": 32}, "default": {"channels": 16}, "paper": {"channels": 256}},   # c of the 2D state
+    sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
+           for pr, c in {"smoke": 32, "default": 16, "paper": 256}.items()},   # c of the 2D state; the 1D decoder's widths
     train={},                                          # the protocol: SPCA's x0.5, on plateaus (nbs/02b_protocol)
     label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",
@@ -509,12 +512,12 @@ structure = 'S||C'        # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only
 kernel = 3                # k of the spatial attention's convolutions (Eq. 11): a positive odd integer
 reduction = 8             # r of the channel attention (Eq. 12): 2C -> 2C/r -> C
 att_dim = None            # width of Conv1 in Eq. 11; None: 128 for 1d (Show-Attend-Tell's), the state channels for 2d
-emb_dim = 64              # 1d: word embedding size
-hidden_dim = 128          # 1d: LSTM size
+emb_dim = None            # 1d: word embedding size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+hidden_dim = None         # 1d: LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
 dropout = 0.5
 gate = True               # 1d: Show-Attend-Tell's gating scalar β on the context (§4.2.1), as in Soft-Attention*
 penalty = 1.0             # 1d: λ of the doubly stochastic penalty (Eq. 9) on the normalised M^S, as in Soft-Attention*
-channels = None           # 2d: channels c of the state maps; None: the profile's (smoke, default 32; paper 256, Dai et al.'s)
+channels = None           # 2d: channels c of the state maps; None: the profile's (smoke 32, default 16; paper 256, Dai et al.'s)
 map_size = 7              # 2d: side of the state maps (Dai et al.: 7)
 word_channels = 4         # 2d: channels of each word's learned tensor (Dai et al.: 4)
 word_hidden = 32          # 2d: channels of the word map's first convolution (Dai et al.: 32)

@@ -58,7 +58,7 @@ from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention, SoftAttention
 from capbook.models import CaptionModel, Dropout, register, tanh
 from capbook.objectives import DoublyStochastic
-from capbook.sat import SATConfig, ShowAttendTell
+from capbook.sat import SATConfig, ShowAttendTell, WIDTHS
 from capbook.ssa import WARMUP, SSAConfig, SpatialTransformer
 from capbook.runner import Chapter, RunConfig, register_chapter
 
@@ -490,6 +490,9 @@ BASELINES = ("nic", "lstm", "att2in", "sca_cnn", "updown", "ct")
 class BaselineParams(SCAConfig, RunConfig):
     "The baselines chapter's parameters: the run's (`RunConfig`), the model, the recurrent sizes, the transformer's."
     model: str = "updown"               # nic | lstm | att2in | sca_cnn | updown | ct
+    emb_dim: int | None = None          # the LSTMs' word (and image) embedding; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+    hidden_dim: int | None = None       # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+    att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (default 2)
     d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default 128, smoke 64)
@@ -509,9 +512,9 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1},
-           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2},
-           "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20}},
+    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
+           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
+           "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
                      "updown": "Up-Down", "ct": "CT"}[p.model],
@@ -571,9 +574,9 @@ device = 'auto'           # auto | cpu | cuda | cuda:N
 precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
-emb_dim = 64              # the word (and image) embedding size
-hidden_dim = 128          # the LSTM size (Up-Down: each of its two LSTMs)
-att_dim = 64              # the attention's hidden size
+emb_dim = None            # the LSTMs' word (and image) embedding; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+hidden_dim = None         # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
+att_dim = None            # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
 dropout = None            # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
 order = 'C-S'             # sca_cnn: C-S (channel, then spatial; the paper's) | S-C
 model = 'updown'          # nic | lstm | att2in | sca_cnn | updown | ct
