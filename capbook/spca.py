@@ -228,12 +228,18 @@ class Latent2D(CaptionModel):
         return self._step(self.K_X(self.word_map(tokens)), memory, state)
 
     def teacher_forcing(self, batch):
-        "Teacher forcing; the word maps and K_X * X_t of all steps are computed as one batch (they depend on the words only)."
+        "Teacher forcing; K_X * X_t of all steps computed before the recurrence (it depends on the word only): once per position (plain), or once per distinct word of the batch (fast; see the note above)."
         caps = batch["caps"]
         memory, state = self.init_state(batch)
         B, T = caps.shape[0], caps.shape[1] - 1
-        KX = self.K_X(self.word_map(caps[:, :-1].reshape(-1))).view(B, T, 4 * self.c, self.m, self.m)
-        return unroll(self._step, KX, memory, state, self.target_lengths(caps))
+        words = caps[:, :-1].reshape(-1)                                     # the input words: (B*T,)
+        if not fast():                                                       # K_X * X_t at every position: (B*T, 4c, m, m)
+            KX = self.K_X(self.word_map(words))
+        else:
+            distinct, where = words.unique(return_inverse=True)              # (U,) and each position's index into them (B*T,)
+            KXu = self.K_X(self.word_map(distinct)).permute(0, 2, 3, 1)      # K_X * X once per distinct word: (U, m, m, 4c)
+            KX = KXu.index_select(0, where).permute(0, 3, 1, 2)              # gathered per position: (B*T, 4c, m, m), channels-last
+        return unroll(self._step, KX.view(B, T, 4 * self.c, self.m, self.m), memory, state, self.target_lengths(caps))
 
     def _step(self, KX, memory, state):                                       # KX = K_X * X_t: (R, 4c, m, m)
         H, Cm, R = state["H"], state["C"], len(KX)
