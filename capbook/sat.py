@@ -31,7 +31,7 @@ class SATConfig:
     hidden_dim: int = 128         # n, the LSTM size
     att_dim: int = 64             # size of f_att's hidden layer
     dropout: float = 0.5
-    penalty: float | None = None  # λ of the doubly stochastic penalty (Eq. 9); None: 1 with attention (soft, hard), 0 without
+    penalty: float | None = None  # λ of the doubly stochastic penalty (Eq. 9); None: 1 with soft attention, 0 with hard (§4.2.1) and without
     gate: bool | None = None      # the gating scalar β (§4.2.1); None: on with attention (soft, hard), off without
     samples: int = 1              # hard: N, sampled attention sequences per caption (Eq. 7)
     lambda_r: float = 0.1         # hard: weight of the REINFORCE term (chosen on validation, see below)
@@ -53,7 +53,7 @@ class SATConfig:
     @property
     def use_gate(self) -> bool: return self.attention != "none" if self.gate is None else self.gate
     @property
-    def penalty_value(self) -> float: return (1.0 if self.attention != "none" else 0.0) if self.penalty is None else self.penalty
+    def penalty_value(self) -> float: return (1.0 if self.attention == "soft" else 0.0) if self.penalty is None else self.penalty
 
 # %% ../nbs/02_show_attend_tell.ipynb
 class ShowAttendTell(CaptionModel):
@@ -125,7 +125,7 @@ def sat_objective(cfg: SATConfig):
 def _sat(attention):
     def factory(cfg, vocab_size, feat_dim, grid):
         return ShowAttendTell(cfg, vocab_size, feat_dim, grid)
-    factory.__doc__ = f"Show-Attend-Tell with {attention} attention; gate and penalty on by default where there is attention."
+    factory.__doc__ = f"Show-Attend-Tell with {attention} attention; by default the gate where there is attention, the penalty with soft attention."
     return register(f"sat_{attention}", SATConfig, objective=sat_objective, attention=attention)(factory)
 
 sat_soft, sat_hard, sat_none = _sat("soft"), _sat("hard"), _sat("none")

@@ -85,7 +85,7 @@ display(Markdown(save_table(lam, run.path("table_sat_hard_lambda"), floatfmt=".2
 # (attention mass on the named object and how often the attention peak falls on it; see `capbook.metrics`), and the
 # training time. The hard model appears twice: decoded with the expected context (the authors' released decoder, and
 # the default; see `02_show_attend_tell`) and with the most probable location at every step. Soft and hard attention
-# run with the same gate and penalty. "No attention" is the same decoder fed the mean
+# run with the same gate; the doubly stochastic penalty is soft attention's (§4.2.1; see `02_show_attend_tell`). "No attention" is the same decoder fed the mean
 # annotation vector at every step — the Google NIC rows' idea (the image, not where to look) on capbook's decoder;
 # Google NIC itself (Vinyals et al.: the image once, as the first input) is measured in the baselines chapter
 # (`06_baselines`), on the same data and features, and its row stands beside the quoted ones. *capbook:* the other

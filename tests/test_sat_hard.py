@@ -39,10 +39,11 @@ def test_registered_variants():
     assert none.att is None and not none.gate and objective_for(none).penalty == 0
 
 
-def test_soft_and_hard_are_compared_with_the_same_gate_and_penalty():
-    "Like for like (arctic-captions offers both to either model): the gate and λ = 1 on both; hard decodes with the expected context."
+def test_gate_on_both_penalty_on_soft_only():
+    "The gate on both (arctic-captions offers it to either model); the doubly stochastic penalty (§4.2.1) on the deterministic model only, λ = 1; hard decodes with the expected context."
     hard, soft = make(), make("sat_soft")
-    assert hard.gate and soft.gate and objective_for(hard).penalty == objective_for(soft).penalty == 1.0
+    assert hard.gate and soft.gate and objective_for(soft).penalty == 1.0 and objective_for(hard).penalty == 0.0
+    assert objective_for(make(penalty=1.0)).penalty == 1.0                        # an explicit λ is kept
     assert hard.att.test_context == "expected"
 
 
