@@ -224,21 +224,22 @@ class Latent2D(CaptionModel):
         e = self.word(tokens).view(len(tokens), self.wc, self.m + 8, self.m + 8).contiguous(memory_format=self.memory_format)
         return self.drop(F.relu(self.wconv2(self.drop(F.relu(self.wconv1(e))))))  # word map X_t: (R, c, m, m)
 
+    def word_input(self, words):                                             # words: (N,) -> K_X * X: (N, 4c, m, m)
+        "K_X * X for each word: computed at every position (plain), or once per distinct word and gathered (fast; see the note above)."
+        if not fast(): return self.K_X(self.word_map(words))
+        distinct, where = words.unique(return_inverse=True)                  # (U,) and each position's index into them (N,)
+        KXu = self.K_X(self.word_map(distinct)).permute(0, 2, 3, 1)          # K_X * X once per distinct word: (U, m, m, 4c)
+        return KXu.index_select(0, where).permute(0, 3, 1, 2)                # gathered per position: (N, 4c, m, m), channels-last
+
     def step(self, tokens, memory, state):
-        return self._step(self.K_X(self.word_map(tokens)), memory, state)
+        return self._step(self.word_input(tokens), memory, state)
 
     def teacher_forcing(self, batch):
-        "Teacher forcing; K_X * X_t of all steps computed before the recurrence (it depends on the word only): once per position (plain), or once per distinct word of the batch (fast; see the note above)."
+        "Teacher forcing; K_X * X_t of all steps computed before the recurrence (it depends on the word only)."
         caps = batch["caps"]
         memory, state = self.init_state(batch)
         B, T = caps.shape[0], caps.shape[1] - 1
-        words = caps[:, :-1].reshape(-1)                                     # the input words: (B*T,)
-        if not fast():                                                       # K_X * X_t at every position: (B*T, 4c, m, m)
-            KX = self.K_X(self.word_map(words))
-        else:
-            distinct, where = words.unique(return_inverse=True)              # (U,) and each position's index into them (B*T,)
-            KXu = self.K_X(self.word_map(distinct)).permute(0, 2, 3, 1)      # K_X * X once per distinct word: (U, m, m, 4c)
-            KX = KXu.index_select(0, where).permute(0, 3, 1, 2)              # gathered per position: (B*T, 4c, m, m), channels-last
+        KX = self.word_input(caps[:, :-1].reshape(-1))                       # the input words' K_X * X_t: (B*T, 4c, m, m)
         return unroll(self._step, KX.view(B, T, 4 * self.c, self.m, self.m), memory, state, self.target_lengths(caps))
 
     def _step(self, KX, memory, state):                                       # KX = K_X * X_t: (R, 4c, m, m)

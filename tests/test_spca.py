@@ -243,3 +243,18 @@ def test_2d_spca_starts_near_the_identity(structure):
     r = (ctx.abs().mean() / V.abs().mean()).item()
     assert 0.85 < r < 1.15, f"mean |C| / mean |V| = {r:.3f}"
     if info["channel"] is not None: assert info["channel"].min() > 0.8
+
+
+def test_2d_decoding_with_distinct_word_maps_equals_plain():
+    "A decoding step computes K_X * X once per distinct word of its beams (eval: no dropout); the beams, scores and maps equal the per-position code's."
+    from capbook.decode import beam_search
+    from capbook.models import plain_paths
+    torch.manual_seed(3)
+    m = build("lstm2d_spca", 11, 6, (4, 4), channels=3, map_size=2, att_dim=2, reduction=2).eval()
+    a = torch.randn(3, 16, 6)
+    with torch.no_grad():
+        fast = beam_search(m, a, beam_size=3, max_len=6)
+        with plain_paths(): plain = beam_search(m, a, beam_size=3, max_len=6)
+    assert [c.tokens for c in fast] == [c.tokens for c in plain]
+    for f, p in zip(fast, plain):
+        assert abs(f.logprob - p.logprob) < 1e-4 and torch.allclose(f.alpha, p.alpha, atol=1e-5)
