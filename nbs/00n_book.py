@@ -399,17 +399,17 @@ def book_times(profile: str, steps: list[Step]):
                                ignore_index=True)
     return df
 
-def publish(profile: str, steps: list[Step]) -> Path:
-    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, and keep the reader's copies of the executed notebooks in its `notebooks/`."
+def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
+    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, and keep the reader's copies of the executed notebooks in its `notebooks/`; `partial`: `steps` are part of the plan, the other chapters' copies stay."
     from capbook.docs import keep_notebooks
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     untagged = [s for s in steps if not s.tag]    # ablation runs reach the book through assembly notebooks
     for s in untagged:
         for f in filter(_published, (runs_dir() / profile / s.name).glob("*")):
             tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
-    keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks")
+    keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks", replace=not partial)
     from capbook.viz import save_table
-    times = book_times(profile, steps)
+    times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
     if len(times): save_table(times, dst / "table_book_times", floatfmt=".2f")
     return dst
 
@@ -463,18 +463,29 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     if failed is not None: raise failed
     return outs
 
-def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1) -> dict:
-    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site."
+def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
+    "The steps whose name or notebook matches one of the shell-style patterns `only` (`03_spca` is the chapter's every run, `02_show_attend_tell-hard*` the hard rows and their seeds); a pattern matching nothing stops in one line."
+    import fnmatch
+    for pat in only:
+        if not any(fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat) for s in steps):
+            raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
+                               f"a step name (e.g. 03_spca-k5-seed1) or a pattern (e.g. '03_spca-k*')")
+    return [s for s in steps if any(fnmatch.fnmatchcase(s.name, p) or fnmatch.fnmatchcase(s.notebook, p) for p in only)]
+
+def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1,
+             only: list[str] | None = None) -> dict:
+    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay."
     check_profile(profile)
     check_int("jobs", jobs, lo=1)
     os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps = time.time(), plan(profile)
+    if only: steps = select_steps(steps, only)
     log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
     from capbook.metrics import meteor_service
     with meteor_service() as meteor:              # one METEOR JVM for every run's scoring, not one per run
         run_plan(profile, steps, force, jobs, log)
     if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
-    dst = publish(profile, steps)
+    dst = publish(profile, steps, partial=bool(only))
     log(f"tables, figures and the reader's notebooks -> {dst}")
     site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
     secs = time.time() - t0
@@ -531,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--force", action="store_true", help="rerun notebooks even if unchanged")
     b.add_argument("--no-docs", action="store_true", help="skip building the docs site")
     b.add_argument("-j", "--jobs", type=int, default=1, help="notebooks run side by side (each with its share of the cores)")
+    b.add_argument("--only", nargs="+", metavar="PATTERN", help="only these notebooks or steps (shell patterns; "
+                   "e.g. 03_spca 03a_spca_tables): the other chapters' published tables and copies stay")
     be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
@@ -559,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
-        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs)
+        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only)
         elif a.cmd == "docs":
             site = build_docs(a.profile)
             if a.open:

@@ -226,8 +226,13 @@ def inflate_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.Noteb
             o.data["image/png"] = base64.b64encode((img_dir / name).read_bytes()).decode()
     return nb
 
-def keep_notebooks(executed: list[Path], dst: Path) -> list[Path]:
-    "Write the reader's slim copies of `executed` notebooks to `dst` (images in `dst/img/`), replacing what was there; return them."
+def _images_of(path: Path) -> set[str]:
+    "The image files a kept notebook's outputs name."
+    nb = nbformat.read(path, as_version=4)
+    return {o.metadata[_IMG_KEY] for c in nb.cells for o in c.get("outputs", []) if _IMG_KEY in o.get("metadata", {})}
+
+def keep_notebooks(executed: list[Path], dst: Path, replace: bool = True) -> list[Path]:
+    "Write the reader's slim copies of `executed` notebooks to `dst` (images in `dst/img/`), replacing what was there (`replace`), or only those notebooks, the others' copies and images kept (a partial book); return them."
     dst = Path(dst); dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
     try:
@@ -235,6 +240,13 @@ def keep_notebooks(executed: list[Path], dst: Path) -> list[Path]:
         for p in executed:
             nb = slim_notebook(reader_notebook(_read_notebook(Path(p))), new / "img")
             atomic_write(new / Path(p).name, lambda t, nb=nb: nbformat.write(nb, t))
+        if not replace and dst.exists():                              # the other chapters' copies, with their images
+            for old in sorted(dst.glob("*.ipynb")):
+                if (new / old.name).exists(): continue
+                shutil.copyfile(old, new / old.name)
+                for name in _images_of(old):
+                    if not (new / "img" / name).exists() and (dst / "img" / name).is_file():
+                        shutil.copyfile(dst / "img" / name, new / "img" / name)
         if dst.exists(): os.replace(dst, tmp / "old")                 # the old copies leave with the temporary folder
         os.replace(new, dst)
     finally:

@@ -300,3 +300,17 @@ def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
     nb0 = nbformat.read(out, 4)
     assert [c.get("outputs") and c.outputs[0].get("output_type") for c in nb0.cells if c.cell_type == "code"][:3] == \
            [c.get("outputs") and c.outputs[0].get("output_type") for c in nbformat.read(out2, 4).cells if c.cell_type == "code"][:3]
+
+
+def test_only_selects_chapters_steps_and_patterns():
+    "`capbook book --only`: a notebook selects its every run, a pattern the matching steps, a step itself; a pattern matching nothing stops in one line."
+    from capbook.book import plan, select_steps
+    steps = plan("default")
+    spca = select_steps(steps, ["03_spca"])
+    assert spca and all(s.notebook == "03_spca" for s in spca) and len(spca) == sum(s.notebook == "03_spca" for s in steps)
+    hard = [s.name for s in select_steps(steps, ["02_show_attend_tell-hard*", "02a_soft_vs_hard"])]
+    assert "02_show_attend_tell-hard-seed2" in hard and "02_show_attend_tell-hard-lr1" in hard and "02a_soft_vs_hard" in hard
+    assert "02_show_attend_tell" not in hard and "02_show_attend_tell-none" not in hard
+    assert [s.name for s in select_steps(steps, ["03_spca-k5-seed1"])] == ["03_spca-k5-seed1"]
+    assert [s.name for s in select_steps(steps, ["04a*", "index"])] == [s.name for s in steps if s.name in ("index", "04a_ssa_tables")]
+    with pytest.raises(CapbookError, match="only='03_spcaa' matches no step"): select_steps(steps, ["03_spcaa"])

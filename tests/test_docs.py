@@ -179,6 +179,33 @@ def test_kept_copies_read_as_a_book(tmp_path):
     with pytest.raises(CapbookError, match="image of a kept notebook not found"): docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
 
 
+def test_partial_keep_replaces_only_its_notebooks(tmp_path):
+    "A partial book (`capbook book --only`) rewrites its chapters' copies and keeps the others' with their images; images no kept copy names leave."
+    run = tmp_path / "run"; run.mkdir()
+    a, b = _executed_notebook(), _executed_notebook()
+    b.cells[-2].outputs[0].data["image/png"] = _png_other = base64.b64encode(bytes.fromhex(_png_hex())).decode()
+    nbformat.write(a, run / "01_a.ipynb"); nbformat.write(b, run / "02_b.ipynb")
+    kept = tmp_path / "kept"
+    keep_notebooks([run / "01_a.ipynb", run / "02_b.ipynb"], kept)
+    assert len(list((kept / "img").glob("*.png"))) == 2
+    a.cells[-2].outputs[0].data["image/png"] = _png_other                   # 01_a rerun: now b's image, its old one unused
+    a.cells[0].source += "\n\nRERUN_MARK"
+    nbformat.write(a, run / "01_a.ipynb")
+    keep_notebooks([run / "01_a.ipynb"], kept, replace=False)
+    assert sorted(p.name for p in kept.glob("*.ipynb")) == ["01_a.ipynb", "02_b.ipynb"]
+    assert "RERUN_MARK" in (kept / "01_a.ipynb").read_text()
+    assert len(list((kept / "img").glob("*.png"))) == 1                     # the image only the old 01_a named is gone
+    src = tmp_path / "src"; src.mkdir()
+    docs.write_book([kept / "01_a.ipynb", kept / "02_b.ipynb"], src)        # every kept copy still finds its images
+
+
+def _png_hex() -> str:
+    "Another small PNG than `_png()`'s (a different line)."
+    fig, ax = plt.subplots(figsize=(2, 1.5)); ax.plot([0, 1], [0, 1])
+    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=40); plt.close(fig)
+    return buf.getvalue().hex()
+
+
 @pytest.mark.slow
 def test_repository_book_site(tmp_path):
     "What a fresh clone reads: the site built from the default book kept in figures/notebooks/, every chapter opened in Chromium (its tables and images there, no error, machine path or tool chatter), two pages photographed."
