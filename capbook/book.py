@@ -67,11 +67,12 @@ def plan(profile: str) -> list[Step]:
 _NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
 
 def step_record(profile: str, step: Step) -> dict:
-    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters."
-    want = {k: v for k, v in {**nb_defaults(step.notebook), **step.params}.items() if k not in _NOT_CONFIG}
+    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters (a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
+    defaults = nb_defaults(step.notebook)
+    want = {k: v for k, v in {**defaults, **step.params}.items() if k not in _NOT_CONFIG}
     book = runs_dir() / profile / step.name
     same = [r for r in records(profile, step.notebook)
-            if {k: v for k, v in r["params"].items() if k not in _NOT_CONFIG} == want]
+            if {k: v for k, v in {**defaults, **r["params"]}.items() if k not in _NOT_CONFIG} == want]
     same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
     if not same:
         raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "

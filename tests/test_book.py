@@ -104,6 +104,11 @@ def test_step_record_prefers_book_run_then_exact_hand_run(home):
     assert step_record("paper", step)["_dir"].endswith("adhoc/c")
     rec("02_show_attend_tell-hard", "2025-01-01 00:00:00")          # the book's own run wins
     assert step_record("paper", step)["_dir"].endswith("02_show_attend_tell-hard")
+    older = {k: v for k, v in base.items() if k != "emb_dim"}       # made before the chapter had `emb_dim` (default None)
+    save_json(runs / "02_show_attend_tell-hard" / "record.json", {"notebook": "02_show_attend_tell", "finished": "2026-02-01 00:00:00", "params": older})
+    assert step_record("paper", step)["finished"] == "2026-02-01 00:00:00"
+    save_json(runs / "02_show_attend_tell-hard" / "record.json", {"notebook": "02_show_attend_tell", "finished": "2026-02-01 00:00:00", "params": {**older, "retired": 1}})
+    assert step_record("paper", step)["_dir"].endswith("adhoc/c")  # a parameter the chapter no longer has: another run
 
 
 def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
