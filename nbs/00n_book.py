@@ -98,13 +98,19 @@ def plan(profile: str) -> list[Step]:
 
 _NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
 
+def _as_run(notebook: str, params: dict) -> dict:
+    "A run's parameters as it ran: a size left None is its profile's (the chapter's `sizes`), and the ones that do not change what it measures dropped."
+    from capbook.runner import chapters
+    ch = chapters().get(notebook)
+    sizes = ch.sizes.get(params.get("profile"), {}) if ch else {}
+    return {k: sizes[k] if v is None and k in sizes else v for k, v in params.items() if k not in _NOT_CONFIG}
+
 def step_record(profile: str, step: Step) -> dict:
-    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters (a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
+    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
     defaults = nb_defaults(step.notebook)
-    want = {k: v for k, v in {**defaults, **step.params}.items() if k not in _NOT_CONFIG}
+    want = _as_run(step.notebook, {**defaults, **step.params})
     book = runs_dir() / profile / step.name
-    same = [r for r in records(profile, step.notebook)
-            if {k: v for k, v in {**defaults, **r["params"]}.items() if k not in _NOT_CONFIG} == want]
+    same = [r for r in records(profile, step.notebook) if _as_run(step.notebook, {**defaults, **r["params"]}) == want]
     same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
     if not same:
         raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "

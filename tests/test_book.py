@@ -109,6 +109,10 @@ def test_step_record_prefers_book_run_then_exact_hand_run(home):
     assert step_record("paper", step)["finished"] == "2026-02-01 00:00:00"
     save_json(runs / "02_show_attend_tell-hard" / "record.json", {"notebook": "02_show_attend_tell", "finished": "2026-02-01 00:00:00", "params": {**older, "retired": 1}})
     assert step_record("paper", step)["_dir"].endswith("adhoc/c")  # a parameter the chapter no longer has: another run
+    from capbook.sat import WIDTHS
+    save_json(runs / "02_show_attend_tell-hard" / "record.json", {"notebook": "02_show_attend_tell", "finished": "2026-03-01 00:00:00",
+                                                                  "params": {**base, **WIDTHS["paper"]}})
+    assert step_record("paper", step)["finished"] == "2026-03-01 00:00:00"   # widths given = the profile's widths left None
 
 
 def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
