@@ -1,5 +1,5 @@
 # capbook: two commands for a newcomer (see README.md).
-#   make book        regenerate the book (PROFILE=default|smoke, JOBS notebooks side by side)
+#   make book        regenerate the book (PROFILE=default|smoke, JOBS notebooks side by side, ONLY="chapters or steps")
 #   make docs        build and open the docs site from the last book's kept notebooks (no training)
 #   make test        lint, then the whole test suite (smoke book, docs site in a browser, DDP included)
 #   make test-fast   lint, then everything but the slow end-to-end tests (about 75 seconds)
@@ -31,7 +31,7 @@ browser:
 	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq chromium >/dev/null; }
 
 book: venv
-	$(BIN)/capbook book --profile $(PROFILE) -j $(JOBS)
+	$(BIN)/capbook book --profile $(PROFILE) -j $(JOBS) $(if $(ONLY),--only $(ONLY))
 
 docs: venv
 	$(BIN)/capbook docs --open
