@@ -66,19 +66,17 @@ def plan(profile: str) -> list[Step]:
 
 _NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
 
-def _as_run(notebook: str, params: dict) -> dict:
-    "A run's parameters as it ran: a size left None is its profile's (the chapter's `sizes`), and the ones that do not change what it measures dropped."
-    from capbook.runner import chapters
-    ch = chapters().get(notebook)
-    sizes = ch.sizes.get(params.get("profile"), {}) if ch else {}
+def _as_run(params: dict, sizes: dict) -> dict:
+    "A run's parameters as it ran: a size left None is its profile's (`sizes`, the chapter's), and the ones that do not change what it measures dropped."
     return {k: sizes[k] if v is None and k in sizes else v for k, v in params.items() if k not in _NOT_CONFIG}
 
 def step_record(profile: str, step: Step) -> dict:
     "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
-    defaults = nb_defaults(step.notebook)
-    want = _as_run(step.notebook, {**defaults, **step.params})
+    ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
+    sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
+    want = _as_run({**defaults, **step.params}, sizes)
     book = runs_dir() / profile / step.name
-    same = [r for r in records(profile, step.notebook) if _as_run(step.notebook, {**defaults, **r["params"]}) == want]
+    same = [r for r in records(profile, step.notebook) if _as_run({**defaults, **r["params"]}, sizes) == want]
     same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
     if not same:
         raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
@@ -373,11 +371,12 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
 def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
     "The steps whose name or notebook matches one of the shell-style patterns `only` (`03_spca` is the chapter's every run, `02_show_attend_tell-hard*` the hard rows and their seeds); a pattern matching nothing stops in one line."
     import fnmatch
+    hit = lambda s, pat: fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat)
     for pat in only:
-        if not any(fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat) for s in steps):
+        if not any(hit(s, pat) for s in steps):
             raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
                                f"a step name (e.g. 03_spca-k5-seed1) or a pattern (e.g. '03_spca-k*')")
-    return [s for s in steps if any(fnmatch.fnmatchcase(s.name, p) or fnmatch.fnmatchcase(s.notebook, p) for p in only)]
+    return [s for s in steps if any(hit(s, pat) for pat in only)]
 
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1,
              only: list[str] | None = None) -> dict:

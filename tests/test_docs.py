@@ -24,8 +24,9 @@ def _code(src: str, *outputs, tags=()) -> nbformat.NotebookNode:
     return cell
 
 
-def _png() -> str:
-    fig, ax = plt.subplots(figsize=(2, 1.5)); ax.plot([0, 1], [1, 0])
+def _png(line=(1, 0)) -> str:
+    "A small PNG of a line from (0, line[0]) to (1, line[1]), base64."
+    fig, ax = plt.subplots(figsize=(2, 1.5)); ax.plot([0, 1], list(line))
     buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=40); plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
@@ -183,7 +184,7 @@ def test_partial_keep_replaces_only_its_notebooks(tmp_path):
     "A partial book (`capbook book --only`) rewrites its chapters' copies and keeps the others' with their images; images no kept copy names leave."
     run = tmp_path / "run"; run.mkdir()
     a, b = _executed_notebook(), _executed_notebook()
-    b.cells[-2].outputs[0].data["image/png"] = _png_other = base64.b64encode(bytes.fromhex(_png_hex())).decode()
+    b.cells[-2].outputs[0].data["image/png"] = _png_other = _png((0, 1))
     nbformat.write(a, run / "01_a.ipynb"); nbformat.write(b, run / "02_b.ipynb")
     kept = tmp_path / "kept"
     keep_notebooks([run / "01_a.ipynb", run / "02_b.ipynb"], kept)
@@ -197,13 +198,6 @@ def test_partial_keep_replaces_only_its_notebooks(tmp_path):
     assert len(list((kept / "img").glob("*.png"))) == 1                     # the image only the old 01_a named is gone
     src = tmp_path / "src"; src.mkdir()
     docs.write_book([kept / "01_a.ipynb", kept / "02_b.ipynb"], src)        # every kept copy still finds its images
-
-
-def _png_hex() -> str:
-    "Another small PNG than `_png()`'s (a different line)."
-    fig, ax = plt.subplots(figsize=(2, 1.5)); ax.plot([0, 1], [0, 1])
-    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=40); plt.close(fig)
-    return buf.getvalue().hex()
 
 
 @pytest.mark.slow
