@@ -275,7 +275,7 @@ class _Decoder:
 class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
     "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
     structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
-    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke 32, default 16; paper 256, Dai et al.'s)
+    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke and default 32; paper 256, Dai et al.'s)
     emb_dim: int | None = None  # 1d: word embedding size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     hidden_dim: int | None = None   # 1d: LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     beam_size: int = 2          # the paper's evaluation beam
@@ -306,7 +306,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
     epochs={"smoke": 1, "default": 15, "paper": 30},   # at most: the protocol stops on a plateau
     sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
-           for pr, c in {"smoke": 32, "default": 16, "paper": 256}.items()},   # c of the 2D state; the 1D decoder's widths
+           for pr, c in {"smoke": 32, "default": 32, "paper": 256}.items()},   # c of the 2D state (16 was too few: see departures); the 1D decoder's widths
     train={},                                          # the protocol: SPCA's x0.5, on plateaus (nbs/02b_protocol)
     label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",

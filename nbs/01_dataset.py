@@ -37,8 +37,8 @@
 # validation and 1,000 test images; every model at one width — Show-Attend-Tell's decoder and every recurrent baseline
 # with 64-dimensional word embeddings and attention and a 128-unit LSTM, the transformers (spatial transformer, CT)
 # and GLIED at d = 64 with one 64-dimensional head (the paper's d_attn) and a 128-wide (GLIED 256) feed-forward layer,
-# the 2D-latent-state LSTM with a 16-channel state. A converged small model says more than an unconverged large one;
-# the `paper` profile keeps the papers' sizes where the chapter declares them.
+# the 2D-latent-state LSTM with a 32-channel state (16 starved it: `03_spca`'s departures). A converged small model
+# says more than an unconverged large one; the `paper` profile keeps the papers' sizes where the chapter declares them.
 
 # %%
 #| hide
