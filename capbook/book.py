@@ -422,7 +422,7 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
 
 def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `docs`, `caption`, `bench`, `train`, `params` and `readme` subcommands."
+    "The `capbook` command: `book`, `docs`, `caption`, `score`, `bench`, `train`, `params` and `readme` subcommands."
     ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
@@ -454,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--beam", type=int, default=3, help="beam size")
     c.add_argument("--attention", metavar="PNG", help="write the per-word attention figure here")
     c.add_argument("--device", default="auto")
+    c.add_argument("--json", metavar="RESULTS", help="also write the captions here as a COCO results file (image_id: the file name)")
+    sc = sub.add_parser("score", help="score a COCO results file (capbook's or a peer's) with the book's evaluator")
+    sc.add_argument("results", metavar="RESULTS.json", help='[{"image_id": ..., "caption": ...}, ...]')
+    sc.add_argument("--references", required=True, metavar="KARPATHY.json", help="a Karpathy split file (dataset_coco.json, ...)")
+    sc.add_argument("--split", choices=["train", "val", "test"], help="insist that the results caption exactly this split's images")
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
     rd = sub.add_parser("readme", help="regenerate the README's chapter table")
@@ -473,6 +478,15 @@ def main(argv: list[str] | None = None) -> int:
             caps = caption_photos(a.photos, run, a.beam, a.device)
             for cap in caps: print(f"{cap['photo']}: {cap['caption']}")
             if a.attention: print(f"attention -> {attention_png(caps, a.attention, a.run_dir or a.model)}")
+            if a.json:
+                from capbook.metrics import write_results
+                print(f"captions -> {write_results(a.json, [Path(c['photo']).name for c in caps], [c['caption'] for c in caps])}")
+        elif a.cmd == "score":
+            from capbook.metrics import score_results
+            out = score_results(a.results, a.references, a.split)
+            print(f"{a.results}: {out['images']} images scored against {a.references}" + (f" (split {a.split})" if a.split else ""))
+            for k, v in out["metrics"].items(): print(f"{k:8s} {v:.4f}")
+            for k, v in out["notes"].items(): print(f"{k}: {v}")
         elif a.cmd == "params":
             changed = sync_parameters(write=not a.check)
             print("\n".join(changed) or "parameters cells are current")

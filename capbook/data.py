@@ -32,6 +32,7 @@ class ImageRecord:
     split: str
     captions: list[list[str]]  # lower-cased token lists, one per reference sentence
     raw: list[str]             # the raw sentences, as given
+    image_id: int | str = ""   # the id a COCO results file names it by: `cocoid` (COCO), else `imgid`, else the filename
 
 @dataclass
 class KarpathyData:
@@ -73,7 +74,8 @@ def _image_record(im: Any, i: int, src: Path, root: Path) -> ImageRecord:
         raws.append(s.get("raw") if isinstance(s.get("raw"), str) else " ".join(toks))
     fp = im.get("filepath") or ""
     if not isinstance(fp, str): raise CapbookError(f"{where} has a non-string 'filepath'")
-    return ImageRecord(fn, root / fp / fn, KARPATHY_SPLITS[split], caps, raws)
+    ids = [im[k] for k in ("cocoid", "imgid") if isinstance(im.get(k), (int, str)) and not isinstance(im.get(k), bool)]
+    return ImageRecord(fn, root / fp / fn, KARPATHY_SPLITS[split], caps, raws, ids[0] if ids else fn)
 
 def read_karpathy(json_path: str | Path, image_root: str | Path | None = None) -> KarpathyData:
     "Parse and validate a Karpathy split file; images live under `image_root` (default: the file's folder)."
@@ -82,11 +84,12 @@ def read_karpathy(json_path: str | Path, image_root: str | Path | None = None) -
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
         raise CapbookError(f"{json_path}: expected a JSON object with an 'images' list")
     root = Path(image_root) if image_root is not None else json_path.parent
-    records, seen = [], set()
+    records, seen, ids = [], set(), set()
     for i, im in enumerate(doc["images"]):
         r = _image_record(im, i, json_path, root)
         if r.key in seen: raise CapbookError(f"{json_path}: images[{i}] repeats filename {r.key!r}")
-        seen.add(r.key); records.append(r)
+        if r.image_id in ids: raise CapbookError(f"{json_path}: images[{i}] ({r.key}) repeats image id {r.image_id!r} (cocoid/imgid)")
+        seen.add(r.key); ids.add(r.image_id); records.append(r)
     if not records: raise CapbookError(f"{json_path}: the 'images' list is empty")
     name = json_path.stem.removeprefix("dataset_")
     return KarpathyData(name, json_path, root, records)

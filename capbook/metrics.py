@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from .core import CapbookError, atomic_write, check_choice, stable_hash
+from .core import CapbookError, atomic_write, check_choice, load_json, save_json, stable_hash
 from .data import to_device
 from .decode import decode_split, teacher_forced, pad_captions, Caption
 
 # %% auto 0
 __all__ = ['METEOR_ENV', 'FROM_SUMS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized', 'meteor_score',
-           'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
-           'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled', 'bootstrap', 'seed_bootstrap',
-           'results_row', 'semantic_table']
+           'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate', 'write_results',
+           'read_results', 'score_results', 'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled',
+           'bootstrap', 'seed_bootstrap', 'results_row', 'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -217,7 +217,46 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
     out["timings"]["score_s"] = time.time() - t1
     return out
 
+# %% ../nbs/00j_metrics.ipynb
+def write_results(path: str | Path, ids: list, captions: list[str]) -> Path:
+    "Write captions as a COCO results file, `[{\"image_id\": id, \"caption\": str}, ...]` (atomically)."
+    if len(ids) != len(captions): raise CapbookError(f"{path}: {len(ids)} image ids but {len(captions)} captions")
+    return save_json(path, [{"image_id": i, "caption": c} for i, c in zip(ids, captions)])
 
+def read_results(path: str | Path) -> dict:
+    "A COCO results file as {image_id: caption}, or one line naming the file, the item and what is wrong."
+    doc = load_json(path, "COCO results file")
+    form = 'a JSON list of {"image_id": int or str, "caption": str} objects'
+    if not isinstance(doc, list): raise CapbookError(f"{path}: expected {form}, found a JSON {type(doc).__name__}")
+    if not doc: raise CapbookError(f"{path}: the results list is empty: expected {form}")
+    out, first = {}, {}
+    for i, it in enumerate(doc):
+        if not isinstance(it, dict) or "image_id" not in it or "caption" not in it:
+            raise CapbookError(f"{path}: item {i} is not an object with 'image_id' and 'caption': expected {form}")
+        iid, cap = it["image_id"], it["caption"]
+        if isinstance(iid, bool) or not isinstance(iid, (int, str)):
+            raise CapbookError(f"{path}: item {i} has image_id {iid!r}: expected an integer or a string")
+        if not isinstance(cap, str) or not cap.strip():
+            raise CapbookError(f"{path}: item {i} (image_id {iid!r}) has an empty caption: expected a non-empty string")
+        if iid in out: raise CapbookError(f"{path}: item {i} repeats image_id {iid!r} (first at item {first[iid]}): one caption per image")
+        out[iid], first[iid] = cap, i
+    return out
+
+def score_results(results: str | Path, references: str | Path, split: str | None = None, meteor: bool = True) -> dict:
+    "Score a COCO results file against a Karpathy split file's references: {'images', 'metrics', 'notes'}."
+    from capbook.data import read_karpathy
+    res = read_results(results)
+    recs = read_karpathy(references).records
+    if split is not None: recs = [r for r in recs if r.split == check_choice("split", split, ("train", "val", "test"))]
+    by_id = {r.image_id: r for r in recs}
+    where = f"{references}" + (f" (split {split})" if split else "")
+    unknown = [i for i in res if i not in by_id]
+    if unknown: raise CapbookError(f"{results}: {len(unknown)} image_id(s) are not images of {where}, e.g. {unknown[0]!r}")
+    missing = [i for i in by_id if i not in res] if split else []
+    if missing: raise CapbookError(f"{results}: {len(missing)} of the {len(by_id)} images of {where} have no caption, e.g. {missing[0]!r}")
+    gts = {i: [" ".join(c) for c in by_id[i].captions] for i in res}
+    scores, notes = coco_scores(gts, res, meteor=meteor)
+    return {"images": len(res), "metrics": scores, "notes": notes}
 
 # %% ../nbs/00j_metrics.ipynb
 def attention_on_references(model, prep, split: str = "test", device: torch.device | str = "cpu",

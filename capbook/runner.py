@@ -18,8 +18,9 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS', 'SEED_METRICS', 'check_profile', 'out_dir',
            'Run', 'start_run', 'records', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
            'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
-           'save_test_captions', 'merge_seeds', 'stage_stats', 'epochs_trained', 'interval_cells', 'seed_cells',
-           'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config', 'run_chapter']
+           'results_ids', 'save_test_captions', 'merge_seeds', 'stage_stats', 'epochs_trained', 'interval_cells',
+           'seed_cells', 'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config',
+           'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -261,6 +262,11 @@ def record_stage(rec: dict, which: str = "xe") -> dict:
     return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
             "best_epoch": rec.get("best_epoch")}
 
+def results_ids(prep, split: str, keys: list[str]) -> list:
+    "The COCO results file's image ids of a split's images named by `keys` (their filenames)."
+    ids = {r.key: r.image_id for r in prep.kdata.split(split)}
+    return [ids[k] for k in keys]
+
 def save_test_captions(path: Path, ev: dict, grid: list[int]) -> Path:
     "An evaluation's test captions (keys, tokens, words, attention and its grid) for the assembly notebooks and their intervals."
     return save_torch(path, {"keys": ev["keys"], "tokens": [c.tokens for c in ev["captions"]],
@@ -407,7 +413,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
     from capbook.models import build, make_config
     from capbook.train import fit
-    from capbook.metrics import evaluate
+    from capbook.metrics import evaluate, write_results
     from capbook.viz import attention_figure
     ch = chapter(notebook)
     given = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
@@ -450,6 +456,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     with timed(phase, "measure_s"): extra = ch.measure(ctx) if ch.measure else {}
     save_test_captions(run.path("test_captions.pt"), ev, grid)
+    write_results(run.path("captions_test.json"), results_ids(prep, "test", ev["keys"]), [" ".join(w) for w in ev["words"]])   # COCO results form
     with timed(phase, "figure_s"):
         if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
             i = figure_pick(ev, prep.gt)

@@ -64,6 +64,7 @@ class ImageRecord:
     split: str
     captions: list[list[str]]  # lower-cased token lists, one per reference sentence
     raw: list[str]             # the raw sentences, as given
+    image_id: int | str = ""   # the id a COCO results file names it by: `cocoid` (COCO), else `imgid`, else the filename
 
 @dataclass
 class KarpathyData:
@@ -107,7 +108,8 @@ def _image_record(im: Any, i: int, src: Path, root: Path) -> ImageRecord:
         raws.append(s.get("raw") if isinstance(s.get("raw"), str) else " ".join(toks))
     fp = im.get("filepath") or ""
     if not isinstance(fp, str): raise CapbookError(f"{where} has a non-string 'filepath'")
-    return ImageRecord(fn, root / fp / fn, KARPATHY_SPLITS[split], caps, raws)
+    ids = [im[k] for k in ("cocoid", "imgid") if isinstance(im.get(k), (int, str)) and not isinstance(im.get(k), bool)]
+    return ImageRecord(fn, root / fp / fn, KARPATHY_SPLITS[split], caps, raws, ids[0] if ids else fn)
 
 def read_karpathy(json_path: str | Path, image_root: str | Path | None = None) -> KarpathyData:
     "Parse and validate a Karpathy split file; images live under `image_root` (default: the file's folder)."
@@ -116,11 +118,12 @@ def read_karpathy(json_path: str | Path, image_root: str | Path | None = None) -
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
         raise CapbookError(f"{json_path}: expected a JSON object with an 'images' list")
     root = Path(image_root) if image_root is not None else json_path.parent
-    records, seen = [], set()
+    records, seen, ids = [], set(), set()
     for i, im in enumerate(doc["images"]):
         r = _image_record(im, i, json_path, root)
         if r.key in seen: raise CapbookError(f"{json_path}: images[{i}] repeats filename {r.key!r}")
-        seen.add(r.key); records.append(r)
+        if r.image_id in ids: raise CapbookError(f"{json_path}: images[{i}] ({r.key}) repeats image id {r.image_id!r} (cocoid/imgid)")
+        seen.add(r.key); ids.add(r.image_id); records.append(r)
     if not records: raise CapbookError(f"{json_path}: the 'images' list is empty")
     name = json_path.stem.removeprefix("dataset_")
     return KarpathyData(name, json_path, root, records)
@@ -139,6 +142,19 @@ assert _k.split("train")[0].path == _d/"val2014"/"a.jpg" and _k.split("train")[0
 _doc["images"][1]["split"] = "dev"; (_d/"dataset_bad.json").write_text(json.dumps(_doc))
 try: read_karpathy(_d/"dataset_bad.json"); raise AssertionError
 except CapbookError as e: assert "dataset_bad.json: images[1] (b.jpg) has split 'dev'" in str(e), e
+
+# %% [markdown]
+# Each record also carries the id a COCO results file names the image by (`capbook.metrics.write_results`): COCO's
+# `cocoid`, else the `imgid` every Karpathy file has, else the filename. Two images with one id stop in one line.
+
+# %%
+assert [r.image_id for r in _k.records] == ["a.jpg", "b.jpg"]                     # no ids in the toy file: the filenames
+_doc["images"][1]["split"] = "test"; _doc["images"][0]["cocoid"] = 391895; _doc["images"][1]["imgid"] = 7
+(_d/"dataset_ids.json").write_text(json.dumps(_doc))
+assert [r.image_id for r in read_karpathy(_d/"dataset_ids.json").records] == [391895, 7]
+_doc["images"][1]["imgid"] = 391895; (_d/"dataset_dup.json").write_text(json.dumps(_doc))
+try: read_karpathy(_d/"dataset_dup.json"); raise AssertionError
+except CapbookError as e: assert "images[1] (b.jpg) repeats image id 391895" in str(e), e
 
 # %% [markdown]
 # ## Loading an image, whatever its mode

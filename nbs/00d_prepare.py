@@ -96,6 +96,10 @@ class Prepared:
         "Image files of a split, in the order of its `CaptionData` rows (for figures)."
         return [r.path for r in self.kdata.split(split)]
 
+    def image_ids(self, split: str) -> list[int | str]:
+        "The ids a COCO results file names a split's images by (`ImageRecord.image_id`), in the order of its rows."
+        return [r.image_id for r in self.kdata.split(split)]
+
 
 # %% [markdown]
 # ## Precomputed region features

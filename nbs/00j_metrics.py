@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from capbook.core import CapbookError, atomic_write, check_choice, stable_hash
+from capbook.core import CapbookError, atomic_write, check_choice, load_json, save_json, stable_hash
 from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
@@ -286,6 +286,81 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
         out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, grid, prep.image_size)
     out["timings"]["score_s"] = time.time() - t1
     return out
+
+
+# %% [markdown]
+# ## COCO results files: the captions in the form everyone reads
+#
+# The COCO evaluation server and every peer's `eval` script (self-critical.pytorch's `eval_utils`, coco-caption's
+# `COCOEvalCap`) read a model's captions as one JSON list, `[{"image_id": 391895, "caption": "a man riding ..."}, ...]`.
+# Every chapter run writes its test captions in that form beside `record.json` (`captions_test.json`), and
+# `score_results` scores any such file — capbook's or a peer's — against a Karpathy split file with the book's one
+# evaluator (`coco_scores`: PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr). The image ids are the Karpathy file's
+# (`ImageRecord.image_id`: `cocoid`, else `imgid`, else the filename). Like coco-caption, it scores the images the
+# results name; with `split` it also insists that they are exactly that split's. A malformed file stops in one line
+# naming the file, the item and what is allowed.
+
+# %%
+#| export
+def write_results(path: str | Path, ids: list, captions: list[str]) -> Path:
+    "Write captions as a COCO results file, `[{\"image_id\": id, \"caption\": str}, ...]` (atomically)."
+    if len(ids) != len(captions): raise CapbookError(f"{path}: {len(ids)} image ids but {len(captions)} captions")
+    return save_json(path, [{"image_id": i, "caption": c} for i, c in zip(ids, captions)])
+
+def read_results(path: str | Path) -> dict:
+    "A COCO results file as {image_id: caption}, or one line naming the file, the item and what is wrong."
+    doc = load_json(path, "COCO results file")
+    form = 'a JSON list of {"image_id": int or str, "caption": str} objects'
+    if not isinstance(doc, list): raise CapbookError(f"{path}: expected {form}, found a JSON {type(doc).__name__}")
+    if not doc: raise CapbookError(f"{path}: the results list is empty: expected {form}")
+    out, first = {}, {}
+    for i, it in enumerate(doc):
+        if not isinstance(it, dict) or "image_id" not in it or "caption" not in it:
+            raise CapbookError(f"{path}: item {i} is not an object with 'image_id' and 'caption': expected {form}")
+        iid, cap = it["image_id"], it["caption"]
+        if isinstance(iid, bool) or not isinstance(iid, (int, str)):
+            raise CapbookError(f"{path}: item {i} has image_id {iid!r}: expected an integer or a string")
+        if not isinstance(cap, str) or not cap.strip():
+            raise CapbookError(f"{path}: item {i} (image_id {iid!r}) has an empty caption: expected a non-empty string")
+        if iid in out: raise CapbookError(f"{path}: item {i} repeats image_id {iid!r} (first at item {first[iid]}): one caption per image")
+        out[iid], first[iid] = cap, i
+    return out
+
+def score_results(results: str | Path, references: str | Path, split: str | None = None, meteor: bool = True) -> dict:
+    "Score a COCO results file against a Karpathy split file's references: {'images', 'metrics', 'notes'}."
+    from capbook.data import read_karpathy
+    res = read_results(results)
+    recs = read_karpathy(references).records
+    if split is not None: recs = [r for r in recs if r.split == check_choice("split", split, ("train", "val", "test"))]
+    by_id = {r.image_id: r for r in recs}
+    where = f"{references}" + (f" (split {split})" if split else "")
+    unknown = [i for i in res if i not in by_id]
+    if unknown: raise CapbookError(f"{results}: {len(unknown)} image_id(s) are not images of {where}, e.g. {unknown[0]!r}")
+    missing = [i for i in by_id if i not in res] if split else []
+    if missing: raise CapbookError(f"{results}: {len(missing)} of the {len(by_id)} images of {where} have no caption, e.g. {missing[0]!r}")
+    gts = {i: [" ".join(c) for c in by_id[i].captions] for i in res}
+    scores, notes = coco_scores(gts, res, meteor=meteor)
+    return {"images": len(res), "metrics": scores, "notes": notes}
+
+# %%
+import json, tempfile
+_d = Path(tempfile.mkdtemp())
+_refs = {0: ["a red circle", "one red circle"], 1: ["two blue squares", "a pair of blue squares"], 2: ["a green triangle"]}
+(_d / "dataset_toy.json").write_text(json.dumps({"images": [
+    {"filename": f"{i}.png", "imgid": i, "split": "test" if i < 2 else "val", "sentences": [{"tokens": r.split()} for r in rs]}
+    for i, rs in _refs.items()]}))
+write_results(_d / "res.json", [0, 1], ["a red circle", "two blue circles"])
+_sc = score_results(_d / "res.json", _d / "dataset_toy.json", split="test", meteor=False)
+assert _sc["images"] == 2 and _sc["metrics"] == coco_scores({0: _refs[0], 1: _refs[1]}, {0: "a red circle", 1: "two blue circles"}, meteor=False)[0]
+for bad, msg in [({"image_id": 0}, "found a JSON dict"), ([], "results list is empty"), ([{"image_id": 0}], "item 0 is not an object with"),
+                 ([{"image_id": 0, "caption": " "}], "item 0 (image_id 0) has an empty caption"),
+                 ([{"image_id": 0, "caption": "a"}, {"image_id": 0, "caption": "b"}], "item 1 repeats image_id 0 (first at item 0)"),
+                 ([{"image_id": [0], "caption": "a"}], "item 0 has image_id [0]"),
+                 ([{"image_id": 9, "caption": "a"}], "1 image_id(s) are not images of"),
+                 ([{"image_id": 0, "caption": "a"}], "1 of the 2 images of")]:
+    (_d / "bad.json").write_text(json.dumps(bad))
+    try: score_results(_d / "bad.json", _d / "dataset_toy.json", split="test", meteor=False); raise AssertionError(bad)
+    except CapbookError as e: assert msg in str(e) and "\n" not in str(e), (msg, e)
 
 
 

@@ -347,7 +347,8 @@ assert "attention" not in _runner.model_hparams("sat_soft", SATParams()) and "la
 # then prepares the data (`capbook.prepare`), builds the registered model (`capbook.models.build`), trains it with
 # its objective (`capbook.train.fit`), decodes and scores the test split (`capbook.metrics.evaluate`), adds the
 # chapter's own measurements, saves every test caption with its attention (`test_captions.pt`, for the assembly
-# notebooks' figures), writes the results record, and draws the attention of the first test image whose caption names
+# notebooks' figures) and as a COCO results file (`captions_test.json`, `capbook.metrics.write_results`: what the
+# evaluation server and the peers' eval scripts read, and what `capbook score` scores), writes the results record, and draws the attention of the first test image whose caption names
 # two of its objects (one plotting path for every model, `capbook.viz.attention_figure`). It returns a `ChapterRun`
 # with all of it, for the chapter's own analysis cells.
 
@@ -381,6 +382,11 @@ def record_stage(rec: dict, which: str = "xe") -> dict:
     if which != "xe": raise CapbookError(f"run {rec.get('_dir', '?')} has no self-critical stage (scst_epochs was 0)")
     return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
             "best_epoch": rec.get("best_epoch")}
+
+def results_ids(prep, split: str, keys: list[str]) -> list:
+    "The COCO results file's image ids of a split's images named by `keys` (their filenames)."
+    ids = {r.key: r.image_id for r in prep.kdata.split(split)}
+    return [ids[k] for k in keys]
 
 def save_test_captions(path: Path, ev: dict, grid: list[int]) -> Path:
     "An evaluation's test captions (keys, tokens, words, attention and its grid) for the assembly notebooks and their intervals."
@@ -528,7 +534,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
     from capbook.models import build, make_config
     from capbook.train import fit
-    from capbook.metrics import evaluate
+    from capbook.metrics import evaluate, write_results
     from capbook.viz import attention_figure
     ch = chapter(notebook)
     given = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
@@ -571,6 +577,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     with timed(phase, "measure_s"): extra = ch.measure(ctx) if ch.measure else {}
     save_test_captions(run.path("test_captions.pt"), ev, grid)
+    write_results(run.path("captions_test.json"), results_ids(prep, "test", ev["keys"]), [" ".join(w) for w in ev["words"]])   # COCO results form
     with timed(phase, "figure_s"):
         if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
             i = figure_pick(ev, prep.gt)

@@ -32,9 +32,11 @@ def test_encoder_rebuilt_for_captioning_gives_the_stored_features(smoke):
 @pytest.mark.slow
 def test_caption_a_photograph_and_draw_its_attention(run, tmp_path):
     p = subprocess.run([str(BIN / "capbook"), "caption", str(PHOTO), "--run-dir", str(run), "--attention",
-                        str(tmp_path / "att.png"), "--beam", "2"], capture_output=True, text=True, timeout=300)
+                        str(tmp_path / "att.png"), "--beam", "2", "--json", str(tmp_path / "res.json")],
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     line = p.stdout.splitlines()[0]
+    assert json.loads((tmp_path / "res.json").read_text()) == [{"image_id": PHOTO.name, "caption": line[len(str(PHOTO)) + 2:]}]
     assert line.startswith(f"{PHOTO}: ") and len(line) > len(str(PHOTO)) + 3
     model, prep, _ = load_captioner(run, "cpu")
     words = line[len(str(PHOTO)) + 2:].split()
@@ -61,3 +63,25 @@ def test_refusals_are_one_line(run, tmp_path, home):
     p = subprocess.run([str(BIN / "capbook"), "caption", str(PHOTO), "--run-dir", str(tmp_path / "nowhere")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no trained run here" in p.stderr
+
+
+@pytest.mark.slow
+def test_a_run_writes_coco_results_that_capbook_score_scores_as_the_run_did(run, smoke, tmp_path):
+    from capbook.metrics import score_results
+    res = json.loads((run / "captions_test.json").read_text())
+    assert [r["image_id"] for r in res] == smoke.image_ids("test") and all(r["caption"].strip() for r in res)
+    rec = json.loads((run / "record.json").read_text())["metrics"]
+    refs = smoke.kdata.json_path
+    got = score_results(run / "captions_test.json", refs, "test")
+    assert got["images"] == smoke.test.n_images
+    for k in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr", "METEOR"):               # the run's own evaluation, exactly
+        assert got["metrics"][k] == pytest.approx(rec[k], abs=1e-9), k
+    p = subprocess.run([str(BIN / "capbook"), "score", str(run / "captions_test.json"), "--references", str(refs),
+                        "--split", "test"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    printed = dict(line.split() for line in p.stdout.splitlines()[1:] if len(line.split()) == 2)
+    assert float(printed["CIDEr"]) == pytest.approx(rec["CIDEr"], abs=1e-4)
+    dup = tmp_path / "dup.json"; dup.write_text(json.dumps(res + res[:1]))   # a peer's file with a repeated image
+    p = subprocess.run([str(BIN / "capbook"), "score", str(dup), "--references", str(refs)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1
+    assert f"item {len(res)} repeats image_id {res[0]['image_id']!r} (first at item 0)" in p.stderr
