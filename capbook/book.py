@@ -163,15 +163,18 @@ def sync_readme(path: Path | None = None, write: bool = True) -> bool:
     return new != src
 
 # %% ../nbs/00n_book.ipynb
-def _key(step: Step, src: Path, upstream: dict | None = None) -> str:
+def _code(src: Path) -> dict:
+    "What a step's kernel runs: the notebook's source and the package's, read when the step starts."
+    return {"nb": stable_hash(src.read_text(), 16), "code": package_hash()}
+
+def _key(step: Step, src: Path, upstream: dict | None = None, code: dict | None = None) -> str:
     from capbook.prepare import inputs_digest
     if "profile" in step.params:
         from capbook.runner import chapters
         ch = chapters().get(step.notebook)
         data = inputs_digest(**{"encoder": ch.encoder if ch else None, **step.params, "seed": step.params.get("data_seed", 0)})
     else: data = None
-    return stable_hash({"nb": stable_hash(src.read_text(), 16), "params": step.params, "code": package_hash(),
-                        "data": data, "upstream": upstream or {}}, 16)
+    return stable_hash({**(code or _code(src)), "params": step.params, "data": data, "upstream": upstream or {}}, 16)
 
 def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
@@ -264,7 +267,8 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
-    out, done, key = d / f"{step.notebook}.ipynb", d / "done.json", _key(step, src, upstream)
+    code = _code(src)                             # the sources the kernel will run (an edit during the run must not be credited to it)
+    out, done, key = d / f"{step.notebook}.ipynb", d / "done.json", _key(step, src, upstream, code)
     if not force and done.exists() and out.exists() and load_json(done).get("key") == key:
         log(f"  {step.name}: unchanged, skipped"); return out, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
@@ -281,7 +285,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
                            f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
     except BaseException:
         _shutdown_warm(); raise
-    save_json(done, {"key": _key(step, src, upstream), "seconds": time.time() - t0})   # inputs as the run left them
+    save_json(done, {"key": _key(step, src, upstream, code), "seconds": time.time() - t0})   # the code as it started, the data as it left them
     log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
     return out, True
 

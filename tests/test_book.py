@@ -126,6 +126,22 @@ def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
     assert sorted(p.name for p in d.iterdir() if "old" in p.name or p.name == "keep.json") == ["keep.json"]
 
 
+def test_an_edit_made_while_a_step_runs_is_not_credited_to_it(home, monkeypatch):
+    "A step's key is the code it started with: the package edited while its kernel runs (on the old code) leaves it to run again."
+    import papermill as pm
+    from capbook import book
+    code = ["v1"]
+    monkeypatch.setattr(book, "package_hash", lambda: code[0])
+    monkeypatch.setattr(book, "warm_kernel", lambda cwd: None); monkeypatch.setattr(book, "kernel_manager", lambda: None)
+    def execute(src, out, **kw):
+        Path(out).write_text(Path(src).read_text()); code[0] = "v2"        # someone edits capbook/ meanwhile
+    monkeypatch.setattr(pm, "execute_notebook", execute)
+    quiet = lambda s: None
+    assert book.run_step(Step("00_core"), "smoke", force=True, log=quiet)[1]
+    assert book.run_step(Step("00_core"), "smoke", log=quiet)[1]            # v2 never ran: not skipped
+    assert not book.run_step(Step("00_core"), "smoke", log=quiet)[1]        # now it has
+
+
 @pytest.mark.slow                                   # kernels and a smoke run: end to end
 def test_side_by_side_failure_keeps_the_other_run(home):
     "`-j 2`: one step fails; the step beside it still finishes (nothing computed is lost), the book stops with the failure's line, naming the notebook, the cell and the parameter."

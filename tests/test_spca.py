@@ -193,7 +193,7 @@ def test_profiles_size_the_2d_state():
     from capbook.spca import SPCA_CHAPTER, SPCAParams
     from capbook.runner import model_hparams
     got = {pr: SPCA_CHAPTER.resolve(SPCAParams(profile=pr)).channels for pr in ("smoke", "default", "paper")}
-    assert got == {"smoke": 32, "default": 16, "paper": 256}
+    assert got == {"smoke": 32, "default": 32, "paper": 256}
     assert SPCA_CHAPTER.resolve(SPCAParams(profile="paper", channels=8)).channels == 8
     hp = model_hparams("lstm1d_spca", SPCAParams())
     assert hp["gate"] is True and hp["penalty"] == 1.0 and "channels" not in hp
