@@ -13,8 +13,8 @@ from .core import CapbookError, check_float, check_int
 from .data import to_device
 
 # %% auto 0
-__all__ = ['Caption', 'as_batch', 'greedy', 'beam_search', 'Samples', 'sample', 'pad_captions', 'teacher_forced', 'decode_split',
-           'slice_batch', 'ms_per_image']
+__all__ = ['Caption', 'as_batch', 'greedy', 'beam_search', 'Ensemble', 'Samples', 'sample', 'pad_captions', 'teacher_forced',
+           'decode_split', 'slice_batch', 'ms_per_image']
 
 # %% ../nbs/00g_decode.ipynb
 @dataclass
@@ -37,6 +37,18 @@ def _mask(lp: torch.Tensor, done: torch.Tensor, model: CaptionModel, last: bool)
     lp[done] = float("-inf"); lp[done, model.pad] = 0
     return lp
 
+def _block_repeats(lp: torch.Tensor, words: torch.Tensor, done: torch.Tensor, n: int, pad: int) -> torch.Tensor:
+    "n-gram repeat blocking: in each live row, every word that would complete an n-gram the row already holds gets log p = -inf. lp: (R, V); words: (R, t) emitted so far."
+    if n < 1 or words.shape[1] < max(n, 1): return lp
+    if n == 1: banned = words                                                   # every word already emitted: (R, t)
+    else:
+        grams = words.unfold(1, n, 1)                                           # every n-gram so far: (R, t-n+1, n)
+        hit = (grams[..., :-1] == words[:, None, -(n - 1):]).all(-1)            # its first n-1 words are the row's last: (R, t-n+1)
+        banned = grams[..., -1].masked_fill(~hit, pad)                          # the words that would repeat it (pad: none)
+    ban = torch.zeros_like(lp, dtype=torch.bool).scatter_(1, banned, True)
+    ban[:, pad] = False; ban[done] = False                                      # pad and ended rows as `_mask` left them
+    return lp.masked_fill(ban, float("-inf"))
+
 def as_batch(x: torch.Tensor | Mapping[str, Any]) -> dict:
     "A batch mapping; a bare tensor is taken as the features."
     return {"feats": x} if isinstance(x, torch.Tensor) else dict(x)
@@ -51,9 +63,9 @@ def _finish(tokens: torch.Tensor, logprob: float, alpha: torch.Tensor | None, en
 
 # %% ../nbs/00g_decode.ipynb
 @torch.no_grad()
-def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len: int = 20) -> list[Caption]:
-    "Greedy decoding of a batch of B images."
-    batch = as_batch(batch); check_inputs(model, batch)
+def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len: int = 20, no_repeat_ngram: int = 0) -> list[Caption]:
+    "Greedy decoding of a batch of B images (with `no_repeat_ngram` n > 0: no n-gram twice in a caption)."
+    batch = as_batch(batch); check_inputs(model, batch); check_int("no_repeat_ngram", no_repeat_ngram, lo=0)
     B, dev = _n_images(model, batch), _device(model, batch)
     memory, state = model.init_state(batch)
     tok = torch.full((B,), model.start, dtype=torch.long, device=dev)
@@ -62,7 +74,9 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
     words, alphas = [], []
     for t in range(max_len + 1):
         logits, state, aux = model.step(tok, memory, state)
-        best, tok = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len).max(-1)
+        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)
+        if no_repeat_ngram and words: lp = _block_repeats(lp, torch.stack(words, 1), done, no_repeat_ngram, model.pad)
+        best, tok = lp.max(-1)
         logp += best
         words.append(tok); alphas.append(aux.get("alpha"))
         done |= tok == model.end
@@ -74,9 +88,10 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
 # %% ../nbs/00g_decode.ipynb
 @torch.no_grad()
 def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3,
-                max_len: int = 20, length_norm: float = 0.0) -> list[Caption]:
-    "Beam search for a batch of B images: the best of `beam_size` beams for each image (ranked by log-probability / length^`length_norm`)."
+                max_len: int = 20, length_norm: float = 0.0, no_repeat_ngram: int = 0) -> list[Caption]:
+    "Beam search for a batch of B images: the best of `beam_size` beams for each image (ranked by log-probability / length^`length_norm`; with `no_repeat_ngram` n > 0, no n-gram twice in a beam)."
     batch = as_batch(batch); check_inputs(model, batch); check_int("beam_size", beam_size, lo=1)
+    check_int("no_repeat_ngram", no_repeat_ngram, lo=0)
     check_float("length_norm", length_norm, lo=0.0, hi=5.0)
     B, K, dev = _n_images(model, batch), beam_size, _device(model, batch)
     memory, state = model.init_state(batch)                                    # memory: (B, ...), state: (B, ...)
@@ -92,6 +107,7 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         base = (torch.arange(n, device=dev) * K)[:, None]                      # first row of each image
         logits, state, aux = model.step(tok, memory, state)
         lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
+        if no_repeat_ngram: lp = _block_repeats(lp, words, done, no_repeat_ngram, model.pad)
         V = lp.shape[-1]
         score, idx = (score.view(-1, 1) + lp).view(n, K * V).topk(K, dim=-1)  # best K of K*V per image: (n, K)
         if torch.isnan(score).any():                # NaN would rank above every word and end as a caption
@@ -126,6 +142,44 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         raise CapbookError(f"beam search: {sum(o is None for o in out)} of {B} images got no caption because the model's "
                            f"scores are not finite; check its weights and the features for NaN or inf")
     return out
+
+# %% ../nbs/00g_decode.ipynb
+class Ensemble(CaptionModel):
+    "Several trained models of one kind decoded as one: every step's next-word log-probabilities averaged over the members."
+    def __init__(self, models: list[CaptionModel]):
+        if not models: raise CapbookError("an ensemble needs at least one model")
+        kinds = sorted({m.name or type(m).__name__ for m in models})
+        if len(kinds) > 1: raise CapbookError(f"an ensemble decodes models of one kind: got {', '.join(kinds)}")
+        sizes = sorted({m.vocab_size for m in models})
+        if len(sizes) > 1: raise CapbookError(f"an ensemble's models must share a vocabulary: got sizes {sizes}")
+        super().__init__(sizes[0])
+        self.members = torch.nn.ModuleList(models)
+        self.name, self.inputs = models[0].name, tuple(dict.fromkeys(k for m in models for k in m.inputs))
+        self.region_masks = all(m.region_masks for m in models)
+        if hasattr(models[0], "att_grid"): self.att_grid = models[0].att_grid
+
+    @staticmethod
+    def _part(d: dict, i: int) -> dict:                       # member i's entries of a prefixed dict
+        p = f"{i}."
+        return {k[len(p):]: v for k, v in d.items() if k.startswith(p)}
+
+    def init_state(self, batch):
+        memory, state = {}, {}
+        for i, m in enumerate(self.members):                  # one flat dict, so the searches gather every member's rows
+            mem, st = m.init_state(batch)
+            memory |= {f"{i}.{k}": v for k, v in mem.items()}; state |= {f"{i}.{k}": v for k, v in st.items()}
+        return memory, state
+
+    def step(self, tokens, memory, state):
+        lps, new, alphas = [], {}, []
+        for i, m in enumerate(self.members):
+            logits, st, aux = m.step(tokens, self._part(memory, i), self._part(state, i))
+            lps.append(F.log_softmax(logits.float(), -1))     # member i's log p_m(w | w_<t, I): (R, V)
+            new |= {f"{i}.{k}": v for k, v in st.items()}
+            if aux.get("alpha") is not None: alphas.append(aux["alpha"])
+        # log p~(w) = mean_m log p_m(w): (R, V)
+        lp = torch.stack(lps).mean(0)
+        return lp, new, ({"alpha": torch.stack(alphas).mean(0)} if len(alphas) == len(self.members) else {})
 
 # %% ../nbs/00g_decode.ipynb
 @dataclass
@@ -192,12 +246,13 @@ def teacher_forced(model: CaptionModel, batch: Mapping[str, Any]) -> list[Captio
 
 # %% ../nbs/00g_decode.ipynb
 def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 20, batch_size: int = 100,
-                 device: torch.device | str = "cpu", length_norm: float = 0.0) -> list[Caption]:
-    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search (length-normalised by `length_norm`), in image order."
+                 device: torch.device | str = "cpu", length_norm: float = 0.0, no_repeat_ngram: int = 0) -> list[Caption]:
+    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search (length-normalised by `length_norm`; n-gram blocking `no_repeat_ngram`), in image order."
     model.eval(); out = []
     for b in data.image_batches(batch_size):
         b = to_device(b, device)
-        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len, length_norm)
+        out += (greedy(model, b, max_len, no_repeat_ngram) if beam_size == 1
+                else beam_search(model, b, beam_size, max_len, length_norm, no_repeat_ngram))
     return out
 
 # %% ../nbs/00g_decode.ipynb

@@ -195,12 +195,12 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
 
 # %% ../nbs/00j_metrics.ipynb
 def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int | None = None,
-             device: torch.device | str = "cpu", batch_size: int = 100, length_norm: float = 0.0) -> dict:
-    "Decode `split` of a `Prepared` dataset with beam search (length-normalised by `length_norm`) and compute every metric that applies."
+             device: torch.device | str = "cpu", batch_size: int = 100, length_norm: float = 0.0, no_repeat_ngram: int = 0) -> dict:
+    "Decode `split` of a `Prepared` dataset with beam search (length-normalised by `length_norm`, n-gram blocking `no_repeat_ngram`) and compute every metric that applies."
     data = getattr(prep, check_choice("split", split, ("train", "val", "test")))
     max_len = max_len or prep.max_len
     t0 = time.time()
-    caps = decode_split(model, data, beam_size, max_len, batch_size, device, length_norm)
+    caps = decode_split(model, data, beam_size, max_len, batch_size, device, length_norm, no_repeat_ngram)
     decode_s = time.time() - t0
     words = [prep.vocab.decode(c.tokens) for c in caps]
     res = {k: " ".join(w) for k, w in zip(data.keys, words)}

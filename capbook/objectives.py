@@ -20,10 +20,11 @@ __all__ = ['SCST_BASELINES', 'Objective', 'targets', 'CrossEntropy', 'doubly_sto
 class Objective(nn.Module):
     "Base class: `outputs(net, batch)` runs the model (teacher forcing by default), `loss(out, batch) -> (loss, stats)`."
     pad = CaptionModel.pad
+    sample_prob: float = 0.0        # scheduled sampling's probability of feeding the model its own word (set by the trainer)
 
     def outputs(self, net: nn.Module, batch: Mapping[str, Any]) -> dict:
-        "The model's outputs for this objective: teacher forcing over `batch['caps']`."
-        return net(batch)
+        "The model's outputs for this objective: teacher forcing over `batch['caps']` (scheduled sampling when `sample_prob` > 0)."
+        return net(batch, mode="scheduled", p=self.sample_prob) if self.sample_prob else net(batch)
 
     def loss(self, out: dict, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
@@ -39,11 +40,16 @@ def targets(out: dict, batch: Mapping[str, Any]) -> torch.Tensor:
 
 # %% ../nbs/00h_objectives.ipynb
 class CrossEntropy(Objective):
-    "Teacher-forced cross-entropy of the next word, per real target word."
+    "Teacher-forced cross-entropy of the next word, per real target word; with label smoothing ε, against (1-ε)·one-hot + ε/V."
+    label_smoothing: float = 0.0    # ε, set by the trainer from `TrainConfig.label_smoothing`
     def loss(self, out, batch):
+        y = targets(out, batch)
         # -sum_j log p(y_j | I_j) / sum_j C_j
-        nll = token_nll(out["logits"], targets(out, batch), self.pad)
-        return nll, {"nll": nll.item()}
+        nll = token_nll(out["logits"], y, self.pad)
+        if not self.label_smoothing: return nll, {"nll": nll.item()}
+        # (1-ε) NLL + ε mean_v(-log p_v), per real target word
+        smoothed = token_nll(out["logits"], y, self.pad, self.label_smoothing)
+        return smoothed, {"nll": nll.item(), "smoothed": smoothed.item()}
 
 # %% ../nbs/00h_objectives.ipynb
 def doubly_stochastic(alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

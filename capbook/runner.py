@@ -19,8 +19,8 @@ __all__ = ['PROFILES', 'RECIPES', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS
            'Run', 'start_run', 'records', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
            'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
            'results_ids', 'save_test_captions', 'merge_seeds', 'stage_stats', 'epochs_trained', 'interval_cells',
-           'seed_cells', 'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'train_config',
-           'run_chapter']
+           'seed_cells', 'paired_verdict', 'figure_pick', 'timed', 'self_critical', 'chapter_data', 'decoding',
+           'train_config', 'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -107,6 +107,7 @@ class RunConfig:
     lr: float | None = None         # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
     beam_size: int = 3              # beam of the validation and test decodes
     length_norm: float = 0.0        # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
+    no_repeat_ngram: int = 0        # no n-gram of this size twice in a caption (0: off, as the papers)
     scst_epochs: int | None = 0     # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
     scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
@@ -122,6 +123,7 @@ class RunConfig:
         check_int("seed", self.seed, lo=0); check_int("data_seed", self.data_seed, lo=0)
         check_int("batch_size", self.batch_size, lo=1)
         check_int("beam_size", self.beam_size, lo=1); check_float("length_norm", self.length_norm, lo=0.0, hi=5.0)
+        check_int("no_repeat_ngram", self.no_repeat_ngram, lo=0)
         if self.epochs is not None: check_int("epochs", self.epochs, lo=1)
         check_float("lr", self.lr, lo=1e-7, hi=1.0)
         if self.scst_epochs is not None: check_int("scst_epochs", self.scst_epochs, lo=0)
@@ -381,14 +383,15 @@ def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[
     # a constant small rate (Rennie et al.; ruotianluo's recipes), whole images (one row each), and the cross-entropy
     # model validated first and kept unless a self-critical epoch beats it on validation CIDEr: the stage cannot lose
     scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=0.0, lr_gamma=1.0,
-                               metric="CIDEr", patience=p.scst_epochs * cfg.evals_per_epoch, batch_order="image", max_words=0, validate_start=True)
+                               metric="CIDEr", patience=p.scst_epochs * cfg.evals_per_epoch, batch_order="image", max_words=0, validate_start=True,
+                               label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
     objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=p.scst_baseline,
                              cache=data_dir() / "cider")
     log(f"self-critical training: {scfg.epochs} epochs, 5 samples per image, baseline {p.scst_baseline}, lr {scfg.lr:g}, "
         f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
     fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective)
     model.to(get_device(p.device))
-    return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device), length_norm=p.length_norm)
+    return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device), **decoding(p))
 
 @io_errors_as_lines
 def chapter_data(ch: Chapter, p: Any, device: str | None = None):
@@ -397,6 +400,10 @@ def chapter_data(ch: Chapter, p: Any, device: str | None = None):
     encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
     return prepare(p.dataset, p.profile, seed=p.data_seed, data_path=p.data_path, encoder=encoder, device=device or p.device,
                    weights=p.weights, regions=p.regions)
+
+def decoding(p: Any) -> dict:
+    "The decoding options of a run's parameters besides the beam, as `evaluate` and `TrainConfig` (validation) take them: one decoding for test and validation."
+    return {"length_norm": p.length_norm, "no_repeat_ngram": p.no_repeat_ngram}
 
 def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     "The `TrainConfig` a run of chapter `ch` with resolved parameters `p` trains model `name` with: the model's recipe (registry), then the chapter's, then the run's own parameters (lr, seed, ...)."
@@ -407,7 +414,7 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     epochs = ch.epochs[p.profile]
     epochs = recipe.get("epochs", epochs) if p.profile == "default" else epochs
     return TrainConfig(**{**spec(name).train, **ch.train, **recipe, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),
-                          "max_len": max_len, "val_beam": p.beam_size, "length_norm": p.length_norm})
+                          "max_len": max_len, "val_beam": p.beam_size, **decoding(p)})
 
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
@@ -440,7 +447,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
     dev = get_device(p.device)
     model.to(dev)
-    with timed(phase, "test_s"): ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev, length_norm=p.length_norm)
+    with timed(phase, "test_s"): ev = evaluate(model, prep, "test", beam_size=p.beam_size, device=dev, **decoding(p))
     phase |= {"train_s": fitted.train_seconds, "val_s": fitted.val_seconds}
     stages = {}
     grid = list(getattr(model, "att_grid", prep.grid))  # a model may attend over its own map (the 2D LSTMs)

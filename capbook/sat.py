@@ -13,7 +13,7 @@ from .core import check_choice, check_float, check_int
 from .attention import Attention, SoftAttention, HardAttention
 from .models import CaptionModel, Dropout, register, repeat_batch
 from .objectives import DoublyStochastic, HardAttentionRule
-from .runner import Chapter, RunConfig, register_chapter, measured
+from .runner import Chapter, RunConfig, decoding, register_chapter, measured
 from .papers import sat_table1
 
 # %% auto 0
@@ -177,7 +177,7 @@ def sat_measure(r) -> dict:
         other = "argmax" if model.cfg.test_context == "expected" else "expected"
         model.att.test_context = other
         out[f"metrics_{other}_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device,
-                                                                  length_norm=r.params.length_norm))
+                                                                  **decoding(r.params)))
         model.att.test_context = model.cfg.test_context
     if model.gate and prep.gt is not None:                  # §4.2.1: is beta larger when the decoder names an object?
         from capbook.decode import pad_captions

@@ -13,7 +13,7 @@ from .attention import Attention
 from .models import CaptionModel, Dropout, fast, register, unroll
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell, WIDTHS
-from .runner import Chapter, RunConfig, register_chapter
+from .runner import Chapter, RunConfig, decoding, register_chapter
 from .papers import spca_table
 
 # %% auto 0
@@ -294,7 +294,7 @@ def spca_measure(r) -> dict:
     from capbook.metrics import attention_on_references, evaluate
     out = {"attention_on_references": attention_on_references(r.model, r.prep, "test", r.device)[1]} if r.prep.gt is not None else {}
     if r.params.beam_size != PAPER_BEAM:
-        ev = evaluate(r.model, r.prep, "test", beam_size=PAPER_BEAM, device=r.device, length_norm=r.params.length_norm)
+        ev = evaluate(r.model, r.prep, "test", beam_size=PAPER_BEAM, device=r.device, **decoding(r.params))
         out["paper_beam"] = {"beam": PAPER_BEAM, "metrics": ev["metrics"], **({"semantic": ev["semantic"]} if "semantic" in ev else {})}
     return out
 

@@ -16,12 +16,12 @@ from .core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, chec
                           get_device, io_error, load_torch, package_hash, save_torch, seed_everything)
 from .models import CaptionModel, check_inputs, hparams
 from .data import BATCH_ORDERS, to_device
-from .objectives import Objective, objective_for
+from .objectives import CrossEntropy, Objective, objective_for
 from .decode import decode_split
 
 # %% auto 0
-__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'TrainConfig', 'lr_factor', 'val_score', 'check_vocab', 'dist_info',
-           'train_step', 'WeightAverage', 'FitResult', 'fit', 'load_trained']
+__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'TrainConfig', 'lr_factor', 'ss_prob', 'val_score', 'check_vocab',
+           'dist_info', 'train_step', 'WeightAverage', 'FitResult', 'fit', 'load_trained', 'load_ensemble']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -39,9 +39,15 @@ class TrainConfig:
     patience: int = 6           # early stopping: evaluations without a better validation score (3 epochs at 2 a epoch)
     evals_per_epoch: int = 2    # validation evaluations per epoch, evenly spaced (the last at the epoch's end)
     ema: float = 0.995          # weight averaging: decay of the exponential moving average validated, selected and kept (0: off)
+    label_smoothing: float = 0.0   # ε of label-smoothed cross-entropy (0: off, as the five papers)
+    ss_start: int = -1          # scheduled sampling from this epoch on (-1: off, as the five papers) ...
+    ss_every: int = 5           # ... its probability raised every ss_every epochs ...
+    ss_increase: float = 0.05   # ... by this much ...
+    ss_max: float = 0.25        # ... up to this (self-critical.pytorch's defaults)
     metric: str = "CIDEr"       # validation metric for early stopping and model selection
     val_beam: int = 3           # beam size of the validation decode (1: greedy)
     length_norm: float = 0.0    # the validation beams ranked by log-probability / length^length_norm
+    no_repeat_ngram: int = 0    # the validation decode writes no n-gram of this size twice (0: off)
     max_len: int = 20           # longest caption decoded
     seed: int = 0
     ckpt_every: int = 0         # also checkpoint every this many steps (0: at the end of each epoch only)
@@ -62,9 +68,11 @@ class TrainConfig:
             raise CapbookError("parameter warmup=0 is invalid with schedule='noam': expected a positive number of epochs")
         check_int("patience", self.patience, lo=1); check_choice("metric", self.metric, VAL_METRICS)
         check_int("lr_patience", self.lr_patience, lo=1); check_int("evals_per_epoch", self.evals_per_epoch, lo=1)
-        check_float("ema", self.ema, lo=0.0, hi=0.99999)
+        check_float("ema", self.ema, lo=0.0, hi=0.99999); check_float("label_smoothing", self.label_smoothing, lo=0.0, hi=0.99)
+        check_int("ss_start", self.ss_start, lo=-1); check_int("ss_every", self.ss_every, lo=1)
+        check_float("ss_increase", self.ss_increase, lo=0.0, hi=1.0); check_float("ss_max", self.ss_max, lo=0.0, hi=1.0)
         check_int("val_beam", self.val_beam, lo=1); check_int("max_len", self.max_len, lo=1)
-        check_float("length_norm", self.length_norm, lo=0.0, hi=5.0)
+        check_float("length_norm", self.length_norm, lo=0.0, hi=5.0); check_int("no_repeat_ngram", self.no_repeat_ngram, lo=0)
         check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0)
         check_choice("batch_order", self.batch_order, BATCH_ORDERS); check_int("max_words", self.max_words, lo=0)
         check_choice("precision", self.precision, PRECISIONS)
@@ -90,12 +98,19 @@ def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int, dec
     # gamma^floor(e / lr_step)
     return warm * cfg.lr_gamma ** (epoch // cfg.lr_step)
 
+
+def ss_prob(cfg: TrainConfig, epoch: int) -> float:
+    "Scheduled sampling's probability in epoch `epoch` (0-based): ss_increase per ss_every epochs after ss_start, at most ss_max."
+    if cfg.ss_start < 0 or epoch <= cfg.ss_start: return 0.0
+    # min(increase * floor((e - start) / every), max)
+    return min(cfg.ss_increase * ((epoch - cfg.ss_start) // cfg.ss_every), cfg.ss_max)
+
 # %% ../nbs/00i_train.ipynb
 def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dict:
     "Decode the validation split and return BLEU-1..4 and CIDEr on its references, and the captions (`captions`)."
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
-    caps = decode_split(model, data, cfg.val_beam, cfg.max_len, device=device, length_norm=cfg.length_norm)
+    caps = decode_split(model, data, cfg.val_beam, cfg.max_len, device=device, length_norm=cfg.length_norm, no_repeat_ngram=cfg.no_repeat_ngram)
     res = {i: [" ".join(vocab.decode(c.tokens)) or "<empty>"] for i, c in enumerate(caps)}
     gts = {i: [" ".join(r) for r in data.refs[i]] for i in range(len(caps))}
     b, _ = Bleu(4).compute_score(gts, res, verbose=0)
@@ -225,6 +240,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end."
     cfg.check()
     objective = objective_for(model) if objective is None else objective
+    if cfg.label_smoothing:
+        if not isinstance(objective, CrossEntropy):
+            raise CapbookError(f"parameter label_smoothing={cfg.label_smoothing} applies to cross-entropy training; {type(objective).__name__} has none")
+        objective.label_smoothing = cfg.label_smoothing
+    if cfg.ss_start >= 0 and type(objective).outputs is not Objective.outputs:
+        raise CapbookError(f"parameter ss_start={cfg.ss_start}: scheduled sampling replaces teacher forcing, which {type(objective).__name__} does not train with")
     if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
     check_inputs(model, next(data.train.image_batches(1)))
     rank, world, local = dist_info()
@@ -325,6 +346,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     while epoch < cfg.epochs and not stopped:
         net.train(); objective.train(); t0 = time.time()
         n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
+        objective.sample_prob = ss_prob(cfg, epoch)                  # scheduled sampling's probability this epoch (0: teacher forcing)
         marks = _eval_marks(n_batches, cfg.evals_per_epoch)
         it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
         bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
@@ -336,7 +358,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                                precision=precision)
             if avg is not None: avg.update()
             skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
-            for k, v in {**stats, "lr": lr}.items(): tot[k] = tot.get(k, 0.0) + v
+            for k, v in {**stats, "lr": lr, **({"ss_prob": objective.sample_prob} if cfg.ss_start >= 0 else {})}.items():
+                tot[k] = tot.get(k, 0.0) + v
             if skip in marks and skip < n_batches:                        # a validation inside the epoch
                 res.train_seconds += time.time() - t0
                 stopped = evaluation(round(epoch + skip / n_batches, 3))
@@ -373,3 +396,8 @@ def load_trained(run_dir: str | Path, prep) -> CaptionModel:
     m = build(meta["model"], len(prep.vocab), prep.feat_shape[1], prep.grid, **meta.get("hparams", {}))
     m.load_state_dict(ck["model"])
     return m.eval()
+
+def load_ensemble(run_dirs: list[str | Path], prep) -> CaptionModel:
+    "The best weights of several runs of one model kind (its seeds, say) as one decoder, `capbook.decode.Ensemble`: every step's log-probabilities averaged."
+    from capbook.decode import Ensemble
+    return Ensemble([load_trained(d, prep) for d in run_dirs]).eval()

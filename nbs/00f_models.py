@@ -87,12 +87,30 @@ class CaptionModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, batch: Mapping[str, Any], mode: str = "teacher", **kw) -> dict:
-        "`mode='teacher'`: `teacher_forcing(batch)`; `mode='sample'`: `capbook.decode.sample(self, batch, **kw)`."
+        "`mode='teacher'`: `teacher_forcing(batch)`; `'scheduled'`: `scheduled_sampling(batch, **kw)`; `'sample'`: `capbook.decode.sample(self, batch, **kw)`."
         if mode == "sample":
             from capbook.decode import sample
             return sample(self, batch, **kw)
-        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'sample'")
+        if mode == "scheduled": return self.scheduled_sampling(batch, **kw)
+        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'scheduled', 'sample'")
         return self.teacher_forcing(batch)
+
+    def scheduled_sampling(self, batch: Mapping[str, Any], p: float) -> dict:
+        "Teacher forcing in which each step's input word is, with probability `p`, drawn from the model's own previous distribution instead of the reference (Bengio et al. 2015): logits (B, T-1, V) and stacked extras, as `teacher_forcing`."
+        caps = batch["caps"]
+        memory, state = self.init_state(batch)
+        logits, extras, x = [], {}, caps[:, 0]                              # <start>: (B,)
+        for t in range(caps.shape[1] - 1):
+            if t and p:
+                # w_t ~ p(. | w_<t, I) with probability p, else the reference y_t: (B,)
+                drawn = torch.multinomial(F.softmax(logits[-1].detach().float(), -1), 1)[:, 0]
+                x = torch.where(torch.rand(len(x), device=x.device) < p, drawn, caps[:, t])
+            elif t: x = caps[:, t]
+            lg, state, aux = self.step(x, memory, state)
+            logits.append(lg)
+            for k, v in aux.items():
+                if v is not None: extras.setdefault(k, []).append(v)
+        return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
 
     shrinks: bool = True                    # teacher forcing may drop ended captions from the batch (`unroll`'s lengths)
 
@@ -219,9 +237,10 @@ def repeat_batch(batch: Mapping[str, Any], n: int) -> dict:
     return {k: v.repeat_interleave(n, 0) if isinstance(v, torch.Tensor) else [x for x in v for _ in range(n)]
             for k, v in batch.items()}
 
-def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0) -> torch.Tensor:
-    "Mean negative log-likelihood of `targets` (B, T) under `logits` (B, T, V), ignoring `pad` positions."
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad)
+def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0, smoothing: float = 0.0) -> torch.Tensor:
+    "Mean negative log-likelihood of `targets` (B, T) under `logits` (B, T, V), ignoring `pad` positions (with `smoothing` ε: against (1-ε)·one-hot + ε/V)."
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad,
+                           label_smoothing=smoothing)
 
 
 # %% [markdown]

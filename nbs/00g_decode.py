@@ -62,6 +62,18 @@ def _mask(lp: torch.Tensor, done: torch.Tensor, model: CaptionModel, last: bool)
     lp[done] = float("-inf"); lp[done, model.pad] = 0
     return lp
 
+def _block_repeats(lp: torch.Tensor, words: torch.Tensor, done: torch.Tensor, n: int, pad: int) -> torch.Tensor:
+    "n-gram repeat blocking: in each live row, every word that would complete an n-gram the row already holds gets log p = -inf. lp: (R, V); words: (R, t) emitted so far."
+    if n < 1 or words.shape[1] < max(n, 1): return lp
+    if n == 1: banned = words                                                   # every word already emitted: (R, t)
+    else:
+        grams = words.unfold(1, n, 1)                                           # every n-gram so far: (R, t-n+1, n)
+        hit = (grams[..., :-1] == words[:, None, -(n - 1):]).all(-1)            # its first n-1 words are the row's last: (R, t-n+1)
+        banned = grams[..., -1].masked_fill(~hit, pad)                          # the words that would repeat it (pad: none)
+    ban = torch.zeros_like(lp, dtype=torch.bool).scatter_(1, banned, True)
+    ban[:, pad] = False; ban[done] = False                                      # pad and ended rows as `_mask` left them
+    return lp.masked_fill(ban, float("-inf"))
+
 def as_batch(x: torch.Tensor | Mapping[str, Any]) -> dict:
     "A batch mapping; a bare tensor is taken as the features."
     return {"feats": x} if isinstance(x, torch.Tensor) else dict(x)
@@ -82,9 +94,9 @@ def _finish(tokens: torch.Tensor, logprob: float, alpha: torch.Tensor | None, en
 # %%
 #| export
 @torch.no_grad()
-def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len: int = 20) -> list[Caption]:
-    "Greedy decoding of a batch of B images."
-    batch = as_batch(batch); check_inputs(model, batch)
+def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len: int = 20, no_repeat_ngram: int = 0) -> list[Caption]:
+    "Greedy decoding of a batch of B images (with `no_repeat_ngram` n > 0: no n-gram twice in a caption)."
+    batch = as_batch(batch); check_inputs(model, batch); check_int("no_repeat_ngram", no_repeat_ngram, lo=0)
     B, dev = _n_images(model, batch), _device(model, batch)
     memory, state = model.init_state(batch)
     tok = torch.full((B,), model.start, dtype=torch.long, device=dev)
@@ -93,7 +105,9 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
     words, alphas = [], []
     for t in range(max_len + 1):
         logits, state, aux = model.step(tok, memory, state)
-        best, tok = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len).max(-1)
+        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)
+        if no_repeat_ngram and words: lp = _block_repeats(lp, torch.stack(words, 1), done, no_repeat_ngram, model.pad)
+        best, tok = lp.max(-1)
         logp += best
         words.append(tok); alphas.append(aux.get("alpha"))
         done |= tok == model.end
@@ -130,9 +144,10 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
 #| export
 @torch.no_grad()
 def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, beam_size: int = 3,
-                max_len: int = 20, length_norm: float = 0.0) -> list[Caption]:
-    "Beam search for a batch of B images: the best of `beam_size` beams for each image (ranked by log-probability / length^`length_norm`)."
+                max_len: int = 20, length_norm: float = 0.0, no_repeat_ngram: int = 0) -> list[Caption]:
+    "Beam search for a batch of B images: the best of `beam_size` beams for each image (ranked by log-probability / length^`length_norm`; with `no_repeat_ngram` n > 0, no n-gram twice in a beam)."
     batch = as_batch(batch); check_inputs(model, batch); check_int("beam_size", beam_size, lo=1)
+    check_int("no_repeat_ngram", no_repeat_ngram, lo=0)
     check_float("length_norm", length_norm, lo=0.0, hi=5.0)
     B, K, dev = _n_images(model, batch), beam_size, _device(model, batch)
     memory, state = model.init_state(batch)                                    # memory: (B, ...), state: (B, ...)
@@ -148,6 +163,7 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         base = (torch.arange(n, device=dev) * K)[:, None]                      # first row of each image
         logits, state, aux = model.step(tok, memory, state)
         lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
+        if no_repeat_ngram: lp = _block_repeats(lp, words, done, no_repeat_ngram, model.pad)
         V = lp.shape[-1]
         score, idx = (score.view(-1, 1) + lp).view(n, K * V).topk(K, dim=-1)  # best K of K*V per image: (n, K)
         if torch.isnan(score).any():                # NaN would rank above every word and end as a caption
@@ -215,6 +231,114 @@ _tf_all = _tfd(_m, {"feats": _f[:1].expand(len(_all), -1, -1), "caps": _pad([[_m
 for _alpha in (0.0, 0.7, 1.0):
     _want = max(_tf_all, key=lambda c: c.logprob / (len(c.tokens) + 1) ** _alpha)
     assert beam_search(_m, _f[:1], beam_size=200, max_len=2, length_norm=_alpha)[0].tokens == _want.tokens
+
+# %% [markdown]
+# **n-gram repeat blocking** (self-critical.pytorch's `block_trigrams`, Hugging Face's `no_repeat_ngram_size`): with
+# `no_repeat_ngram` n > 0, a word that would complete an n-gram the caption (the beam) already holds gets probability
+# zero, in greedy and beam search alike (n = 1: no word twice). Captioning models trained on short captions repeat
+# phrases ("a red circle and a red circle"); blocking them is a decoding choice, off by default, as in the papers.
+#
+# Checked like the length normalisation: with a beam wide enough to hold every caption (3 words, at most 4), beam
+# search with blocking returns the most probable caption among those without a repeated n-gram, found by enumerating
+# every caption; greedy with blocking never repeats one either.
+
+# %%
+class _Table(CaptionModel):
+    "A test model whose next-word logits are a random table indexed by position and previous word; <end> unlikely before 4 words."
+    def __init__(self, V: int, seed: int):
+        super().__init__(V)
+        self.table = torch.randn(6, V, V, generator=torch.Generator().manual_seed(seed))
+        self.table[:4, :, self.end] -= 8; self.table[4, :, self.end] += 4
+    def init_state(self, batch): return {}, {"t": torch.zeros(len(batch["feats"]), dtype=torch.long)}
+    def step(self, tokens, memory, state):
+        t = state["t"]
+        return self.table[t.clamp(max=5), tokens], {"t": t + 1}, {}
+
+_s = _Table(6, 0)
+_words = [t for t in range(6) if t not in (_s.start, _s.end, _s.pad)]
+_caps = [list(w) for L in range(5) for w in itertools.product(_words, repeat=L)]
+_tf_s = _tfd(_s, {"feats": _f[:1].expand(len(_caps), -1, -1), "caps": _pad([[_s.start, *w, _s.end] for w in _caps], 7)})
+_repeats = lambda w, n: len(w) >= n and len(set(zip(*[w[i:] for i in range(n)]))) < len(w) - n + 1
+for _n in (1, 2, 3):
+    _want = max((c for c in _tf_s if not _repeats(c.tokens, _n)), key=lambda c: c.logprob)
+    _got = beam_search(_s, _f[:1], beam_size=400, max_len=4, no_repeat_ngram=_n)[0]
+    assert _got.tokens == _want.tokens and abs(_got.logprob - _want.logprob) < 1e-4, (_n, _got, _want)
+    assert not any(_repeats(c.tokens, _n) for c in greedy(_s, _f, 4, no_repeat_ngram=_n) + beam_search(_s, _f, 3, 4, no_repeat_ngram=_n))
+assert _repeats(max(_tf_s, key=lambda c: c.logprob).tokens, 1)       # unblocked, the best caption repeats a word: blocking mattered
+
+
+# %% [markdown]
+# ## An ensemble of checkpoints
+#
+# `Ensemble` decodes with several trained models of one kind (seeds, or checkpoints of one run) as one model: each
+# member keeps its own memory and state, and at every step the next-word log-probabilities are averaged,
+#
+# $$\log 	ilde p(w \mid w_{<t}, I) = 
+# rac1M \sum_{m=1}^{M} \log p_m(w \mid w_{<t}, I)$$
+#
+# which the searches renormalise (their log-softmax): a product of the members' distributions (self-critical.pytorch's
+# `AttEnsemble` averages the probabilities instead; averaging log-probabilities lets a word only one member finds
+# unlikely lose, which is the usual choice in machine translation). Greedy, beam search, n-gram blocking and length
+# normalisation work on it unchanged, since it is a `CaptionModel`. The attention it returns is the members' mean
+# (they attend over the same grid). Models of different kinds or vocabularies stop in one line.
+
+# %%
+#| export
+class Ensemble(CaptionModel):
+    "Several trained models of one kind decoded as one: every step's next-word log-probabilities averaged over the members."
+    def __init__(self, models: list[CaptionModel]):
+        if not models: raise CapbookError("an ensemble needs at least one model")
+        kinds = sorted({m.name or type(m).__name__ for m in models})
+        if len(kinds) > 1: raise CapbookError(f"an ensemble decodes models of one kind: got {', '.join(kinds)}")
+        sizes = sorted({m.vocab_size for m in models})
+        if len(sizes) > 1: raise CapbookError(f"an ensemble's models must share a vocabulary: got sizes {sizes}")
+        super().__init__(sizes[0])
+        self.members = torch.nn.ModuleList(models)
+        self.name, self.inputs = models[0].name, tuple(dict.fromkeys(k for m in models for k in m.inputs))
+        self.region_masks = all(m.region_masks for m in models)
+        if hasattr(models[0], "att_grid"): self.att_grid = models[0].att_grid
+
+    @staticmethod
+    def _part(d: dict, i: int) -> dict:                       # member i's entries of a prefixed dict
+        p = f"{i}."
+        return {k[len(p):]: v for k, v in d.items() if k.startswith(p)}
+
+    def init_state(self, batch):
+        memory, state = {}, {}
+        for i, m in enumerate(self.members):                  # one flat dict, so the searches gather every member's rows
+            mem, st = m.init_state(batch)
+            memory |= {f"{i}.{k}": v for k, v in mem.items()}; state |= {f"{i}.{k}": v for k, v in st.items()}
+        return memory, state
+
+    def step(self, tokens, memory, state):
+        lps, new, alphas = [], {}, []
+        for i, m in enumerate(self.members):
+            logits, st, aux = m.step(tokens, self._part(memory, i), self._part(state, i))
+            lps.append(F.log_softmax(logits.float(), -1))     # member i's log p_m(w | w_<t, I): (R, V)
+            new |= {f"{i}.{k}": v for k, v in st.items()}
+            if aux.get("alpha") is not None: alphas.append(aux["alpha"])
+        # log p~(w) = mean_m log p_m(w): (R, V)
+        lp = torch.stack(lps).mean(0)
+        return lp, new, ({"alpha": torch.stack(alphas).mean(0)} if len(alphas) == len(self.members) else {})
+
+# %% [markdown]
+# One member is that model; against brute force, a wide beam over the ensemble returns the caption that maximises the
+# summed renormalised mean log-probability over every caption.
+
+# %%
+_s2 = _Table(6, 1)
+_one, _alone = beam_search(Ensemble([_s]), _f, 3, 4), beam_search(_s, _f, 3, 4)
+assert [c.tokens for c in _one] == [c.tokens for c in _alone] and all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(_one, _alone))
+_batch = {"feats": _f[:1].expand(len(_caps), -1, -1), "caps": _pad([[_s.start, *w, _s.end] for w in _caps], 7)}
+_lp = F.log_softmax(torch.stack([F.log_softmax(m.teacher_forcing(_batch)["logits"], -1) for m in (_s, _s2)]).mean(0), -1)
+_tgt = _batch["caps"][:, 1:]
+_score = (_lp.gather(-1, _tgt[..., None])[..., 0] * (_tgt != _s.pad)).sum(1)   # every caption's ensemble log-probability
+_best = _caps[int(_score.argmax())]
+_ens = beam_search(Ensemble([_s, _s2]), _f[:1], beam_size=400, max_len=4)[0]
+assert _ens.tokens == _best and abs(_ens.logprob - float(_score.max())) < 1e-4
+try: Ensemble([_m, build("sat_none", 12, 8, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8)]); raise AssertionError
+except CapbookError as e: assert "one kind: got sat_none, sat_soft" in str(e)
+assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.tokens for c in _b3]   # two copies: the model itself
 
 
 # %% [markdown]
@@ -331,12 +455,13 @@ for _tf, _gc in zip(teacher_forced(_m, {"feats": _f, "caps": _caps}), _g):
 # %%
 #| export
 def decode_split(model: CaptionModel, data, beam_size: int = 3, max_len: int = 20, batch_size: int = 100,
-                 device: torch.device | str = "cpu", length_norm: float = 0.0) -> list[Caption]:
-    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search (length-normalised by `length_norm`), in image order."
+                 device: torch.device | str = "cpu", length_norm: float = 0.0, no_repeat_ngram: int = 0) -> list[Caption]:
+    "Decode every image of a `CaptionData` split with greedy (beam_size=1) or beam search (length-normalised by `length_norm`; n-gram blocking `no_repeat_ngram`), in image order."
     model.eval(); out = []
     for b in data.image_batches(batch_size):
         b = to_device(b, device)
-        out += greedy(model, b, max_len) if beam_size == 1 else beam_search(model, b, beam_size, max_len, length_norm)
+        out += (greedy(model, b, max_len, no_repeat_ngram) if beam_size == 1
+                else beam_search(model, b, beam_size, max_len, length_norm, no_repeat_ngram))
     return out
 
 

@@ -53,10 +53,11 @@ from capbook.models import CaptionModel, spec, token_nll
 class Objective(nn.Module):
     "Base class: `outputs(net, batch)` runs the model (teacher forcing by default), `loss(out, batch) -> (loss, stats)`."
     pad = CaptionModel.pad
+    sample_prob: float = 0.0        # scheduled sampling's probability of feeding the model its own word (set by the trainer)
 
     def outputs(self, net: nn.Module, batch: Mapping[str, Any]) -> dict:
-        "The model's outputs for this objective: teacher forcing over `batch['caps']`."
-        return net(batch)
+        "The model's outputs for this objective: teacher forcing over `batch['caps']` (scheduled sampling when `sample_prob` > 0)."
+        return net(batch, mode="scheduled", p=self.sample_prob) if self.sample_prob else net(batch)
 
     def loss(self, out: dict, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
@@ -80,11 +81,34 @@ def targets(out: dict, batch: Mapping[str, Any]) -> torch.Tensor:
 # %%
 #| export
 class CrossEntropy(Objective):
-    "Teacher-forced cross-entropy of the next word, per real target word."
+    "Teacher-forced cross-entropy of the next word, per real target word; with label smoothing ε, against (1-ε)·one-hot + ε/V."
+    label_smoothing: float = 0.0    # ε, set by the trainer from `TrainConfig.label_smoothing`
     def loss(self, out, batch):
+        y = targets(out, batch)
         # -sum_j log p(y_j | I_j) / sum_j C_j
-        nll = token_nll(out["logits"], targets(out, batch), self.pad)
-        return nll, {"nll": nll.item()}
+        nll = token_nll(out["logits"], y, self.pad)
+        if not self.label_smoothing: return nll, {"nll": nll.item()}
+        # (1-ε) NLL + ε mean_v(-log p_v), per real target word
+        smoothed = token_nll(out["logits"], y, self.pad, self.label_smoothing)
+        return smoothed, {"nll": nll.item(), "smoothed": smoothed.item()}
+
+# %% [markdown]
+# **Label smoothing** (Szegedy et al. 2016; in the recipes behind AoANet, X-LAN and fairseq's captioning numbers), off
+# unless a chapter's paper uses it (none of the five does): with ε > 0 the target of every word is
+# $(1-\varepsilon)\,\text{one-hot}(y) + \varepsilon/V$, so the loss per word is
+#
+# $$(1-\varepsilon)\,\big(-\log p(y)\big) + \frac{\varepsilon}{V}\sum_{v=1}^{V}\big(-\log p(v)\big).$$
+#
+# The reported `nll` stays the plain negative log-likelihood, so runs with and without smoothing compare; `smoothed` is
+# what is minimised. Hard attention's sampled half keeps the plain log-likelihood as its REINFORCE reward.
+
+# %%
+_logits, _y = torch.randn(2, 3, 7), torch.tensor([[4, 5, 0], [3, 0, 0]])   # 3 real words; 0 is <pad>
+_ce = CrossEntropy(); _ce.label_smoothing = 0.1
+_loss, _st = _ce.loss({"logits": _logits}, {"caps": torch.cat([torch.ones(2, 1, dtype=torch.long), _y], 1)})
+_lp = F.log_softmax(_logits, -1)[_y != 0]                                   # the real words' log p: (3, V)
+_want = (0.9 * -_lp.gather(1, _y[_y != 0][:, None])[:, 0] + 0.1 * -_lp.mean(1)).mean()
+assert torch.allclose(_loss, _want, atol=1e-6) and abs(_st["nll"] - float(-_lp.gather(1, _y[_y != 0][:, None]).mean())) < 1e-6
 
 
 # %% [markdown]

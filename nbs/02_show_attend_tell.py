@@ -51,7 +51,7 @@ from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention, SoftAttention, HardAttention
 from capbook.models import CaptionModel, Dropout, register, repeat_batch
 from capbook.objectives import DoublyStochastic, HardAttentionRule
-from capbook.runner import Chapter, RunConfig, register_chapter, measured
+from capbook.runner import Chapter, RunConfig, decoding, register_chapter, measured
 from capbook.papers import sat_table1
 
 # %%
@@ -351,7 +351,7 @@ def sat_measure(r) -> dict:
         other = "argmax" if model.cfg.test_context == "expected" else "expected"
         model.att.test_context = other
         out[f"metrics_{other}_context"] = measured(evaluate(model, prep, "test", beam_size=r.params.beam_size, device=r.device,
-                                                                  length_norm=r.params.length_norm))
+                                                                  **decoding(r.params)))
         model.att.test_context = model.cfg.test_context
     if model.gate and prep.gt is not None:                  # §4.2.1: is beta larger when the decoder names an object?
         from capbook.decode import pad_captions
@@ -411,6 +411,7 @@ batch_size = 64            # captions per training step
 lr = None                  # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
 beam_size = 3              # beam of the validation and test decodes
 length_norm = 0.0          # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
+no_repeat_ngram = 0        # no n-gram of this size twice in a caption (0: off, as the papers)
 scst_epochs = 0            # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
 scst_lr = 5e-05            # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean

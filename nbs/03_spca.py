@@ -40,7 +40,7 @@ from capbook.attention import Attention
 from capbook.models import CaptionModel, Dropout, fast, register, unroll
 from capbook.objectives import DoublyStochastic
 from capbook.sat import SATConfig, ShowAttendTell, WIDTHS
-from capbook.runner import Chapter, RunConfig, register_chapter
+from capbook.runner import Chapter, RunConfig, decoding, register_chapter
 from capbook.papers import spca_table
 
 # %%
@@ -477,7 +477,7 @@ def spca_measure(r) -> dict:
     from capbook.metrics import attention_on_references, evaluate
     out = {"attention_on_references": attention_on_references(r.model, r.prep, "test", r.device)[1]} if r.prep.gt is not None else {}
     if r.params.beam_size != PAPER_BEAM:
-        ev = evaluate(r.model, r.prep, "test", beam_size=PAPER_BEAM, device=r.device, length_norm=r.params.length_norm)
+        ev = evaluate(r.model, r.prep, "test", beam_size=PAPER_BEAM, device=r.device, **decoding(r.params))
         out["paper_beam"] = {"beam": PAPER_BEAM, "metrics": ev["metrics"], **({"semantic": ev["semantic"]} if "semantic" in ev else {})}
     return out
 
@@ -526,6 +526,7 @@ batch_size = 64           # captions per training step
 lr = None                 # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
 beam_size = 3             # beam of the validation and test decodes (the book's; the paper's 2 is measured beside it)
 length_norm = 0.0         # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
+no_repeat_ngram = 0       # no n-gram of this size twice in a caption (0: off, as the papers)
 scst_epochs = 0           # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean

@@ -567,6 +567,7 @@ batch_size = 64           # captions per training step
 lr = None                 # Adam's learning rate; None: the chapter's for the profile (smoke 1e-3, else 4e-4)
 beam_size = 3             # beam of the validation and test decodes
 length_norm = 0.0         # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
+no_repeat_ngram = 0       # no n-gram of this size twice in a caption (0: off, as the papers)
 scst_epochs = None        # self-critical epochs after cross-entropy; None: the profile's (default 2)
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean

@@ -182,6 +182,41 @@ def test_self_critical_is_an_objective_of_the_one_trainer(smoke, tmp_path):
     assert {"scst", "reward", "baseline", "greedy_reward"} <= set(res.history[0]) and np.isfinite(res.history[0]["scst"])
 
 
+# --- training options: scheduled sampling and label smoothing -------------------------------------------------------
+
+@pytest.mark.parametrize("name,kw", [("sat_soft", dict(emb_dim=8, hidden_dim=16, att_dim=8)),
+                                     ("lstm2d_spca", dict(channels=8, map_size=3, word_hidden=8)),
+                                     ("ssa", dict(d_model=16, d_hidden=32, heads=2, enc_layers=1, dec_layers=2)),
+                                     ("updown", dict(emb_dim=8, hidden_dim=16, att_dim=8))])
+def test_scheduled_sampling_at_probability_zero_is_teacher_forcing(name, kw):
+    "Every step interface: scheduled sampling with p = 0 feeds the references, so its outputs are teacher forcing's; p = 1 feeds the model's own words."
+    torch.manual_seed(0)
+    m = build(name, vocab_size=13, feat_dim=8, grid=(3, 3), **kw).eval()
+    caps = pad_captions([[1, 5, 6, 7, 2], [1, 8, 2], [1, 4, 4, 9, 10, 2]], 7)
+    b = {"feats": torch.randn(3, 9, 8), "caps": caps}
+    real = caps[:, 1:] != m.pad                                          # the steps the loss reads
+    tf, ss = m(b)["logits"][real], m(b, mode="scheduled", p=0.0)["logits"][real]
+    assert torch.allclose(tf, ss, atol=1e-5), (tf - ss).abs().max()
+    torch.manual_seed(0)
+    assert not torch.allclose(m(b, mode="scheduled", p=1.0)["logits"][real], tf, atol=1e-3)
+
+
+@pytest.mark.slow                                                       # two smoke epochs: ~30 s
+def test_label_smoothing_and_scheduled_sampling_train_through_fit(smoke, tmp_path):
+    torch.manual_seed(0)
+    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid, emb_dim=16, hidden_dim=32, att_dim=16)
+    cfg = TrainConfig(epochs=2, progress=False, max_len=smoke.max_len, batch_size=128, evals_per_epoch=1, label_smoothing=0.1,
+                      ss_start=0, ss_every=1, ss_increase=0.2)
+    res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    assert [h["ss_prob"] for h in res.history] == pytest.approx([0.0, 0.2])   # teacher forcing, then 20% of its own words
+    assert all(h["smoothed"] > h["nll"] for h in res.history)           # the smoothed target costs more than the plain NLL
+    scst = SelfCritical(smoke.vocab, smoke.train.refs, n=3, max_len=smoke.max_len)
+    with pytest.raises(CapbookError, match="label_smoothing=0.1 applies to cross-entropy training; SelfCritical has none"):
+        fit(m, smoke, dataclasses.replace(cfg, ss_start=-1), tmp_path / "ckpt2", log=lambda s: None, objective=scst)
+    with pytest.raises(CapbookError, match="ss_start=0: scheduled sampling replaces teacher forcing, which SelfCritical"):
+        fit(m, smoke, dataclasses.replace(cfg, label_smoothing=0.0), tmp_path / "ckpt3", log=lambda s: None, objective=scst)
+
+
 # --- configs: one place for defaults, one line for a wrong name ---------------------------------------------------
 
 def test_configs_stop_on_unknown_or_fixed_names():

@@ -110,7 +110,7 @@ def test_the_self_critical_stage_validates_its_start_at_a_constant_rate(monkeypa
     monkeypatch.setattr(capbook.train, "fit", lambda model, prep, cfg, *a, **k: seen.setdefault("cfg", cfg))
     monkeypatch.setattr(capbook.metrics, "evaluate", lambda *a, **k: {})
     monkeypatch.setattr("capbook.objectives.SelfCritical", lambda *a, **k: None)
-    p = SimpleNamespace(scst_epochs=2, scst_lr=5e-5, scst_baseline="greedy", device="cpu", beam_size=3, length_norm=0.0)
+    p = SimpleNamespace(scst_epochs=2, scst_lr=5e-5, scst_baseline="greedy", device="cpu", beam_size=3, length_norm=0.0, no_repeat_ngram=0)
     prep = SimpleNamespace(vocab=None, train=SimpleNamespace(refs=[], n_images=0), max_len=5)
     self_critical(torch.nn.Linear(1, 1), prep, p, TrainConfig(schedule="noam", warmup=1.0), tmp_path, log=lambda s: None)
     c = seen["cfg"]
