@@ -97,20 +97,17 @@ class CaptionModel(nn.Module):
 
     def scheduled_sampling(self, batch: Mapping[str, Any], p: float) -> dict:
         "Teacher forcing in which each step's input word is, with probability `p`, drawn from the model's own previous distribution instead of the reference (Bengio et al. 2015): logits (B, T-1, V) and stacked extras, as `teacher_forcing`."
-        caps = batch["caps"]
-        memory, state = self.init_state(batch)
-        logits, extras, x = [], {}, caps[:, 0]                              # <start>: (B,)
-        for t in range(caps.shape[1] - 1):
-            if t and p:
+        last = []                                                           # the previous step's logits (B, V)
+        def step(y, memory, state):                                         # y: the reference word y_t, (B,)
+            if last and p:
                 # w_t ~ p(. | w_<t, I) with probability p, else the reference y_t: (B,)
-                drawn = torch.multinomial(F.softmax(logits[-1].detach().float(), -1), 1)[:, 0]
-                x = torch.where(torch.rand(len(x), device=x.device) < p, drawn, caps[:, t])
-            elif t: x = caps[:, t]
-            lg, state, aux = self.step(x, memory, state)
-            logits.append(lg)
-            for k, v in aux.items():
-                if v is not None: extras.setdefault(k, []).append(v)
-        return {"logits": torch.stack(logits, 1), **{k: torch.stack(v, 1) for k, v in extras.items()}}
+                drawn = torch.multinomial(F.softmax(last[0].detach().float(), -1), 1)[:, 0]
+                y = torch.where(torch.rand(len(y), device=y.device) < p, drawn, y)
+            logits, state, aux = self.step(y, memory, state)
+            last[:] = [logits]
+            return logits, state, aux
+        memory, state = self.init_state(batch)
+        return unroll(step, batch["caps"][:, :-1], memory, state)          # every row: a drawn word may differ from the reference's length
 
     shrinks: bool = True                    # teacher forcing may drop ended captions from the batch (`unroll`'s lengths)
 

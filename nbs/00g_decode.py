@@ -64,7 +64,7 @@ def _mask(lp: torch.Tensor, done: torch.Tensor, model: CaptionModel, last: bool)
 
 def _block_repeats(lp: torch.Tensor, words: torch.Tensor, done: torch.Tensor, n: int, pad: int) -> torch.Tensor:
     "n-gram repeat blocking: in each live row, every word that would complete an n-gram the row already holds gets log p = -inf. lp: (R, V); words: (R, t) emitted so far."
-    if n < 1 or words.shape[1] < max(n, 1): return lp
+    if n < 1 or words.shape[1] < n: return lp
     if n == 1: banned = words                                                   # every word already emitted: (R, t)
     else:
         grams = words.unfold(1, n, 1)                                           # every n-gram so far: (R, t-n+1, n)
