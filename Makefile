@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile -e '.[test]'
 	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null 2>&1 || true
+	@$(BIN)/python -c 'from capbook.book import write_kernel_config; write_kernel_config()'   # no plain-TCP warning in the reader's papermill runs
 	@touch $@
 
 # Headless Chromium for the docs-site test (Debian package; needs root or sudo).

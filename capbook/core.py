@@ -13,9 +13,9 @@ import torch
 # %% auto 0
 __all__ = ['PRECISION_CHOICES', 'CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir', 'runs_dir',
            'sweep_tmp', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time', 'atomic_write', 'save_json',
-           'load_json', 'save_torch', 'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests',
-           'file_digest', 'seed_everything', 'get_device', 'autocast', 'cpu_bf16_faster', 'cpu_precision',
-           'check_choice', 'check_int', 'check_float']
+           'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch', 'stable_hash', 'package_hash',
+           'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
+           'cpu_bf16_faster', 'cpu_precision', 'progress', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -172,6 +172,24 @@ def save_torch(path: str | Path, obj: Any) -> Path:
     "`torch.save` atomically."
     return atomic_write(path, lambda t: torch.save(obj, t))
 
+def save_yaml(path: str | Path, obj: dict, header: str = "") -> Path:
+    "Write a mapping of plain values as YAML, keys in their order, atomically; `header`: comment lines above it."
+    import yaml
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(json.loads(json.dumps(obj, default=_jsonable)), sort_keys=False, allow_unicode=True)
+    return atomic_write(path, lambda t: t.write_text(text))
+
+def load_yaml(path: str | Path, what: str = "parameters file") -> dict:
+    "A YAML mapping; a missing, unparsable or non-mapping file becomes one `CapbookError` line."
+    import yaml
+    path = Path(path)
+    if not path.is_file(): raise CapbookError(f"{path}: {what} not found")
+    try: obj = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise CapbookError(f"{path}: unreadable {what} ({' '.join(str(e).split())})") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        raise CapbookError(f"{path}: a {what} must be a YAML mapping of names to values (got {type(obj).__name__})")
+    return obj
+
 def load_torch(path: str | Path, what: str = "checkpoint") -> Any:
     "`torch.load(weights_only=True)` on the CPU; an unreadable file becomes one `CapbookError` line."
     path = Path(path)
@@ -291,6 +309,13 @@ def cpu_precision(precision: str, device: torch.device) -> str:
     check_choice("precision", precision, PRECISION_CHOICES)
     if precision != "auto": return precision
     return "bf16" if device.type == "cuda" or cpu_bf16_faster() else "fp32"
+
+# %% ../nbs/00_core.ipynb
+def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):
+    "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal and when `enabled`."
+    from tqdm import tqdm
+    # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
+    return tqdm(iterable, disable=None if enabled else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
 
 # %% ../nbs/00_core.ipynb
 def check_choice(name: str, value: Any, allowed: Iterable) -> Any:

@@ -213,6 +213,7 @@ sphinx:
 _CSS = """/* capbook: code and outputs stay within the page: long lines wrap instead of scrolling sideways */
 div.cell div.highlight pre, div.cell_output pre, div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 div.cell_output table { display: block; max-width: 100%; overflow-x: auto; }
+mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }   /* a display equation wider than the page scrolls inside it */
 """
 
 def _toc_yml(chapters: list[str]) -> str:

@@ -237,6 +237,24 @@ def save_torch(path: str | Path, obj: Any) -> Path:
     "`torch.save` atomically."
     return atomic_write(path, lambda t: torch.save(obj, t))
 
+def save_yaml(path: str | Path, obj: dict, header: str = "") -> Path:
+    "Write a mapping of plain values as YAML, keys in their order, atomically; `header`: comment lines above it."
+    import yaml
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(json.loads(json.dumps(obj, default=_jsonable)), sort_keys=False, allow_unicode=True)
+    return atomic_write(path, lambda t: t.write_text(text))
+
+def load_yaml(path: str | Path, what: str = "parameters file") -> dict:
+    "A YAML mapping; a missing, unparsable or non-mapping file becomes one `CapbookError` line."
+    import yaml
+    path = Path(path)
+    if not path.is_file(): raise CapbookError(f"{path}: {what} not found")
+    try: obj = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise CapbookError(f"{path}: unreadable {what} ({' '.join(str(e).split())})") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        raise CapbookError(f"{path}: a {what} must be a YAML mapping of names to values (got {type(obj).__name__})")
+    return obj
+
 def load_torch(path: str | Path, what: str = "checkpoint") -> Any:
     "`torch.load(weights_only=True)` on the CPU; an unreadable file becomes one `CapbookError` line."
     path = Path(path)
@@ -260,6 +278,12 @@ except KeyboardInterrupt: pass
 assert not (_d/"x.txt").exists() and not list(_d.glob(".x.txt*"))
 assert (_d/"r.json").stat().st_mode & 0o777 == _FILE_MODE                        # readable like any other file
 (_d/".r.json.999999999.abc.tmp").write_text("left by a killed process"); save_json(_d/"r.json", {})
+save_yaml(_d/"p.yaml", {"kernel": 5, "lr": np.float64(4e-4), "grid": (7, 7), "att_dim": None}, "a run's parameters")
+assert load_yaml(_d/"p.yaml") == {"kernel": 5, "lr": 4e-4, "grid": [7, 7], "att_dim": None}
+for _bad in ("kernel: [5", "- 5\n- 7"):
+    (_d/"bad.yaml").write_text(_bad)
+    try: load_yaml(_d/"bad.yaml"); raise AssertionError
+    except CapbookError as e: assert "bad.yaml" in str(e) and "\n" not in str(e); print(e)
 assert not list(_d.glob(".r.json.*"))                                            # swept on the next write
 try: save_json(_d/"r.json"/"inner.json", {}); raise AssertionError                 # a file where a folder should be
 except CapbookError as e: print(e); assert "r.json/inner.json: cannot write (a path component is a file" in str(e)
@@ -428,6 +452,31 @@ if not torch.cuda.is_available():
     try: get_device("cuda"); raise AssertionError
     except CapbookError as e: print(e)
 with autocast(torch.device("cpu")): assert (torch.ones(2) @ torch.ones(2)).dtype == torch.float32   # no-op on the CPU
+
+
+# %% [markdown]
+# ## Progress on a terminal, silence elsewhere
+#
+# Long steps (pretraining the shapes encoder, extracting features, an epoch, the book's plan) show a tqdm bar with a
+# time estimate when their output is an interactive terminal. Anywhere else — a notebook kernel (the executed
+# notebooks and the docs site), a pipe, CI's log — the bar is off: it would only fill the record with carriage
+# returns. Text bars, never `tqdm.auto`: that one wants ipywidgets in a notebook and warns (`TqdmWarning: IProgress
+# not found`) without them. `TQDM_DISABLE=1` silences a terminal too.
+
+# %%
+#| export
+def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):
+    "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal and when `enabled`."
+    from tqdm import tqdm
+    # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
+    return tqdm(iterable, disable=None if enabled else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
+
+
+# %%
+import io, contextlib as _cl
+with _cl.redirect_stderr(io.StringIO()) as _err:
+    assert list(progress(range(3), desc="quiet")) == [0, 1, 2]   # a StringIO is not a terminal: no bar
+assert _err.getvalue() == "", _err.getvalue()
 
 
 # %% [markdown]

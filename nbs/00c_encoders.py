@@ -36,9 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
-from tqdm import tqdm
-from capbook.core import (CapbookError, autocast, check_choice, data_dir, file_digest, get_device, load_torch, save_torch,
-                          stable_hash)
+from capbook.core import (CapbookError, autocast, check_choice, data_dir, file_digest, get_device, load_torch, progress,
+                          save_torch, stable_hash)
 from capbook.data import KarpathyData, load_image, load_rgb, normalize, write_features
 
 
@@ -298,7 +297,7 @@ def train_shapes_encoder(kdata: KarpathyData, gt: dict, seed: int = 0, device: s
     bs = min(cfg["batch_size"], len(tr)); steps = len(tr) // bs
     opt = torch.optim.AdamW(model.parameters(), cfg["lr"], weight_decay=cfg["weight_decay"])
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg["lr"], total_steps=cfg["epochs"] * steps, pct_start=0.2)
-    for _ in tqdm(range(cfg["epochs"]), desc="shapes encoder", unit="epoch", mininterval=2):
+    for _ in progress(range(cfg["epochs"]), desc="shapes encoder", unit="epoch"):
         model.train()
         perm = torch.randperm(len(tr), generator=g)
         for s in range(steps):
@@ -381,7 +380,7 @@ def extract_features(images: Sequence[str | Path], backbone: nn.Module, image_si
         raise CapbookError(f"{out_path}: need one key per image and at least one image ({len(images)} images, {len(keys)} keys)")
     dev = get_device(device)
     net = backbone.eval().to(dev, memory_format=torch.channels_last)
-    bar = tqdm(total=len(images), desc=f"features {Path(out_path).stem}", unit="img", mininterval=2)
+    bar = progress(total=len(images), desc=f"features {Path(out_path).stem}", unit="img")
 
     @torch.inference_mode()
     def maps() -> Iterator[torch.Tensor]:

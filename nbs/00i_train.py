@@ -31,9 +31,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm          # text bars: tqdm.auto warns in a notebook without ipywidgets
 from capbook.core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
-                          get_device, io_error, load_torch, package_hash, save_torch, seed_everything)
+                          get_device, io_error, load_torch, package_hash, progress, save_torch, seed_everything,
+                          stable_hash)
 from capbook.models import CaptionModel, check_inputs, hparams
 from capbook.data import BATCH_ORDERS, to_device
 from capbook.objectives import CrossEntropy, Objective, objective_for
@@ -93,7 +93,8 @@ class TrainConfig:
     batch_order: str = "image"  # length: captions bucketed by length | image: the captions of an image in one batch
     max_words: int = 0          # train on captions of at most this many words (0: every caption)
     device: str = "auto"
-    progress: bool = True       # tqdm progress bars
+    progress: bool = True       # a progress bar per epoch (shown on a terminal only: `capbook.core.progress`)
+    log_every: int = 20         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
     precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
@@ -112,7 +113,7 @@ class TrainConfig:
         check_float("ss_increase", self.ss_increase, lo=0.0, hi=1.0); check_float("ss_max", self.ss_max, lo=0.0, hi=1.0)
         check_int("val_beam", self.val_beam, lo=1); check_int("max_len", self.max_len, lo=1)
         check_float("length_norm", self.length_norm, lo=0.0, hi=5.0); check_int("no_repeat_ngram", self.no_repeat_ngram, lo=0)
-        check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0)
+        check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0); check_int("log_every", self.log_every, lo=0)
         check_choice("batch_order", self.batch_order, BATCH_ORDERS); check_int("max_words", self.max_words, lo=0)
         check_choice("precision", self.precision, PRECISIONS)
         get_device(self.device)
@@ -233,12 +234,25 @@ def _set_rng_state(st: dict) -> None:
     random.setstate((3, tuple(st["python"]), st["python_gauss"]))
     if "cuda" in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st["cuda"])
 
-def _not_resumable(ck: dict | None, code: str, fp: str | None) -> tuple[str, str] | None:
+RESUME_FREE = ("progress", "log_every", "ckpt_every", "device")   # TrainConfig fields a run may change and still resume
+
+def _recipe(cfg: dict, meta: dict | None) -> dict:
+    "What a checkpoint's training depends on besides code and data: the model, its sizes, and the training config."
+    return {"model": (meta or {}).get("model"), "hparams": (meta or {}).get("hparams"),
+            "config": {k: v for k, v in cfg.items() if k not in RESUME_FREE}}
+
+def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None) -> tuple[str, str] | None:
     "Why checkpoint `ck` must not be resumed by this run, as (folder tag, reason), or None."
     if ck is None: return None
     if ck.get("code") != code: return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code})"
     old = (ck.get("meta") or {}).get("data")
     if fp and old != fp: return f"data-{old}", f"was trained on other data (fingerprint {old}, this run's is {fp})"
+    if recipe is not None:
+        was = _recipe(ck.get("config") or {}, ck.get("meta"))
+        if was != recipe:
+            diff = [k for k in ("model", "hparams") if was[k] != recipe[k]] + sorted(
+                k for k in set(was["config"]) | set(recipe["config"]) if was["config"].get(k) != recipe["config"].get(k))
+            return f"recipe-{stable_hash(was, 8)}", f"was trained with other parameters ({', '.join(diff)})"
     return None
 
 def _aside(folder: Path, tag: str) -> Path:
@@ -410,6 +424,28 @@ class FitResult:
     captions: int = 0                # training captions seen (over every process)
     precision: str = "fp32"          # the arithmetic it trained in (`cpu_precision` of the config's)
 
+class Curves:
+    "A run's TensorBoard event files (`tensorboard --logdir runs/`): each training term (the loss, its parts, SCST's reward and baseline), averaged over `every` steps; the learning rate; every validation's scores."
+    def __init__(self, folder: Path, every: int, resumed_at: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+        # purge_step: a resumed run's curves go on from its checkpoint (saved after step resumed_at - 1); what an
+        # interrupted run wrote after it is dropped when read
+        self.writer = SummaryWriter(str(folder), purge_step=resumed_at, flush_secs=10)
+        self.every, self.sums, self.n = every, {}, 0
+
+    def train(self, step: int, terms: dict) -> None:
+        for k, v in terms.items(): self.sums[k] = self.sums.get(k, 0.0) + v
+        self.n += 1
+        if self.n < self.every: return
+        for k, v in self.sums.items(): self.writer.add_scalar(f"train/{k}", v / self.n, step)
+        self.sums, self.n = {}, 0
+
+    def validation(self, step: int, epochs: float, scores: dict) -> None:
+        for k, v in scores.items(): self.writer.add_scalar("val/" + k.removeprefix("val ").replace(" ", "_"), v, step)
+        self.writer.add_scalar("epochs", epochs, step)
+
+    def close(self) -> None: self.writer.close()
+
 def _eval_marks(n_batches: int, k: int) -> set[int]:
     "The batch counts after which an epoch of `n_batches` batches is validated `k` times (its end included)."
     return {max(1, round(j * n_batches / k)) for j in range(1, k + 1)}
@@ -443,7 +479,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     val_caps = None                                                # the last evaluation's validation captions
     code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
-    why = _not_resumable(ck, code, fp)
+    why = _not_resumable(ck, code, fp, _recipe(asdict(cfg), meta))
     if why:
         stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
         if world > 1: dist.barrier()
@@ -463,6 +499,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         if ck.get("finished"): epoch = cfg.epochs
         log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
             f"same vocabulary ({len(data.vocab)} words)")
+    curves = Curves(ckpt_dir / "tb", cfg.log_every, step + 1 if ck is not None else None) if cfg.log_every and rank == 0 else None
 
     def save_last(finished=False):
         if rank: return
@@ -497,6 +534,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         val_caps = caps
         res.history.append({"epoch": ep, "epochs": at, "step": step, **means, **{f"val {k}": v for k, v in scores.items()},
                             **churn, "train_s": res.train_seconds})
+        if curves: curves.validation(step, at, {**scores, **churn})
         log((f"epoch {ep} ({at:g} trained): " if at != math.ceil(at) else f"epoch {ep}: ") + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
             + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
         return better
@@ -514,44 +552,46 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         if stop: log(f"early stop after {at:g} epochs: no better {cfg.metric} for {cfg.patience} evaluations")
         return stop
 
-    if ck is None and cfg.validate_start and rank == 0:
-        # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
-        # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
-        validate(0.0, {})
-    sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
-    per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)   # steps of an epoch, for the warm-up
-    scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
-    stopped = False
-    while epoch < cfg.epochs and not stopped:
-        net.train(); objective.train(); t0 = time.time()
-        n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
-        objective.sample_prob = ss_prob(cfg, epoch)                  # scheduled sampling's probability this epoch (0: teacher forcing)
-        marks = _eval_marks(n_batches, cfg.evals_per_epoch)
-        it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
-        bar = tqdm(it, total=n_batches - skip, desc=f"epoch {epoch}", disable=not cfg.progress or rank > 0,
-                   mininterval=10, leave=False)
-        for b in bar:
-            lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch, decays)
-            for g in opt.param_groups: g["lr"] = lr
-            stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
-                               precision=precision)
-            if avg is not None: avg.update()
-            skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
-            for k, v in {**stats, "lr": lr, **({"ss_prob": objective.sample_prob} if cfg.ss_start >= 0 else {})}.items():
-                tot[k] = tot.get(k, 0.0) + v
-            if skip in marks and skip < n_batches:                        # a validation inside the epoch
-                res.train_seconds += time.time() - t0
-                stopped = evaluation(round(epoch + skip / n_batches, 3))
-                if stopped: break
-                save_last(); net.train(); objective.train(); t0 = time.time()
-            elif cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
-                res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
-        if stopped: break
-        res.train_seconds += time.time() - t0
-        stopped = evaluation(epoch + 1.0)
-        epoch += 1; skip = 0
-        if not stopped: save_last()
-    save_last(finished=True)
+    try:
+        if ck is None and cfg.validate_start and rank == 0:
+            # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
+            # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
+            validate(0.0, {})
+        sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
+        per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)   # steps of an epoch, for the warm-up
+        scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
+        stopped = False
+        while epoch < cfg.epochs and not stopped:
+            net.train(); objective.train(); t0 = time.time()
+            n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
+            objective.sample_prob = ss_prob(cfg, epoch)                  # scheduled sampling's probability this epoch (0: teacher forcing)
+            marks = _eval_marks(n_batches, cfg.evals_per_epoch)
+            it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
+            for b in progress(it, cfg.progress and rank == 0, total=n_batches - skip, desc=f"epoch {epoch}", leave=False):
+                lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch, decays)
+                for g in opt.param_groups: g["lr"] = lr
+                stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
+                                   precision=precision)
+                if avg is not None: avg.update()
+                skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
+                terms = {**stats, "lr": lr, **({"ss_prob": objective.sample_prob} if cfg.ss_start >= 0 else {})}
+                for k, v in terms.items(): tot[k] = tot.get(k, 0.0) + v
+                if curves: curves.train(step, terms)
+                if skip in marks and skip < n_batches:                        # a validation inside the epoch
+                    res.train_seconds += time.time() - t0
+                    stopped = evaluation(round(epoch + skip / n_batches, 3))
+                    if stopped: break
+                    save_last(); net.train(); objective.train(); t0 = time.time()
+                elif cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
+                    res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
+            if stopped: break
+            res.train_seconds += time.time() - t0
+            stopped = evaluation(epoch + 1.0)
+            epoch += 1; skip = 0
+            if not stopped: save_last()
+        save_last(finished=True)
+    finally:
+        if curves: curves.close()
     if world > 1:                                   # every rank must hold the same weights after DDP training
         cs = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
         every = [torch.zeros_like(cs) for _ in range(world)]
@@ -619,3 +659,36 @@ _again = fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, at
 assert _again.resumed_from is not None and _again.best_score == _r.best_score and _again.history == _r.history
 _back = load_trained(_dir, _prep)
 assert all(torch.equal(a, b) for a, b in zip(_back.state_dict().values(), _m.state_dict().values()))
+
+# %% [markdown]
+# Every run also leaves TensorBoard event files in `<ckpt>/tb`, so `tensorboard --logdir runs/` shows the book's runs
+# side by side while they train: the training terms averaged over `log_every` steps, the learning rate, and each
+# validation's scores. The run above wrote them (one step per batch, so `log_every=20` > 6 steps leaves only the
+# validations; a run with `log_every=1` writes every step's loss):
+
+# %%
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def _tags(folder):
+    ea = EventAccumulator(str(folder)); ea.Reload()
+    return {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}
+_tb = _tags(_dir / "ckpt" / "tb")
+assert [s for s, _ in _tb["val/BLEU-1"]] == [h["step"] for h in _r.history]                     # one point per validation
+assert all(abs(v - h["val BLEU-1"]) < 1e-6 for (_, v), h in zip(_tb["val/BLEU-1"], _r.history))
+_d1 = Path(tempfile.mkdtemp())
+fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16), _prep,
+    TrainConfig(**{**asdict(_cfg), "epochs": 1, "log_every": 1}), _d1 / "ckpt")
+_tb1 = _tags(_d1 / "ckpt" / "tb")
+assert [s for s, _ in _tb1["train/loss"]] == [1, 2] and "train/lr" in _tb1 and "train/nll" in _tb1
+print(sorted(_tb1))
+
+# %% [markdown]
+# A checkpoint resumes only the run that wrote it: the same code, data, model sizes and training configuration
+# (`RESUME_FREE` lists the fields that do not change what is trained: progress bars, event files, checkpoint
+# frequency, device). Any other change — here the learning rate — moves the old checkpoints aside and trains anew:
+
+# %%
+_logs = []
+fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16), _prep,
+    TrainConfig(**{**asdict(_cfg), "epochs": 1, "log_every": 1, "lr": 5e-3}), _d1 / "ckpt", log=_logs.append)
+assert "was trained with other parameters (lr)" in _logs[0] and any(p.name.startswith("ckpt.recipe-") for p in _d1.iterdir())
+print(_logs[0])

@@ -31,8 +31,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 from capbook.core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
-                          io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch, seed_everything,
-                          stable_hash)
+                          io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
+                          save_yaml, seed_everything, stable_hash)
 
 # %% [markdown]
 # ## Profiles
@@ -66,7 +66,9 @@ assert out_dir("default").name == "figures" and out_dir("smoke").parts[-3:] == (
 # Every runnable notebook calls `start_run(name, params)` after validating its parameters. The run folder is the one
 # the book runner passed (`run_dir`), or, for a notebook run by hand with papermill,
 # `runs/<profile>/adhoc/<name>-<hash of its parameters>` — so a hand-run with other parameters never overwrites the
-# book's results. `Run.record(...)` writes the run's results record, `record.json`: parameters, seed, code version,
+# book's results. The folder's `params.yaml` holds every parameter as the run used it (the profile's sizes filled in
+# where the notebook left `None`); papermill's `-f runs/.../params.yaml` starts the same run again, which finds its
+# finished training and does not repeat it. `Run.record(...)` writes the run's results record, `record.json`: parameters, seed, code version,
 # metrics, timings, parameter count, machine. Tables are assembled from records.
 
 # %%
@@ -95,12 +97,16 @@ class Run:
         save_json(self.dir / "record.json", rec)
         return rec
 
-def start_run(name: str, params: dict) -> Run:
-    "Validate the profile, create the run folder (the book's `run_dir` parameter, or an ad-hoc one) and return the `Run`."
+def start_run(name: str, params: dict, resolved: dict | None = None) -> Run:
+    "Validate the profile, create the run folder (the book's `run_dir` parameter, or an ad-hoc one keyed by the `resolved` parameters), write its `params.yaml`, and return the `Run`."
     check_profile(params.get("profile"))
     p = {k: v for k, v in params.items() if k != "run_dir"}
-    d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(p, 8)}"
+    full = {k: v for k, v in (resolved or params).items() if k != "run_dir"}     # every value as the run uses it
+    d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(full, 8)}"
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
+    again = {**full, **({"run_dir": str(params["run_dir"])} if params.get("run_dir") else {})}
+    save_yaml(d / "params.yaml", again, f"{name}: every parameter of the run in this folder, as it ran.\n"
+              f"The same run again (it resumes its finished training): papermill nbs/{name}.ipynb out.ipynb -f {d / 'params.yaml'}")
     return Run(name, p, d)
 
 def records(profile: str, notebook: str | None = None) -> list[dict]:
@@ -121,6 +127,8 @@ _run = start_run("demo", {"profile": "smoke", "seed": 3, "run_dir": tempfile.mkd
 _rec = _run.record({"BLEU-4": 0.2}, {"train_s": 1.5}, n_params=10)
 assert load_json(_run.path("record.json"))["metrics"] == {"BLEU-4": 0.2} and _rec["params"] == {"profile": "smoke", "seed": 3}
 assert _rec["seed"] == 3 and _rec["timings"]["train_s"] == 1.5 and _rec["timings"]["wall_s"] >= 0
+from capbook.core import load_yaml
+assert load_yaml(_run.path("params.yaml")) == {"profile": "smoke", "seed": 3, "run_dir": str(_run.dir)}
 
 
 # %% [markdown]
@@ -552,7 +560,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     name = ch.model(p)
     hp = model_hparams(name, p)
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
-    run = start_run(notebook, dataclasses.asdict(given))   # the run as asked for; its record's hparams hold the sizes used
+    run = start_run(notebook, dataclasses.asdict(given), dataclasses.asdict(p))   # its record: the parameters as asked for; params.yaml: as used
     phase = {}                                    # where the run's time goes: data, train, val, test, measure, figure
     with timed(phase, "data_s"):
         prep = chapter_data(ch, p)

@@ -28,7 +28,8 @@ import argparse, ast, atexit, json, os, re, shutil, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import CapbookError, check_int, error_line, io_error, load_json, os_error_line, package_hash, runs_dir, save_json, stable_hash
+from capbook.core import (CapbookError, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+                          save_json, stable_hash)
 from capbook.runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 
@@ -375,6 +376,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
     for f in filter(_published, d.glob("*")):
         f.unlink()                                # what the last execution drew: this one must draw its own or none
     params = {**step.params, "run_dir": str(d)} if step.params else {}
+    os.environ.setdefault("TQDM_DISABLE", "1")  # this worker's kernels: no library's bar in the executed notebooks and the site
     t0 = time.time()
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
@@ -448,7 +450,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     if jobs > 1:                                  # each kernel inherits its share of the cores
         for k in threads: os.environ[k] = str(_threads(jobs))
     try:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool, \
+                progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             while waiting or running:
                 ready = [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
                 for s in ready[:jobs - len(running)]:
@@ -465,6 +468,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                                                         f"the runs finished so far are kept: run the book again to go on")
                         continue
                     keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
+                    bar.update(1)
+                bar.set_postfix_str(", ".join(r.name for r in running.values()), refresh=False)   # the steps under way
     finally:
         for k, v in threads.items():
             if v is None: os.environ.pop(k, None)
@@ -487,7 +492,6 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay."
     check_profile(profile)
     check_int("jobs", jobs, lo=1)
-    os.environ.setdefault("TQDM_DISABLE", "1")      # progress bars would fill the executed notebooks and the site
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
     log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
@@ -513,35 +517,102 @@ assert _km.transport == "ipc" and os.path.basename(_km.ip).startswith("capbook-"
 
 
 # %% [markdown]
+# ## The reader's own papermill runs
+#
+# `papermill nbs/03_spca.ipynb out.ipynb -p kernel 5` starts its kernel through jupyter_client's default manager, on
+# TCP ports, and ipykernel 7 prints a warning at each such start that the transport is unencrypted. Those kernels
+# listen on the loopback interface of the reader's machine with every message signed; the book's own runs use IPC
+# sockets (above). `make venv` writes an IPython kernel configuration into the environment (`<venv>/etc/ipython`, read
+# by this environment's kernels only) that drops that one warning and leaves every other log line.
+
+# %%
+#| export
+KERNEL_CONFIG = '''# Written by capbook (capbook.book.write_kernel_config, run by `make venv`). ipykernel >= 7 warns at each start that
+# jupyter_client's default TCP transport is unencrypted; this environment's kernels listen on the loopback interface for
+# papermill and JupyterLab on this machine, every message signed. That warning is dropped, nothing else.
+import logging
+
+class _LoopbackTCPWarning(logging.Filter):
+    def filter(self, record): return "running over TCP without encryption" not in record.getMessage()
+
+c.IPKernelApp.logging_config = {"filters": {"capbook_tcp": {"()": _LoopbackTCPWarning}},
+                                "handlers": {"console": {"filters": ["capbook_tcp"]}}}
+'''
+
+def write_kernel_config(prefix: str | Path | None = None) -> Path:
+    "Write `KERNEL_CONFIG` as `<prefix>/etc/ipython/ipython_kernel_config.py` (prefix: this environment's, `sys.prefix`)."
+    from capbook.core import atomic_write
+    path = Path(prefix or sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, lambda t: t.write_text(KERNEL_CONFIG))
+
+# %%
+_t = Path(tempfile.mkdtemp())
+assert write_kernel_config(_t).read_text() == KERNEL_CONFIG
+_ns = {"c": type("C", (), {"IPKernelApp": type("K", (), {})()})()}
+exec(KERNEL_CONFIG, _ns)                                          # the file is valid Python that sets one option
+import logging
+_f = _ns["c"].IPKernelApp.logging_config["filters"]["capbook_tcp"]["()"]()
+assert not _f.filter(logging.makeLogRecord({"msg": "Kernel is running over TCP without encryption. All ..."}))
+assert _f.filter(logging.makeLogRecord({"msg": "any other warning"}))
+
+
+# %% [markdown]
 # ## Command line
 #
 # `capbook book --profile smoke|default` regenerates the book; `capbook bench` prints the benchmark (`capbook.bench`); `capbook train`
 # trains one registered model on a dataset outside any notebook (the tests use it to kill and resume a run, and to run
-# it under `torchrun`). A `CapbookError` ends the command with its one line on stderr and exit status 2.
+# it under `torchrun`); its parameters come from flags or a YAML file (`--config`), and the run folder's `params.yaml`
+# holds them all resolved, so `capbook train --config <run>/params.yaml` is the same run again (it finds its training
+# finished). A `CapbookError` ends the command with its one line on stderr and exit status 2.
 
 # %%
 #| export
+TRAIN_DEFAULTS = {"model": "sat_soft", "profile": "smoke", "run_dir": None, "epochs": 2, "ckpt_every": 0, "batch_size": 64, "seed": 0,
+                  "train": None, "hparams": None}   # `capbook train`'s parameters (flags or a --config YAML file)
+
 def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: int = 0, batch_size: int = 64,
-              seed: int = 0) -> dict:
-    "Train a registered model on shapes at `profile` into `run_dir/ckpt`; return the fit summary (rank 0 prints it)."
+              seed: int = 0, train: dict | None = None, hparams: dict | None = None) -> dict:
+    "Train a registered model on shapes at `profile` into `run_dir/ckpt`, with `train` (TrainConfig fields) and `hparams` (model sizes) over the defaults; write `run_dir/params.yaml`, every parameter resolved; return the fit summary."
+    import dataclasses
     from capbook.prepare import prepare
-    from capbook.models import build
+    from capbook.models import build, hparams as model_sizes
     from capbook.train import TrainConfig, fit
-    from capbook.core import seed_everything
+    from capbook.core import save_yaml, seed_everything
     from capbook.models import spec
-    spec(model)                                                # every argument is checked before any work
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seed=seed, ckpt_every=ckpt_every, progress=False,
-                      patience=max(epochs, 1)).check()
+    spec(model); check_profile(profile)                        # every argument is checked before any work
+    if not run_dir: raise CapbookError("parameter run_dir is missing: give --run-dir or run_dir in the --config file")
+    for name, v in (("train", train), ("hparams", hparams)):
+        if v is not None and not isinstance(v, dict): raise CapbookError(f"parameter {name}={v!r} is invalid: expected a mapping of names to values")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for k in (train or {}):
+        if k not in fields: raise CapbookError(f"parameter train.{k} is unknown: TrainConfig's fields are {', '.join(sorted(fields))}")
+    cfg = TrainConfig(**{"progress": False, "patience": max(epochs, 1), **(train or {}),
+                         "epochs": epochs, "batch_size": batch_size, "seed": seed, "ckpt_every": ckpt_every}).check()
     try: (Path(run_dir) / "ckpt").mkdir(parents=True, exist_ok=True)
     except OSError as e: raise io_error(Path(run_dir) / "ckpt", e, "create the run folder") from None
     prep = prepare("shapes", profile, seed=0)
     seed_everything(seed)
-    m = build(model, len(prep.vocab), prep.feat_shape[1], prep.grid)
+    m = build(model, len(prep.vocab), prep.feat_shape[1], prep.grid, **(hparams or {}))
     cfg.max_len = prep.max_len
+    if int(os.environ.get("RANK", 0)) == 0:
+        save_yaml(Path(run_dir) / "params.yaml", {"model": model, "profile": profile, "run_dir": str(run_dir), "epochs": epochs,
+                                                 "ckpt_every": ckpt_every, "batch_size": batch_size, "seed": seed,
+                                                 "train": dataclasses.asdict(cfg), "hparams": model_sizes(m)},
+                  f"capbook train: every parameter of the run in this folder, resolved.\nThe same run again: capbook train --config {Path(run_dir) / 'params.yaml'}")
     res = fit(m, prep, cfg, Path(run_dir) / "ckpt", log=lambda s: print(s, file=sys.stderr))
     checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
+
+def train_params(config: str | None, flags: dict) -> dict:
+    "`capbook train`'s parameters: the defaults, then the `--config` YAML file's, then the flags given; an unknown key in the file stops in one line."
+    from capbook.core import load_yaml
+    conf = load_yaml(config) if config else {}
+    for k in conf:
+        if k not in TRAIN_DEFAULTS:
+            raise CapbookError(f"{config}: unknown parameter {k!r}: allowed are {', '.join(TRAIN_DEFAULTS)}")
+    return {**TRAIN_DEFAULTS, **conf, **{k: v for k, v in flags.items() if v is not None}}
 
 def main(argv: list[str] | None = None) -> int:
     "The `capbook` command: `book`, `docs`, `caption`, `score`, `bench`, `train`, `params` and `readme` subcommands."
@@ -561,10 +632,12 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     be.add_argument("--alternatives", action="store_true", help="also time each family in fp32 and bf16, and at twice the batch")
     t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
-    t.add_argument("--model", default="sat_soft"); t.add_argument("--profile", default="smoke", choices=PROFILES)
-    t.add_argument("--run-dir", required=True); t.add_argument("--epochs", type=int, default=2)
-    t.add_argument("--ckpt-every", type=int, default=0); t.add_argument("--batch-size", type=int, default=64)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--config", metavar="YAML", help="parameters from this file (a run folder's params.yaml repeats that run); "
+                   "flags given override it; keys: " + ", ".join(TRAIN_DEFAULTS))
+    t.add_argument("--model"); t.add_argument("--profile", choices=PROFILES)
+    t.add_argument("--run-dir"); t.add_argument("--epochs", type=int)
+    t.add_argument("--ckpt-every", type=int); t.add_argument("--batch-size", type=int)
+    t.add_argument("--seed", type=int)
     d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training)")
     d.add_argument("--profile", default="default", choices=PROFILES)
     d.add_argument("--open", action="store_true", help="open the site in the default browser")
@@ -622,7 +695,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
                                    compare=a.alternatives, log=lambda s: print(s, flush=True))))
         else:
-            out = train_cli(a.model, a.profile, a.run_dir, a.epochs, a.ckpt_every, a.batch_size, a.seed)
+            out = train_cli(**train_params(a.config, {k: getattr(a, k) for k in ("model", "profile", "run_dir", "epochs", "ckpt_every",
+                                                                                  "batch_size", "seed")}))
             if int(os.environ.get("RANK", 0)) == 0: print(json.dumps(out))
     except CapbookError as e:
         print(error_line(e, "error"), file=sys.stderr); return 2

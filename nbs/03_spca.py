@@ -56,10 +56,16 @@ from capbook.runner import run_chapter
 # At step $t$, with the image feature map $V \in \mathbb R^{C\times W\times H}$ and the decoder state
 # $h_{t-1} \in \mathbb R^{C\times W\times H}$ (for a 1D LSTM, its vector tiled over the map, below):
 #
-# $$F_t = [V; h_{t-1}] \in \mathbb R^{2C\times W\times H} \quad (7) \qquad M^C_t = \mathrm{SPCA}_C(F_t) \in \mathbb R^{C\times1\times1} \quad (8)
-#   \qquad M^S_t = \mathrm{SPCA}_S(F_t) \in \mathbb R^{1\times W\times H} \quad (9) \qquad C_t = V \otimes (M^C_t \otimes M^S_t) \quad (10)$$
-# $$M^S_t = \sigma(\mathrm{Conv}_2(\mathrm{ReLU}(\mathrm{Conv}_1(F_t)))) \quad (11) \qquad
-#   M^C_t = \sigma(\mathrm{Conv}_2(\mathrm{ReLU}(\mathrm{Conv}_1(\mathrm{AvgPool}(F_t))))) \quad (12)$$
+# $$\begin{aligned}
+#   F_t &= [V; h_{t-1}] \in \mathbb R^{2C\times W\times H} && (7) \\
+#   M^C_t &= \mathrm{SPCA}_C(F_t) \in \mathbb R^{C\times1\times1} && (8) \\
+#   M^S_t &= \mathrm{SPCA}_S(F_t) \in \mathbb R^{1\times W\times H} && (9) \\
+#   C_t &= V \otimes (M^C_t \otimes M^S_t) && (10)
+# \end{aligned}$$
+# $$\begin{aligned}
+#   M^S_t &= \sigma(\mathrm{Conv}_2(\mathrm{ReLU}(\mathrm{Conv}_1(F_t)))) && (11) \\
+#   M^C_t &= \sigma(\mathrm{Conv}_2(\mathrm{ReLU}(\mathrm{Conv}_1(\mathrm{AvgPool}(F_t))))) && (12)
+# \end{aligned}$$
 #
 # with $k\times k$ kernels in Eq. 11 (3×3 in the paper) and 1×1 convolutions $2C \to 2C/r \to C$ in Eq. 12 ($r$ the
 # reduction ratio); ⊗ is element-wise multiplication, broadcasting $M^C$ over the map and $M^S$ over the channels.
@@ -222,8 +228,10 @@ def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
 # reduce dimension as $C' \in \mathbb R^{1\times C}$." The decoder is Show-Attend-Tell's (`capbook.sat`, same LSTM,
 # initial state and deep output), with its grid attention replaced:
 #
-# $$h = \mathrm{tile}_{W\times H}(W_p h_{t-1}) \in \mathbb R^{C\times W\times H}, \qquad
-#   \hat z_t = \mathrm{AvgPool}(C_t) \in \mathbb R^{C}, \qquad h_t = \mathrm{LSTM}([x_t; \hat z_t], h_{t-1}) \quad (2)$$
+# $$\begin{aligned}
+#   h &= \mathrm{tile}_{W\times H}(W_p h_{t-1}) \in \mathbb R^{C\times W\times H}, \qquad \hat z_t = \mathrm{AvgPool}(C_t) \in \mathbb R^{C}, \\
+#   h_t &= \mathrm{LSTM}([x_t; \hat z_t], h_{t-1}) \qquad (2)
+# \end{aligned}$$
 #
 # *capbook:* the LSTM's size $n$ (256) differs from the feature channels $C$ (128 on shapes, 2048 for
 # ResNet-101), so $h_{t-1}$ is first projected to $C$ by a learned linear map $W_p$ (none when $n = C$). The pooling is
@@ -288,9 +296,11 @@ def lstm1d_spca(cfg: SPCA1DConfig, vocab_size, feat_dim, grid):
 # $c$-channel map; every gate is a sum of 3×3 convolutions of the previous state $H$, the word map $X_t$ and the image
 # map $V$, with separate weights per term:
 #
-# $$i, f, o = \sigma(K^{\bullet}_H * H_{t-1} + K^{\bullet}_X * X_t + K^{\bullet}_V * V + b^{\bullet}), \quad
-#   g = \mathrm{ReLU}(K^g_H * H_{t-1} + K^g_X * X_t + K^g_V * V + b^g), \quad
-#   C_t = f \odot C_{t-1} + i \odot g, \quad H_t = o \odot \mathrm{ReLU}(C_t), \quad H_0 = C_0 = 0.$$
+# $$\begin{aligned}
+#   i, f, o &= \sigma(K^{\bullet}_H * H_{t-1} + K^{\bullet}_X * X_t + K^{\bullet}_V * V + b^{\bullet}), \\
+#   g &= \mathrm{ReLU}(K^g_H * H_{t-1} + K^g_X * X_t + K^g_V * V + b^g), \\
+#   C_t &= f \odot C_{t-1} + i \odot g, \quad H_t = o \odot \mathrm{ReLU}(C_t), \quad H_0 = C_0 = 0.
+# \end{aligned}$$
 #
 # The word is a learned $4\times15\times15$ tensor per vocabulary entry, turned into a $c\times7\times7$ map by
 # conv5×5(4→32) → ReLU → dropout → conv5×5(32→c) → ReLU → dropout. The image map is

@@ -177,6 +177,29 @@ def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_readers_papermill_run_is_clean(home, tmp_path):
+    "The README's own command: no plain-TCP kernel warning on the terminal, no progress bar or TqdmWarning in the notebook; its params.yaml starts the same run again."
+    out = tmp_path / "out.ipynb"
+    p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "03_spca.ipynb"), str(out),
+                        "-p", "profile", "smoke", "-p", "kernel", "5"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "without encryption" not in p.stderr
+    nb = json.loads(out.read_text())
+    streams = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert "epoch 0" in streams                                   # it trained and said so ...
+    for chatter in ("TqdmWarning", "IProgress", "it/s]", "img/s]", "epoch/s]"):
+        assert chatter not in streams, chatter                    # ... without a progress bar or ipywidgets' warning
+    saved = list((home / "runs" / "smoke" / "adhoc").glob("03_spca-*/params.yaml"))
+    assert len(saved) == 1 and "kernel: 5" in saved[0].read_text()
+    p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "03_spca.ipynb"), str(out),
+                        "-f", str(saved[0])], capture_output=True, text=True, timeout=900)   # the run again, from its own YAML
+    assert p.returncode == 0, p.stderr[-3000:]
+    again = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", [])
+                    if o.get("output_type") == "stream")
+    assert "resumed from" in again and "epoch 0" not in again    # its finished training found unchanged, not repeated
+
+
+@pytest.mark.slow
 def test_smoke_book_spca_tables(book):
     home, _ = book
     figs = home / "runs" / "smoke" / "figures"

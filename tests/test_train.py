@@ -115,3 +115,29 @@ def test_the_self_critical_stage_validates_its_start_at_a_constant_rate(monkeypa
     self_critical(torch.nn.Linear(1, 1), prep, p, TrainConfig(schedule="noam", warmup=1.0), tmp_path, log=lambda s: None)
     c = seen["cfg"]
     assert c.validate_start and c.schedule == "step" and c.warmup == 0 and c.lr_gamma == 1.0 and c.metric == "CIDEr"
+
+
+@pytest.mark.slow
+def test_a_run_started_from_its_saved_yaml_is_unchanged(smoke, tmp_path):
+    "capbook train --config: a run folder's params.yaml repeats the run (no training), an edited one trains anew."
+    import yaml
+    conf = tmp_path / "mine.yaml"
+    conf.write_text(yaml.safe_dump({"model": "sat_soft", "profile": "smoke", "run_dir": str(tmp_path / "run"), "epochs": 1,
+                                    "train": {"lr": 2e-3}, "hparams": {"hidden_dim": 64}}))
+    first = run_json([str(BIN / "capbook"), "train", "--config", str(conf)])
+    saved = yaml.safe_load((tmp_path / "run" / "params.yaml").read_text())
+    assert saved["train"]["lr"] == 2e-3 and saved["hparams"]["hidden_dim"] == 64 and saved["train"]["max_len"] > 0
+    p = subprocess.run([str(BIN / "capbook"), "train", "--config", str(tmp_path / "run" / "params.yaml")],
+                       capture_output=True, text=True, timeout=600)
+    again = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "resumed from" in p.stderr and "moved to" not in p.stderr       # the finished run, found unchanged ...
+    assert again["resumed_from"] == [1, 0] and again["history"] == first["history"]   # ... and not trained again
+    assert again["param_checksum"] == first["param_checksum"]
+    edited = {**saved, "train": {**saved["train"], "lr": 1e-3}}
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    p = subprocess.run([str(BIN / "capbook"), "train", "--config", str(tmp_path / "edited.yaml")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "was trained with other parameters (lr)" in p.stderr     # never resumes another recipe
+    (tmp_path / "bad.yaml").write_text("model: sat_soft\nlearning_rate: 0.1\n")
+    p = subprocess.run([str(BIN / "capbook"), "train", "--config", str(tmp_path / "bad.yaml"), "--run-dir", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "unknown parameter 'learning_rate'" in p.stderr
