@@ -16,9 +16,10 @@ from .core import (CapbookError, check_choice, check_int, data_dir, file_digests
                           stable_hash, sweep_tmp)
 
 # %% auto 0
-__all__ = ['SPLITS', 'KARPATHY_SPLITS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'F16_MAX', 'BATCH_ORDERS', 'ImageRecord', 'KarpathyData',
-           'read_karpathy', 'load_rgb', 'normalize', 'load_image', 'Vocab', 'feature_path', 'write_features',
-           'open_features', 'store_outdated', 'features_ready', 'CaptionData', 'to_device']
+__all__ = ['SPLITS', 'KARPATHY_SPLITS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'F16_MAX', 'DISK_SLACK', 'BATCH_ORDERS', 'ImageRecord',
+           'KarpathyData', 'read_karpathy', 'load_rgb', 'normalize', 'load_image', 'Vocab', 'feature_path',
+           'check_free_disk', 'write_features', 'open_features', 'store_outdated', 'features_ready', 'CaptionData',
+           'to_device']
 
 # %% ../nbs/00b_data.ipynb
 SPLITS = ("train", "val", "test")
@@ -197,9 +198,23 @@ def _open_tmp(path: Path, tmp: Path, shape: tuple, dtype) -> np.memmap:
     except OSError as e:
         tmp.unlink(missing_ok=True); raise io_error(path, e) from None
 
+DISK_SLACK = 256 * 2**20      # bytes a new store leaves free on its disk, besides its own size
+
+def check_free_disk(path: str | Path, nbytes: int, what: str = "the feature store") -> int:
+    "Stop in one line, before anything is written, unless the disk holding `path` has `nbytes` (and `DISK_SLACK`) free; return the free bytes."
+    import shutil
+    where = Path(path).absolute()
+    while not where.exists(): where = where.parent
+    free = shutil.disk_usage(where).free
+    if nbytes + DISK_SLACK > free:
+        raise CapbookError(f"{path}: {what} needs {nbytes / 1e9:.2f} GB and its disk has {free / 1e9:.2f} GB free: free some space "
+                           f"or set CAPBOOK_HOME to a folder on a larger disk; nothing was written")
+    return free
+
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
-    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe."
+    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe. A disk without room for it stops the write before anything changes."
     path = Path(path)
+    check_free_disk(path, int(n) * int(np.prod(shape)) * 2, f"the feature store ({int(n):,} × {' × '.join(map(str, shape))} float16)")
     try: path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise io_error(path, e) from None
     sweep_tmp(path)

@@ -330,9 +330,23 @@ def _open_tmp(path: Path, tmp: Path, shape: tuple, dtype) -> np.memmap:
     except OSError as e:
         tmp.unlink(missing_ok=True); raise io_error(path, e) from None
 
+DISK_SLACK = 256 * 2**20      # bytes a new store leaves free on its disk, besides its own size
+
+def check_free_disk(path: str | Path, nbytes: int, what: str = "the feature store") -> int:
+    "Stop in one line, before anything is written, unless the disk holding `path` has `nbytes` (and `DISK_SLACK`) free; return the free bytes."
+    import shutil
+    where = Path(path).absolute()
+    while not where.exists(): where = where.parent
+    free = shutil.disk_usage(where).free
+    if nbytes + DISK_SLACK > free:
+        raise CapbookError(f"{path}: {what} needs {nbytes / 1e9:.2f} GB and its disk has {free / 1e9:.2f} GB free: free some space "
+                           f"or set CAPBOOK_HOME to a folder on a larger disk; nothing was written")
+    return free
+
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
-    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe."
+    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe. A disk without room for it stops the write before anything changes."
     path = Path(path)
+    check_free_disk(path, int(n) * int(np.prod(shape)) * 2, f"the feature store ({int(n):,} × {' × '.join(map(str, shape))} float16)")
     try: path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise io_error(path, e) from None
     sweep_tmp(path)
@@ -419,6 +433,17 @@ assert _arr.dtype == np.float32 and _meta["dtype"] == "float32" and _arr[1, 0, 0
 try: write_features(_p, 3, (4, 2), (np.full((1, 4, 2), v) for v in (1.0, np.nan, 2.5)), {"keys": ["a", "b", "c"]}); raise AssertionError
 except CapbookError as e: print(e); assert "8 non-finite values in images 1..1" in str(e)
 assert not features_ready(_p) and not list(_p.parent.glob(".*.tmp"))   # the old store stopped being valid first
+
+# %% [markdown]
+# A store larger than the free disk stops before anything is written — the old store, if any, stays valid — in one
+# line that says how much is needed and how much is free (at COCO's size a paper encoder's store is 25–100 GB:
+# `capbook.rehearsal`):
+
+# %%
+write_features(_p, 3, (4, 2), (np.full((1, 4, 2), i) for i in range(3)), {"keys": ["a", "b", "c"]})
+try: write_features(_p, 10**6, (196, 2048), iter(()), {"keys": []}); raise AssertionError
+except CapbookError as e: print(e); assert "needs 802.82 GB" in str(e) and "GB free" in str(e) and "\n" not in str(e)
+assert features_ready(_p) and not list(_p.parent.glob(".*.tmp"))      # the old store untouched
 
 
 

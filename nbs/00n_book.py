@@ -615,7 +615,7 @@ def train_params(config: str | None, flags: dict) -> dict:
     return {**TRAIN_DEFAULTS, **conf, **{k: v for k, v in flags.items() if v is not None}}
 
 def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `docs`, `caption`, `score`, `bench`, `train`, `params` and `readme` subcommands."
+    "The `capbook` command: `book`, `docs`, `caption`, `score`, `bench`, `train`, `rehearse`, `params` and `readme` subcommands."
     ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
@@ -654,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("results", metavar="RESULTS.json", help='[{"image_id": ..., "caption": ...}, ...]')
     sc.add_argument("--references", required=True, metavar="KARPATHY.json", help="a Karpathy split file (dataset_coco.json, ...)")
     sc.add_argument("--split", choices=["train", "val", "test"], help="insist that the results caption exactly this split's images")
+    rh = sub.add_parser("rehearse", help="run the real-data path on a generated data set of COCO's size: time and memory per stage")
+    rh.add_argument("--scale", type=float, default=1.0, help="fraction of COCO's 123,287 images (1: all)")
+    rh.add_argument("--root", help="where the data set, features and run go (default: data/rehearsal-<scale>)")
+    rh.add_argument("--stages", nargs="+", metavar="STAGE", help="only these stages (generate read extract open train evaluate project)")
+    rh.add_argument("--stage", help=argparse.SUPPRESS)           # a child process running one stage
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
     rd = sub.add_parser("readme", help="regenerate the README's chapter table")
@@ -690,6 +695,10 @@ def main(argv: list[str] | None = None) -> int:
             changed = sync_readme(write=not a.check)
             print("README chapter table " + ("changed" if changed else "is current"))
             return int(a.check and changed)
+        elif a.cmd == "rehearse":
+            from capbook.rehearsal import rehearse, rehearsal_table, stage_main
+            if a.stage: print(json.dumps(stage_main(a.stage, a.root, a.scale)), flush=True)
+            else: print(rehearsal_table(rehearse(a.root, a.scale, a.stages)))
         elif a.cmd == "bench":
             from capbook.bench import bench
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,

@@ -1,0 +1,35 @@
+"The COCO-scale rehearsal at a small scale: every stage of the real-data path in its own process, measured."
+import json, subprocess, sys
+from pathlib import Path
+import pytest
+from capbook.rehearsal import coco_counts, project_encoders, rehearsal_table
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_every_stage_at_small_scale(tmp_path):
+    p = subprocess.run([str(BIN / "capbook"), "rehearse", "--scale", "0.002", "--root", str(tmp_path),
+                        "--stages", "generate", "read", "extract", "open", "train", "evaluate"],
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "rehearsal.json").read_text())
+    st, n = res["stages"], sum(coco_counts(0.002).values())
+    assert st["generate"]["images"] == st["read"]["images"] == n == 247
+    assert st["read"]["captions"] == 5 * n and st["read"]["vocabulary"] > 4
+    assert st["extract"]["memory_mapped"] and st["open"]["memory_mapped"]          # no split read into memory whole
+    assert st["extract"]["store_bytes"] == n * 16 * 576 * 2 + 3 * 128                # float16 rows (+ three .npy headers)
+    assert st["train"]["captions"] == 5 * (coco_counts(0.002)["train"] + coco_counts(0.002)["restval"])   # one epoch, every caption
+    assert st["evaluate"]["images"] == coco_counts(0.002)["test"] and "CIDEr" in st["evaluate"]["metrics"]
+    assert all(s["maxrss_bytes"] > 0 and s["peak_anon_bytes"] > 0 and s["seconds"] > 0 for s in st.values())
+    assert "| train |" in p.stdout and "| evaluate |" in p.stdout
+    assert (tmp_path / "run" / "ckpt" / "tb").is_dir()                              # its training curves, like any run
+
+
+def test_encoder_projection_and_table():
+    got = project_encoders(["mobilenet_v3_small"], batch=2, log=lambda s: None)["mobilenet_v3_small"]
+    assert got["map"] == [4, 4, 576] and got["coco_store_bytes"] == 123_287 * 16 * 576 * 2 and got["images_per_s"] > 0
+    stage = {"seconds": 3.0, "maxrss_bytes": 2**30, "peak_anon_bytes": 2**29, "mobilenet_v3_small": got}   # as the stage reports it
+    table = rehearsal_table({"scale": 1.0, "stages": {"project": stage}})
+    assert "| project | 0.1 min | 1.07 GB | 0.54 GB | 1 encoders |" in table
+    assert "| mobilenet_v3_small | 112 px | 4 × 4 × 576 |" in table and "2.27 GB" in table
