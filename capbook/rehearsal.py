@@ -11,15 +11,16 @@ import numpy as np
 from .core import CapbookError, check_float, data_dir, load_json, package_hash, save_json
 
 # %% auto 0
-__all__ = ['KARPATHY_COCO', 'CAPTIONS_PER_IMAGE', 'REHEARSAL_ENCODER', 'REHEARSAL_MODEL', 'STAGES', 'coco_counts',
-           'generate_coco', 'run_stage', 'project_encoders', 'rehearse', 'stage_main', 'rehearsal_table']
+__all__ = ['KARPATHY_COCO', 'CAPTIONS_PER_IMAGE', 'REHEARSAL_ENCODER', 'REHEARSAL_STEPS', 'REHEARSAL_MODEL', 'STAGES',
+           'coco_counts', 'generate_coco', 'run_stage', 'project_encoders', 'rehearse', 'stage_main', 'rehearsal_table']
 
 # %% ../nbs/00s_rehearsal.ipynb
 KARPATHY_COCO = {"train": 82_783, "restval": 30_504, "val": 5_000, "test": 5_000}   # Karpathy's split of COCO 2014: 123,287 images
 CAPTIONS_PER_IMAGE = 5
 REHEARSAL_ENCODER = "mobilenet_v3_small"      # capbook.encoders.BACKBONES: 4×4×576 at 112 px
+REHEARSAL_STEPS = 1000                        # training steps of the rehearsal's epoch at most (its whole epoch is projected from them)
 REHEARSAL_MODEL = {"name": "sat_soft", "hparams": {"emb_dim": 128, "hidden_dim": 256, "att_dim": 128}}   # Show-Attend-Tell, the smoke widths
-_GEN_VERSION = 1                              # bump when generate_coco's output changes
+_GEN_VERSION = 2                              # bump when generate_coco's output changes
 
 def coco_counts(scale: float) -> dict[str, int]:
     "Images per Karpathy split at `scale` × COCO (at least one each; `scale=1`: COCO's 123,287)."
@@ -31,7 +32,7 @@ _COMMON = ("a on of the in with and is man to sitting an two standing at people 
            "holding person large down top group field tennis front up plate his dog cat train young red her black "
            "riding room near water bus playing has pizza building grass kitchen wooden it parked").split()
 
-def _words(n_types: int = 25_000) -> list[str]:
+def _words(n_types: int = 27_000) -> list[str]:
     return list(_COMMON) + [f"w{i:05d}" for i in range(n_types - len(_COMMON))]
 
 def _write_images(job: tuple) -> int:
@@ -54,7 +55,7 @@ def generate_coco(root: str | Path, scale: float = 1.0, seed: int = 0, workers: 
         log(f"{js}: generated before with the same scale, seed and generator; kept"); return js
     rng = np.random.default_rng(seed)
     words = np.array(_words())
-    p = 1.0 / np.arange(1, len(words) + 1) ** 1.07; p /= p.sum()
+    p = 1.0 / np.arange(1, len(words) + 1) ** 1.4; p /= p.sum()
     images, jobs, chunk = [], [], 2000
     for folder in ("train2014", "val2014"): (root / folder).mkdir(parents=True, exist_ok=True)
     order = [(s, k) for s in ("train", "restval", "val", "test") for k in range(counts[s])]
@@ -143,10 +144,13 @@ def run_stage(stage: str, root: str | Path, scale: float, log: Callable = print)
         from capbook.train import TrainConfig, fit
         prep = prepare(**_data_args(root))
         m = build(REHEARSAL_MODEL["name"], len(prep.vocab), prep.feat_shape[1], prep.grid, **REHEARSAL_MODEL["hparams"])
-        cfg = TrainConfig(epochs=1, evals_per_epoch=1, max_len=prep.max_len, device="cpu", log_every=50)
+        cfg = TrainConfig(epochs=1, max_steps=REHEARSAL_STEPS, evals_per_epoch=1, max_len=prep.max_len, device="cpu", log_every=50)
+        per_epoch = prep.train.num_batches(cfg.batch_size, 1, 0, cfg.seed, order=cfg.batch_order)
         res = fit(m, prep, cfg, root / "run" / "ckpt", log=log)
+        steps = res.history[-1]["step"]
         return {"captions": res.captions, "captions_per_s": res.captions_per_s, "train_s": res.train_seconds, "val_s": res.val_seconds,
-                "resumed": res.resumed_from is not None}
+                "steps": steps, "steps_per_epoch": per_epoch, "epoch_s_projected": res.train_seconds / steps * per_epoch,
+                "vocabulary": len(prep.vocab), "resumed": res.resumed_from is not None}
     if stage == "evaluate":
         from capbook.metrics import evaluate
         from capbook.train import load_trained
@@ -229,7 +233,11 @@ def rehearsal_table(results: dict) -> str:
             "read": lambda g: f"{g['images']:,} images, {g['captions']:,} captions, {g['vocabulary']:,} words (min count 5)",
             "extract": lambda g: f"stores {_gb(g['store_bytes'])} ({' × '.join(map(str, g['feat_shape']))} per image), memory-mapped: {g['memory_mapped']}",
             "open": lambda g: f"{g['train_captions']:,} training captions; stores memory-mapped: {g['memory_mapped']}",
-            "train": lambda g: f"one epoch, {g['captions']:,} captions at {g['captions_per_s']:.0f}/s; validation {g['val_s'] / 60:.1f} min",
+            "train": lambda g: ((f"one epoch, {g['captions']:,} captions" if g["steps"] >= g["steps_per_epoch"] else
+                                 f"{g['steps']:,} of the epoch's {g['steps_per_epoch']:,} steps ({g['captions']:,} captions)")
+                                + f" at {g['captions_per_s']:.0f}/s ({g['vocabulary']:,}-word output); the epoch: "
+                                + f"{g['epoch_s_projected'] / 3600:.1f} h{'' if g['steps'] >= g['steps_per_epoch'] else ' projected'}; "
+                                + f"validation (beam 3) {g['val_s'] / 60:.1f} min"),
             "evaluate": lambda g: f"{g['images']:,} test images at {g['images_per_s']:.0f}/s (beam 3), {', '.join(g['metrics'])}",
             "project": lambda g: f"{sum(isinstance(v, dict) for v in g.values())} encoders"}
     for s in STAGES:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00i_train.ipynb 2
 from __future__ import annotations
-import contextlib, math, os, random, time
+import contextlib, math, os, random, shutil, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -29,6 +29,7 @@ __all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'RESUME_FREE', 'TrainCon
 class TrainConfig:
     "Everything the trainer needs besides the model and the data; saved in every checkpoint."
     epochs: int = 15            # maximum number of epochs (training stops earlier when validation stops improving)
+    max_steps: int = 0          # stop after this many optimisation steps, validated there (0: no limit; a budget, e.g. the COCO-scale rehearsal's)
     batch_size: int = 64        # captions per step (per process under DDP)
     lr: float = 4e-4            # Adam learning rate
     schedule: str = "plateau"   # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step) | plateau: x lr_gamma after lr_patience evaluations without a better score
@@ -56,13 +57,13 @@ class TrainConfig:
     max_words: int = 0          # train on captions of at most this many words (0: every caption)
     device: str = "auto"
     progress: bool = True       # a progress bar per epoch (shown on a terminal only: `capbook.core.progress`)
-    log_every: int = 20         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
+    log_every: int = 10         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
     precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
-        check_int("epochs", self.epochs, lo=1); check_int("batch_size", self.batch_size, lo=1)
+        check_int("epochs", self.epochs, lo=1); check_int("batch_size", self.batch_size, lo=1); check_int("max_steps", self.max_steps, lo=0)
         check_float("lr", self.lr, lo=1e-9, hi=10.0); check_int("lr_step", self.lr_step, lo=1)
         check_float("lr_gamma", self.lr_gamma, lo=1e-6, hi=1.0); check_float("clip", self.clip, lo=0.0)
         check_choice("schedule", self.schedule, LR_SCHEDULES); check_float("warmup", self.warmup, lo=0.0)
@@ -321,6 +322,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         if ck.get("finished"): epoch = cfg.epochs
         log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
             f"same vocabulary ({len(data.vocab)} words)")
+    if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
+        shutil.rmtree(ckpt_dir / "tb")             # the curves of a run killed before its first checkpoint: nothing resumes them
     curves = Curves(ckpt_dir / "tb", cfg.log_every, step + 1 if ck is not None else None) if cfg.log_every and rank == 0 else None
 
     def save_last(finished=False):
@@ -399,6 +402,10 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                 terms = {**stats, "lr": lr, **({"ss_prob": objective.sample_prob} if cfg.ss_start >= 0 else {})}
                 for k, v in terms.items(): tot[k] = tot.get(k, 0.0) + v
                 if curves: curves.train(step, terms)
+                if cfg.max_steps and step >= cfg.max_steps and skip < n_batches:   # the step budget is spent mid-epoch: validate here, stop
+                    res.train_seconds += time.time() - t0
+                    evaluation(round(epoch + skip / n_batches, 3)); stopped = True
+                    log(f"stopped after max_steps={cfg.max_steps} steps"); break
                 if skip in marks and skip < n_batches:                        # a validation inside the epoch
                     res.train_seconds += time.time() - t0
                     stopped = evaluation(round(epoch + skip / n_batches, 3))
@@ -408,7 +415,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                     res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
             if stopped: break
             res.train_seconds += time.time() - t0
-            stopped = evaluation(epoch + 1.0)
+            stopped = evaluation(epoch + 1.0) or bool(cfg.max_steps and step >= cfg.max_steps)
             epoch += 1; skip = 0
             if not stopped: save_last()
         save_last(finished=True)

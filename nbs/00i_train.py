@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import contextlib, math, os, random, time
+import contextlib, math, os, random, shutil, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -67,6 +67,7 @@ from capbook.decode import decode_split
 class TrainConfig:
     "Everything the trainer needs besides the model and the data; saved in every checkpoint."
     epochs: int = 15            # maximum number of epochs (training stops earlier when validation stops improving)
+    max_steps: int = 0          # stop after this many optimisation steps, validated there (0: no limit; a budget, e.g. the COCO-scale rehearsal's)
     batch_size: int = 64        # captions per step (per process under DDP)
     lr: float = 4e-4            # Adam learning rate
     schedule: str = "plateau"   # step: x lr_gamma every lr_step epochs | noam: warm-up, then lr * sqrt(warm-up steps / step) | plateau: x lr_gamma after lr_patience evaluations without a better score
@@ -94,13 +95,13 @@ class TrainConfig:
     max_words: int = 0          # train on captions of at most this many words (0: every caption)
     device: str = "auto"
     progress: bool = True       # a progress bar per epoch (shown on a terminal only: `capbook.core.progress`)
-    log_every: int = 20         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
+    log_every: int = 10         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
     precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
-        check_int("epochs", self.epochs, lo=1); check_int("batch_size", self.batch_size, lo=1)
+        check_int("epochs", self.epochs, lo=1); check_int("batch_size", self.batch_size, lo=1); check_int("max_steps", self.max_steps, lo=0)
         check_float("lr", self.lr, lo=1e-9, hi=10.0); check_int("lr_step", self.lr_step, lo=1)
         check_float("lr_gamma", self.lr_gamma, lo=1e-6, hi=1.0); check_float("clip", self.clip, lo=0.0)
         check_choice("schedule", self.schedule, LR_SCHEDULES); check_float("warmup", self.warmup, lo=0.0)
@@ -499,6 +500,8 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         if ck.get("finished"): epoch = cfg.epochs
         log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
             f"same vocabulary ({len(data.vocab)} words)")
+    if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
+        shutil.rmtree(ckpt_dir / "tb")             # the curves of a run killed before its first checkpoint: nothing resumes them
     curves = Curves(ckpt_dir / "tb", cfg.log_every, step + 1 if ck is not None else None) if cfg.log_every and rank == 0 else None
 
     def save_last(finished=False):
@@ -577,6 +580,10 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                 terms = {**stats, "lr": lr, **({"ss_prob": objective.sample_prob} if cfg.ss_start >= 0 else {})}
                 for k, v in terms.items(): tot[k] = tot.get(k, 0.0) + v
                 if curves: curves.train(step, terms)
+                if cfg.max_steps and step >= cfg.max_steps and skip < n_batches:   # the step budget is spent mid-epoch: validate here, stop
+                    res.train_seconds += time.time() - t0
+                    evaluation(round(epoch + skip / n_batches, 3)); stopped = True
+                    log(f"stopped after max_steps={cfg.max_steps} steps"); break
                 if skip in marks and skip < n_batches:                        # a validation inside the epoch
                     res.train_seconds += time.time() - t0
                     stopped = evaluation(round(epoch + skip / n_batches, 3))
@@ -586,7 +593,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
                     res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
             if stopped: break
             res.train_seconds += time.time() - t0
-            stopped = evaluation(epoch + 1.0)
+            stopped = evaluation(epoch + 1.0) or bool(cfg.max_steps and step >= cfg.max_steps)
             epoch += 1; skip = 0
             if not stopped: save_last()
         save_last(finished=True)
@@ -663,7 +670,7 @@ assert all(torch.equal(a, b) for a, b in zip(_back.state_dict().values(), _m.sta
 # %% [markdown]
 # Every run also leaves TensorBoard event files in `<ckpt>/tb`, so `tensorboard --logdir runs/` shows the book's runs
 # side by side while they train: the training terms averaged over `log_every` steps, the learning rate, and each
-# validation's scores. The run above wrote them (one step per batch, so `log_every=20` > 6 steps leaves only the
+# validation's scores. The run above wrote them (two batches an epoch, six in all, fewer than `log_every=10`: only the
 # validations; a run with `log_every=1` writes every step's loss):
 
 # %%
@@ -692,3 +699,11 @@ fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16)
     TrainConfig(**{**asdict(_cfg), "epochs": 1, "log_every": 1, "lr": 5e-3}), _d1 / "ckpt", log=_logs.append)
 assert "was trained with other parameters (lr)" in _logs[0] and any(p.name.startswith("ckpt.recipe-") for p in _d1.iterdir())
 print(_logs[0])
+
+# %% [markdown]
+# A step budget (`max_steps`) ends training wherever it falls, with a validation there:
+
+# %%
+_rb = fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16), _prep,
+          TrainConfig(**{**asdict(_cfg), "max_steps": 3, "evals_per_epoch": 1}), Path(tempfile.mkdtemp()) / "ckpt", log=lambda s: None)
+assert [h["step"] for h in _rb.history] == [2, 3] and _rb.history[-1]["epochs"] == 1.5   # epoch 0's end, then step 3 mid-epoch 1

@@ -177,6 +177,33 @@ def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
 
 
 @pytest.mark.slow
+def test_tensorboard_shows_every_training_run_of_the_book(book):
+    "tensorboard --logdir runs/smoke lists a run per training step of the plan, with its loss and validation curves."
+    import socket, time, urllib.request
+    from capbook.book import plan
+    home, _ = book
+    with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    tb = subprocess.Popen([str(BIN / "tensorboard"), "--logdir", str(home / "runs" / "smoke"), "--host", "127.0.0.1",
+                           "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        get = lambda path: json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10).read())
+        for _ in range(120):
+            try:
+                runs = get("/data/runs")
+                if runs: break
+            except OSError: pass
+            time.sleep(0.5)
+        time.sleep(3); runs, tags = get("/data/runs"), get("/data/plugin/scalars/tags")   # every event file read
+        trained = [s.name for s in plan("smoke") if s.params]
+        for name in trained: assert f"{name}/ckpt/tb" in runs, (name, runs)
+        for name in trained: assert {"train/loss", "train/lr", "val/CIDEr"} <= set(tags[f"{name}/ckpt/tb"]), name
+        scst = [r for r in runs if r.endswith("/ckpt-scst/tb")]
+        assert scst and all({"train/reward", "train/baseline"} <= set(tags[r]) for r in scst)   # SCST's reward and baseline
+    finally:
+        tb.terminate(); tb.wait(timeout=30)
+
+
+@pytest.mark.slow
 def test_the_readers_papermill_run_is_clean(home, tmp_path):
     "The README's own command: no plain-TCP kernel warning on the terminal, no progress bar or TqdmWarning in the notebook; its params.yaml starts the same run again."
     out = tmp_path / "out.ipynb"
