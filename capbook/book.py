@@ -341,6 +341,14 @@ def _threads(jobs: int) -> int:
     "Intra-op threads for each of `jobs` side-by-side runs: the cores shared out, at least one."
     return max(1, (os.cpu_count() or 1) // jobs)
 
+def _worker_init(book_pid: int) -> None:
+    "A book worker ends with its book: Linux sends it SIGTERM when the book's process dies, even by SIGKILL (PR_SET_PDEATHSIG), and SIGTERM ends it at once; its kernel, which watches its parent, follows within a second."
+    import ctypes, signal
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
+    try: ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))      # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError): pass                                   # not Linux: a worker may outlive a killed book
+    if os.getppid() != book_pid: os._exit(128 + signal.SIGTERM)              # the book died before the line above
+
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print) -> dict[str, Path]:
     "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
@@ -351,7 +359,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     if jobs > 1:                                  # each kernel inherits its share of the cores
         for k in threads: os.environ[k] = str(_threads(jobs))
     try:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool, \
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),)) as pool, \
                 progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             while waiting or running:
                 ready = [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []

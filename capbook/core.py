@@ -4,17 +4,17 @@
 
 # %% ../nbs/00_core.ipynb 2
 from __future__ import annotations
-import contextlib, functools, hashlib, json, os, random, tempfile, time
+import contextlib, errno, functools, hashlib, json, os, random, tempfile, time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
 # %% auto 0
-__all__ = ['PRECISION_CHOICES', 'CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir', 'runs_dir',
-           'sweep_tmp', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time', 'atomic_write', 'save_json',
-           'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch', 'stable_hash', 'package_hash',
-           'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
+__all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir',
+           'runs_dir', 'sweep_tmp', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time', 'atomic_write',
+           'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch', 'stable_hash',
+           'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
            'cpu_bf16_faster', 'cpu_precision', 'progress', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
@@ -40,17 +40,21 @@ def error_line(exc: BaseException, prefix: str = "capbook") -> str:
     log = save_traceback(exc)
     return f"{prefix}: {exc}" + (f" (traceback: {log})" if log else "")
 
+ENV_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EDQUOT)   # OSErrors of the environment, not of the code
+
 def _install_notebook_errors() -> None:
-    "Under IPython, show a `CapbookError` as its one line instead of a traceback."
+    "Under IPython, show a `CapbookError` — and an `OSError` of the environment (read-only or full disk, permission) — as its one line instead of a traceback."
     try: ip = get_ipython()  # noqa: F821 (defined inside IPython only)
     except NameError: return
     if ip is None or getattr(ip, "_capbook_errors", False): return
     def handler(shell, etype, value, tb, tb_offset=None):
+        if isinstance(value, OSError) and not isinstance(value, CapbookError) and value.errno not in ENV_ERRNOS:
+            return shell.showtraceback((etype, value, tb), tb_offset=tb_offset)   # a bug's OSError keeps its traceback
         value.__traceback__ = tb
-        line = error_line(value)
+        line = error_line(os_error_line(value) if isinstance(value, OSError) else value)
         shell._showtraceback(etype, value, [line])      # the cell's error output: the line, in place of a traceback
         return [line]
-    ip.set_custom_exc((CapbookError,), handler); ip._capbook_errors = True
+    ip.set_custom_exc((CapbookError, OSError), handler); ip._capbook_errors = True
 
 _install_notebook_errors()      # every capbook module imports this one: importing capbook in a notebook installs it
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 from .core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
-                          io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
+                          io_error, io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
                           save_yaml, seed_everything, stable_hash)
 
 # %% auto 0
@@ -65,7 +65,9 @@ def start_run(name: str, params: dict, resolved: dict | None = None) -> Run:
     p = {k: v for k, v in params.items() if k != "run_dir"}
     full = {k: v for k, v in (resolved or params).items() if k != "run_dir"}     # every value as the run uses it
     d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(full, 8)}"
-    d = Path(d); d.mkdir(parents=True, exist_ok=True)
+    d = Path(d)
+    try: d.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise io_error(d, e, "create the run folder") from None
     again = {**full, **({"run_dir": str(params["run_dir"])} if params.get("run_dir") else {})}
     save_yaml(d / "params.yaml", again, f"{name}: every parameter of the run in this folder, as it ran.\n"
               f"The same run again (it resumes its finished training): papermill nbs/{name}.ipynb out.ipynb -f {d / 'params.yaml'}")

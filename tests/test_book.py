@@ -204,6 +204,51 @@ def test_tensorboard_shows_every_training_run_of_the_book(book):
 
 
 @pytest.mark.slow
+def test_a_killed_book_leaves_no_process_behind(tmp_path):
+    "SIGKILL to capbook book -j 2 mid-run: its workers and their kernels end with it (they used to live on, ~800 MB each)."
+    import os, signal, time
+    import psutil
+    env = {**os.environ, "CAPBOOK_HOME": str(tmp_path)}
+    p = subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2", "--no-docs"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    book, t0, family = psutil.Process(p.pid), time.time(), []
+    while time.time() - t0 < 300:                                   # until both workers run a notebook in a kernel
+        family = book.children(recursive=True)
+        if sum("ipykernel" in " ".join(c.cmdline()) for c in family if c.is_running()) >= 2: break
+        time.sleep(0.5)
+    assert len(family) >= 4, [c.cmdline() for c in family]
+    os.kill(p.pid, signal.SIGKILL); p.wait()
+    _, alive = psutil.wait_procs(family, timeout=60)
+    assert not alive, [(a.pid, " ".join(a.cmdline())[:120]) for a in alive]
+
+
+@pytest.fixture
+def read_only_home(tmp_path):
+    "A CAPBOOK_HOME on a read-only filesystem (a tmpfs mounted ro: needs root, as on this project's machines)."
+    ro = tmp_path / "ro"; ro.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True)
+    if m.returncode: pytest.skip(f"cannot mount a read-only filesystem here: {m.stderr.strip()}")
+    yield ro
+    subprocess.run(["umount", str(ro)], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", ["02a_soft_vs_hard", "02_show_attend_tell"])
+def test_a_read_only_home_is_one_line(read_only_home, tmp_path, nb):
+    "A notebook on a read-only CAPBOOK_HOME (the run folder, or the data it would build) stops with one line, not a traceback."
+    import os
+    out = tmp_path / "out.ipynb"
+    p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / f"{nb}.ipynb"), str(out),
+                        "-p", "profile", "smoke"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "CAPBOOK_HOME": str(read_only_home)})
+    assert p.returncode != 0
+    errors = [o for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert len(errors) == 1 and len(errors[0]["traceback"]) == 1, errors
+    line = errors[0]["traceback"][0]
+    assert line.startswith("capbook: ") and str(read_only_home) in line and "(the folder is read-only)" in line, line
+
+
+@pytest.mark.slow
 def test_the_readers_papermill_run_is_clean(home, tmp_path):
     "The README's own command: no plain-TCP kernel warning on the terminal, no progress bar or TqdmWarning in the notebook; its params.yaml starts the same run again."
     out = tmp_path / "out.ipynb"
