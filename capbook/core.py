@@ -319,7 +319,8 @@ def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):
     "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal and when `enabled`."
     from tqdm import tqdm
     # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
-    return tqdm(iterable, disable=None if enabled else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
+    on = enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
+    return tqdm(iterable, disable=None if on else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
 
 # %% ../nbs/00_core.ipynb
 def check_choice(name: str, value: Any, allowed: Iterable) -> Any:

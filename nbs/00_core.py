@@ -464,8 +464,8 @@ with autocast(torch.device("cpu")): assert (torch.ones(2) @ torch.ones(2)).dtype
 # Long steps (pretraining the shapes encoder, extracting features, an epoch, the book's plan) show a tqdm bar with a
 # time estimate when their output is an interactive terminal. Anywhere else — a notebook kernel (the executed
 # notebooks and the docs site), a pipe, CI's log — the bar is off: it would only fill the record with carriage
-# returns. Text bars, never `tqdm.auto`: that one wants ipywidgets in a notebook and warns (`TqdmWarning: IProgress
-# not found`) without them. `TQDM_DISABLE=1` silences a terminal too.
+# returns. Text bars, never `tqdm.auto`: that one wants ipywidgets in a notebook and, without them, leaves tqdm's
+# warning about a missing IProgress widget in the output. `TQDM_DISABLE=1` silences a terminal too.
 
 # %%
 #| export
@@ -473,7 +473,8 @@ def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):
     "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal and when `enabled`."
     from tqdm import tqdm
     # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
-    return tqdm(iterable, disable=None if enabled else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
+    on = enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
+    return tqdm(iterable, disable=None if on else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
 
 
 # %%
