@@ -4,7 +4,7 @@
 
 # %% ../nbs/00n_book.ipynb 2
 from __future__ import annotations
-import argparse, ast, atexit, json, os, re, shutil, sys, tempfile, time, uuid
+import argparse, ast, atexit, inspect, json, os, re, shutil, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -436,11 +436,8 @@ def write_kernel_config(prefix: str | Path | None = None) -> Path:
     return atomic_write(path, lambda t: t.write_text(KERNEL_CONFIG))
 
 # %% ../nbs/00n_book.ipynb
-TRAIN_DEFAULTS = {"model": "sat_soft", "profile": "smoke", "run_dir": None, "epochs": 2, "ckpt_every": 0, "batch_size": 64, "seed": 0,
-                  "train": None, "hparams": None}   # `capbook train`'s parameters (flags or a --config YAML file)
-
-def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: int = 0, batch_size: int = 64,
-              seed: int = 0, train: dict | None = None, hparams: dict | None = None) -> dict:
+def train_cli(model: str = "sat_soft", profile: str = "smoke", run_dir: str | None = None, epochs: int = 2, ckpt_every: int = 0,
+              batch_size: int = 64, seed: int = 0, train: dict | None = None, hparams: dict | None = None) -> dict:
     "Train a registered model on shapes at `profile` into `run_dir/ckpt`, with `train` (TrainConfig fields) and `hparams` (model sizes) over the defaults; write `run_dir/params.yaml`, every parameter resolved; return the fit summary."
     import dataclasses
     from capbook.prepare import prepare
@@ -472,6 +469,8 @@ def train_cli(model: str, profile: str, run_dir: str, epochs: int, ckpt_every: i
     checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
+
+TRAIN_DEFAULTS = {k: v.default for k, v in inspect.signature(train_cli).parameters.items()}   # `capbook train`'s parameters, declared once: train_cli's
 
 def train_params(config: str | None, flags: dict) -> dict:
     "`capbook train`'s parameters: the defaults, then the `--config` YAML file's, then the flags given; an unknown key in the file stops in one line."
