@@ -15,7 +15,7 @@ from .runner import check_profile
 # %% auto 0
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
            'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'TutorialDecoder', 'tutorial_speed', 'cider_bench',
-           'bench']
+           'bench', 'chapter_times', 'gpu_table']
 
 # %% ../nbs/00r_bench.ipynb
 @dataclass
@@ -274,3 +274,42 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
             f"alternating rounds); SCST reward of 65 captions: {cider_ms:.1f} ms (pycocoevalcap {coco_ms:.1f} ms, "
             f"{coco_ms / cider_ms:.1f}x)")
     return out
+
+# %% ../nbs/00r_bench.ipynb
+def chapter_times(notebooks: list[str], profile: str = "default", device: str = "auto", seed: int = 0,
+                  log: Callable[[str], None] = print) -> dict:
+    "Complete book runs of each chapter in `notebooks` at `profile` on `device`: wall time, where it went, epochs trained, test CIDEr."
+    from capbook.runner import chapter, epochs_trained, run_chapter
+    for nb in notebooks: chapter(nb)                     # an unknown chapter stops before any run
+    dev = str(get_device(device))
+    out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "chapters": {}}
+    if dev.startswith("cuda"): out["gpu"] = torch.cuda.get_device_name(torch.device(dev))
+    for nb in notebooks:
+        t0 = time.perf_counter()
+        ctx = run_chapter(nb, {"profile": profile, "device": dev, "seed": seed}, log=lambda s, nb=nb: log(f"  {nb}: {s}"))
+        r, t = ctx.record, ctx.record["timings"]
+        out["chapters"][nb] = row = {
+            "model": r["model"], "precision": r["precision"], "n_params": r["n_params"],
+            "wall_s": round(time.perf_counter() - t0, 1), **{k: round(t[k], 1) for k in ("data_s", "train_s", "val_s", "test_s") if k in t},
+            "train_captions_per_s": round(t["train_captions_per_s"], 1), "epochs_trained": epochs_trained(r["history"]),
+            "best_at": r["best_at"], "CIDEr": round(100 * r["metrics"]["CIDEr"], 1), "run": str(ctx.run.dir)}
+        log(f"{nb:22s} {row['model']:12s} {row['wall_s']:7.1f} s ({row['train_s']:.0f} s training, {row['val_s']:.0f} s validating, "
+            f"{row['test_s']:.0f} s test) for {row['epochs_trained']:g} epochs, best at {row['best_at']:g}; "
+            f"{row['train_captions_per_s']:.0f} captions/s; test CIDEr {row['CIDEr']:.1f}  [{dev}, {row['precision']}]")
+    return out
+
+# %% ../nbs/00r_bench.ipynb
+def gpu_table(results: dict) -> str:
+    "Markdown of a GPU measurement (`figures/bench_gpu.json`): complete chapter runs, then each family's step."
+    rows = [f"{results['device']}; {results['software']}; {results['profile']} profile, {results['precision']}, measured {results['measured']}.", "",
+            "| chapter run | model | epochs trained (best at) | training | validation | test decode | wall | captions/s | test CIDEr |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for nb, r in results["chapters"].items():
+        rows.append(f"| {nb} | {r['model']} | {r['epochs_trained']:g} ({r['best_at']:g}) | {r['train_s']:.0f} s | {r['val_s']:.0f} s | "
+                    f"{r['test_s']:.0f} s | {r['wall_s']:.0f} s{'*' if 'resumed' in r else ''} | {r['train_captions_per_s']:.0f} | {r['CIDEr']:.1f} |")
+    rows += ["", "| family | training captions/s | beam images/s | MFLOP/caption | matrix GFLOP/s | host time per kind of operator (launches) |",
+             "|---|---|---|---|---|---|"]
+    for k, r in results["families"].items():
+        rows.append(f"| {k} | {r['train_captions_per_s']:.0f} | {r['beam_images_per_s']:.0f} (beam {r['beam']}) | {r['mflop_per_caption']} | "
+                    f"{r['matrix_gflops']} | " + ", ".join(f"{n} {v:.0%}" for n, v in r["shares"].items()) + " |")
+    return "\n".join(rows)

@@ -85,13 +85,13 @@ class Run:
         "A file inside the run folder."
         return self.dir / name
 
-    def record(self, metrics: dict, timings: dict | None = None, n_params: int | None = None, **extra) -> dict:
-        "Write this run's results record `record.json` (atomically) and return it."
+    def record(self, metrics: dict, timings: dict | None = None, n_params: int | None = None, device: str | None = None, **extra) -> dict:
+        "Write this run's results record `record.json` (atomically) and return it; `device`: where the run computed (default: the CPU)."
         rec = {"notebook": self.name, "params": self.params, "seed": self.params.get("seed"),
                "profile": self.params.get("profile"), "code_version": code_version(), "metrics": metrics,
                "timings": {**(timings or {}), "wall_s": time.time() - self.t0}, "n_params": n_params,
                "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                           "device": "cuda" if torch.cuda.is_available() else "cpu",
+                           "device": str(device or "cpu"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                            "threads": torch.get_num_threads(), "cpus": os.cpu_count()},
                "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
         save_json(self.dir / "record.json", rec)
@@ -601,7 +601,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
             ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
                                             "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
-                            n_params=model.n_params, notes=ev["notes"], best_epoch=fitted.best_epoch, best_at=fitted.best_at,
+                            n_params=model.n_params, device=str(dev), notes=ev["notes"], best_epoch=fitted.best_epoch, best_at=fitted.best_at,
                             history=fitted.history, model=name, hparams=hp, precision=fitted.precision,
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],

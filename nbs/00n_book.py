@@ -638,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--batches", type=int, default=12, help="timed training batches per family")
     be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     be.add_argument("--alternatives", action="store_true", help="also time each family in fp32 and bf16, and at twice the batch")
+    be.add_argument("--chapters", nargs="+", metavar="NOTEBOOK", help="instead: time complete chapter runs as the book makes them "
+                    "(e.g. 02_show_attend_tell 03_spca): training to the protocol's stop, test decoding, measurements")
     t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
     t.add_argument("--config", metavar="YAML", help="parameters from this file (a run folder's params.yaml repeats that run); "
                    "flags given override it; keys: " + ", ".join(TRAIN_DEFAULTS))
@@ -707,7 +709,9 @@ def main(argv: list[str] | None = None) -> int:
             if a.stage: print(json.dumps(stage_main(a.stage, a.root, a.scale)), flush=True)
             else: print(rehearsal_table(rehearse(a.root, a.scale, a.stages)))
         elif a.cmd == "bench":
-            from capbook.bench import bench
+            from capbook.bench import bench, chapter_times
+            if a.chapters:
+                print(json.dumps(chapter_times(a.chapters, a.profile, a.device, log=lambda s: print(s, flush=True)))); return 0
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
                                    compare=a.alternatives, log=lambda s: print(s, flush=True))))
         else:

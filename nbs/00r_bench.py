@@ -386,6 +386,79 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 
 
 # %% [markdown]
+# ## Whole chapter runs
+#
+# Step throughput says little about how long a *book* takes: a chapter run also prepares data, validates every half
+# epoch, trains until validation stops improving (the protocol's patience), decodes the test split and measures
+# attention. `chapter_times` makes complete chapter runs exactly as the book does (`run_chapter`, the chapter's own
+# defaults at `profile`, training seed `seed`) on the device asked for, and reports where each run's time went. Its
+# main use is the GPU: `capbook bench --device cuda --chapters 02_show_attend_tell 03_spca` says what a GPU buys the
+# default book's slowest rows. The runs land in the usual ad-hoc folders, keyed by their parameters (device
+# included), so a repeated call resumes finished training instead of timing it again: the reported `train_s` is then
+# the checkpoint's own training time, still the time that training took.
+
+# %%
+#| export
+def chapter_times(notebooks: list[str], profile: str = "default", device: str = "auto", seed: int = 0,
+                  log: Callable[[str], None] = print) -> dict:
+    "Complete book runs of each chapter in `notebooks` at `profile` on `device`: wall time, where it went, epochs trained, test CIDEr."
+    from capbook.runner import chapter, epochs_trained, run_chapter
+    for nb in notebooks: chapter(nb)                     # an unknown chapter stops before any run
+    dev = str(get_device(device))
+    out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "chapters": {}}
+    if dev.startswith("cuda"): out["gpu"] = torch.cuda.get_device_name(torch.device(dev))
+    for nb in notebooks:
+        t0 = time.perf_counter()
+        ctx = run_chapter(nb, {"profile": profile, "device": dev, "seed": seed}, log=lambda s, nb=nb: log(f"  {nb}: {s}"))
+        r, t = ctx.record, ctx.record["timings"]
+        out["chapters"][nb] = row = {
+            "model": r["model"], "precision": r["precision"], "n_params": r["n_params"],
+            "wall_s": round(time.perf_counter() - t0, 1), **{k: round(t[k], 1) for k in ("data_s", "train_s", "val_s", "test_s") if k in t},
+            "train_captions_per_s": round(t["train_captions_per_s"], 1), "epochs_trained": epochs_trained(r["history"]),
+            "best_at": r["best_at"], "CIDEr": round(100 * r["metrics"]["CIDEr"], 1), "run": str(ctx.run.dir)}
+        log(f"{nb:22s} {row['model']:12s} {row['wall_s']:7.1f} s ({row['train_s']:.0f} s training, {row['val_s']:.0f} s validating, "
+            f"{row['test_s']:.0f} s test) for {row['epochs_trained']:g} epochs, best at {row['best_at']:g}; "
+            f"{row['train_captions_per_s']:.0f} captions/s; test CIDEr {row['CIDEr']:.1f}  [{dev}, {row['precision']}]")
+    return out
+
+
+# %% [markdown]
+# `figures/bench_gpu.json` keeps what the GPU measured when one was lent (both commands above with `--device cuda`, the
+# chapters at seed 0); `gpu_table` renders it for README, whose copy a test keeps equal to it.
+
+# %%
+#| export
+def gpu_table(results: dict) -> str:
+    "Markdown of a GPU measurement (`figures/bench_gpu.json`): complete chapter runs, then each family's step."
+    rows = [f"{results['device']}; {results['software']}; {results['profile']} profile, {results['precision']}, measured {results['measured']}.", "",
+            "| chapter run | model | epochs trained (best at) | training | validation | test decode | wall | captions/s | test CIDEr |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for nb, r in results["chapters"].items():
+        rows.append(f"| {nb} | {r['model']} | {r['epochs_trained']:g} ({r['best_at']:g}) | {r['train_s']:.0f} s | {r['val_s']:.0f} s | "
+                    f"{r['test_s']:.0f} s | {r['wall_s']:.0f} s{'*' if 'resumed' in r else ''} | {r['train_captions_per_s']:.0f} | {r['CIDEr']:.1f} |")
+    rows += ["", "| family | training captions/s | beam images/s | MFLOP/caption | matrix GFLOP/s | host time per kind of operator (launches) |",
+             "|---|---|---|---|---|---|"]
+    for k, r in results["families"].items():
+        rows.append(f"| {k} | {r['train_captions_per_s']:.0f} | {r['beam_images_per_s']:.0f} (beam {r['beam']}) | {r['mflop_per_caption']} | "
+                    f"{r['matrix_gflops']} | " + ", ".join(f"{n} {v:.0%}" for n, v in r["shares"].items()) + " |")
+    return "\n".join(rows)
+
+
+# %% [markdown]
+# For example, one chapter run and one family (made-up numbers; README's table is `figures/bench_gpu.json`'s, and
+# `chapter_times` is tested by running a smoke chapter, `tests/test_speed.py`):
+
+# %%
+_g = {"device": "a GPU", "software": "torch", "profile": "smoke", "precision": "bf16", "measured": "today",
+      "chapters": {"02_show_attend_tell": {"model": "sat_soft", "epochs_trained": 2.0, "best_at": 1.5, "train_s": 9.6, "val_s": 1.0,
+                                           "test_s": 0.4, "wall_s": 12.0, "train_captions_per_s": 600.0, "CIDEr": 40.0}},
+      "families": {"sat_soft": {"train_captions_per_s": 700.0, "beam_images_per_s": 1500.0, "beam": 3, "mflop_per_caption": 23,
+                                "matrix_gflops": 18, "shares": {"elementwise and other": 0.7, "matrix products": 0.3}}}}
+_t = gpu_table(_g)
+assert "| 02_show_attend_tell | sat_soft | 2 (1.5) | 10 s | 1 s | 0 s | 12 s | 600 | 40.0 |" in _t
+assert "| sat_soft | 700 | 1500 (beam 3) | 23 | 18 | elementwise and other 70%, matrix products 30% |" in _t
+
+# %% [markdown]
 # An example at the smoke profile, two families and two batches (the numbers are this machine's, at this moment):
 
 # %%

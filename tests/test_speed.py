@@ -138,3 +138,33 @@ def test_a_shrinking_batch_computes_what_the_full_one_does():
     live = torch.arange(5)[None, :] < lengths[:, None]                     # (B, T): the steps each caption needs
     for k in ("logits", "alpha"):
         assert torch.allclose(full[k][live], short[k][live], atol=1e-6) and not short[k][~live].any()
+
+
+def test_chapter_times_makes_the_books_run_and_reports_it(home):
+    "`capbook bench --chapters` runs a chapter as the book does (here at smoke, on the CPU) and reports where its time went; a bad chapter stops first."
+    import json, subprocess, sys
+    from pathlib import Path
+    out = subprocess.run([str(Path(sys.executable).parent / "capbook"), "bench", "--profile", "smoke", "--device", "cpu",
+                          "--chapters", "02_show_attend_tell"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    r = res["chapters"]["02_show_attend_tell"]
+    assert res["device"] == "cpu" and r["model"] == "sat_soft" and r["epochs_trained"] >= 1
+    assert r["train_s"] > 0 and r["test_s"] > 0 and 0 <= r["CIDEr"] and r["wall_s"] >= r["test_s"]
+    rec = json.loads((Path(r["run"]) / "record.json").read_text())
+    assert rec["timings"]["train_s"] == pytest.approx(r["train_s"], abs=0.06) and rec["machine"]["device"] == "cpu"
+    bad = subprocess.run([str(Path(sys.executable).parent / "capbook"), "bench", "--chapters", "07_nothing"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "07_nothing" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_readmes_gpu_table_is_the_measured_one():
+    "README's GPU table is `gpu_table` of `figures/bench_gpu.json` (what the GPU measured), and that file holds every family and both chapter runs."
+    import json
+    from pathlib import Path
+    from capbook.bench import gpu_table
+    root = Path(__file__).resolve().parent.parent
+    res = json.loads((root / "figures" / "bench_gpu.json").read_text())
+    assert set(res["families"]) == set(available()) and {"02_show_attend_tell", "03_spca"} <= set(res["chapters"])
+    assert all(r["precision"] == "bf16" for r in res["chapters"].values())
+    block = (root / "README.md").read_text().split("<!-- gpu -->\n", 1)[1].split("\n<!-- /gpu -->", 1)[0]
+    assert block == gpu_table(res)
