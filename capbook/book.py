@@ -4,11 +4,11 @@
 
 # %% ../nbs/00n_book.ipynb 2
 from __future__ import annotations
-import argparse, ast, atexit, inspect, json, os, re, shutil, sys, tempfile, time, uuid
+import argparse, ast, atexit, contextlib, inspect, json, os, re, shutil, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from .core import (CapbookError, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from .core import (CapbookError, atomic_write, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
@@ -16,8 +16,8 @@ from .runner import PROFILES, check_profile, out_dir, records, chapters, paramet
 __all__ = ['PHASES', 'KERNEL_CONFIG', 'TRAIN_DEFAULTS', 'Step', 'replicas', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan',
            'step_record', 'chapter_steps', 'row_record', 'compared_runs', 'sync_parameters', 'api_modules',
            'chapter_table', 'sync_readme', 'upstream_of', 'kernel_manager', 'warm_kernel', 'run_step', 'book_times',
-           'publish', 'build_docs', 'run_plan', 'select_steps', 'run_book', 'write_kernel_config', 'train_cli',
-           'train_params', 'main']
+           'publish', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book', 'write_kernel_config',
+           'train_cli', 'train_params', 'main']
 
 # %% ../nbs/00n_book.ipynb
 @dataclass
@@ -286,6 +286,9 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
         _shutdown_warm()                          # a failed notebook's kernel is not reused
         raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
                            f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
+    except OSError as e:                          # the environment (a full disk) while papermill writes the executed copy
+        _shutdown_warm(); out.unlink(missing_ok=True)   # its copy is cut short: no half-written notebook stays
+        raise io_error(e.filename or out, e) from None
     except BaseException:
         _shutdown_warm(); raise
     save_json(done, {"key": _key(step, src, upstream, code), "seconds": time.time() - t0})   # the code as it started, the data as it left them
@@ -318,7 +321,7 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     untagged = [s for s in steps if not s.tag]    # ablation runs reach the book through assembly notebooks
     for s in untagged:
         for f in filter(_published, (runs_dir() / profile / s.name).glob("*")):
-            tmp = dst / f".{f.name}.tmp"; shutil.copyfile(f, tmp); os.replace(tmp, dst / f.name)
+            atomic_write(dst / f.name, lambda t, f=f: shutil.copyfile(f, t))      # a full disk: the old copy stays, no half file
     keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks", replace=not partial)
     from capbook.viz import save_table
     times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
@@ -349,6 +352,13 @@ def _worker_init(book_pid: int) -> None:
     except (OSError, AttributeError): pass                                   # not Linux: a worker may outlive a killed book
     if os.getppid() != book_pid: os._exit(128 + signal.SIGTERM)              # the book died before the line above
 
+def _step_failure(e: BaseException) -> str:
+    "What stopped a step, besides a failing cell (CapbookError) and a dead worker: a dead kernel, the environment, or else the exception's first line."
+    if type(e).__name__ == "DeadKernelError":    # nbclient's: the notebook's kernel process ended mid-cell
+        return "its notebook's kernel died (out of memory, or killed)"
+    if isinstance(e, OSError): return str(os_error_line(e)).removesuffix("; nothing already written was changed")
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print) -> dict[str, Path]:
     "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
@@ -376,6 +386,10 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                         failed = failed or CapbookError(f"{s.name}: the process running it died (out of memory or killed); "
                                                         f"the runs finished so far are kept: run the book again to go on")
                         continue
+                    except Exception as e:                # its kernel died (out of memory, a signal), or the environment failed it
+                        failed = failed or CapbookError(f"{s.name}: {_step_failure(e)}; the runs finished so far are kept: "
+                                                        f"run the book again to go on")
+                        continue
                     keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
                     bar.update(1)
                 bar.set_postfix_str(", ".join(r.name for r in running.values()), refresh=False)   # the steps under way
@@ -396,6 +410,25 @@ def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
                                f"a step name (e.g. 03_spca-k5-seed1) or a pattern (e.g. '03_spca-k*')")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
+@contextlib.contextmanager
+def book_lock(profile: str):
+    "Hold the book of `profile` in this home for one process (an exclusive lock on `runs/<profile>/.book.lock`, released when the process ends, even by SIGKILL): a second book on the same home and profile stops in one line naming the first."
+    import fcntl
+    d = runs_dir() / profile
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        f = open(d / ".book.lock", "a+")
+    except OSError as e: raise io_error(d, e, "create the book's run folder") from None
+    with f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); who = f.read().strip() or "another process"
+            raise CapbookError(f"{d}: another capbook book is running on this home and profile ({who}); wait for it to "
+                               f"finish, or give this one another CAPBOOK_HOME") from None
+        try: f.seek(0); f.truncate(); f.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"); f.flush()
+        except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
+        yield
+
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1,
              only: list[str] | None = None) -> dict:
     "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay."
@@ -403,14 +436,15 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     check_int("jobs", jobs, lo=1)
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
-    log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
     from capbook.metrics import meteor_service
-    with meteor_service() as meteor:              # one METEOR JVM for every run's scoring, not one per run
-        run_plan(profile, steps, force, jobs, log)
-    if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
-    dst = publish(profile, steps, partial=bool(only))
-    log(f"tables, figures and the reader's notebooks -> {dst}")
-    site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
+    with book_lock(profile):                      # one book at a time on a home and profile
+        log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
+        with meteor_service() as meteor:          # one METEOR JVM for every run's scoring, not one per run
+            run_plan(profile, steps, force, jobs, log)
+        if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
+        dst = publish(profile, steps, partial=bool(only))
+        log(f"tables, figures and the reader's notebooks -> {dst}")
+        site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
     secs = time.time() - t0
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
@@ -536,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only)
         elif a.cmd == "docs":
-            site = build_docs(a.profile)
+            with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:
                 import webbrowser
                 webbrowser.open(site.as_uri())

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb 2
 from __future__ import annotations
-import contextlib, errno, functools, hashlib, json, os, random, tempfile, time
+import contextlib, errno, functools, hashlib, json, os, random, shutil, tempfile, time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import numpy as np
@@ -12,10 +12,11 @@ import torch
 
 # %% auto 0
 __all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir',
-           'runs_dir', 'sweep_tmp', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time', 'atomic_write',
-           'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch', 'stable_hash',
-           'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast',
-           'cpu_bf16_faster', 'cpu_precision', 'progress', 'check_choice', 'check_int', 'check_float']
+           'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time',
+           'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch',
+           'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
+           'get_device', 'autocast', 'cpu_bf16_faster', 'cpu_precision', 'progress', 'check_choice', 'check_int',
+           'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -84,11 +85,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 def sweep_tmp(path: str | Path) -> None:
-    "Delete temporary files `.<name>.<pid>.*tmp` beside `path` whose writing process is gone."
+    "Delete temporary files and folders `.<name>.<pid>.*tmp` beside `path` whose writing process is gone (a killed write's)."
     path = Path(path)
     for t in path.parent.glob(f".{path.name}.*.tmp"):
         pid = t.name[len(path.name) + 2:].split(".")[0]
-        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            if t.is_dir() and not t.is_symlink(): shutil.rmtree(t, ignore_errors=True)
+            else: t.unlink(missing_ok=True)
+
+def temp_dir(path: str | Path) -> Path:
+    "A new temporary folder beside `path`, `.<name>.<pid>.<random>.tmp`, to be renamed into place when complete; a killed writer's are swept first."
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_tmp(path)
+        return Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+    except OSError as e: raise io_error(path, e, "create a temporary folder for") from None
 
 def _umask() -> int:
     m = os.umask(0o022); os.umask(m); return m

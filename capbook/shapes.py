@@ -4,14 +4,14 @@
 
 # %% ../nbs/00a_shapes.ipynb 3
 from __future__ import annotations
-import hashlib, json, os, shutil, tempfile
+import hashlib, json, os, shutil
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
-from .core import CapbookError, check_choice, check_int, data_dir, load_json
+from .core import CapbookError, check_choice, check_int, data_dir, load_json, temp_dir
 
 # %% auto 0
 __all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'relation_holds', 'scene_relations',
@@ -329,7 +329,7 @@ def generate(root: str | Path, profile: str | dict = "default", seed: int = 0, i
     order = np.random.default_rng(seed).permutation(n)
     split = np.empty(n, dtype=object)
     split[order] = sum(([k] * sizes[k] for k in ("train", "val", "test")), [])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+    tmp = temp_dir(root)                                     # renamed to `root` when complete
     try:
         (tmp / "images").mkdir()
         images, gt = [], {}

@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import contextlib, errno, functools, hashlib, json, os, random, tempfile, time
+import contextlib, errno, functools, hashlib, json, os, random, shutil, tempfile, time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import numpy as np
@@ -149,11 +149,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 def sweep_tmp(path: str | Path) -> None:
-    "Delete temporary files `.<name>.<pid>.*tmp` beside `path` whose writing process is gone."
+    "Delete temporary files and folders `.<name>.<pid>.*tmp` beside `path` whose writing process is gone (a killed write's)."
     path = Path(path)
     for t in path.parent.glob(f".{path.name}.*.tmp"):
         pid = t.name[len(path.name) + 2:].split(".")[0]
-        if pid.isdigit() and not _pid_alive(int(pid)): t.unlink(missing_ok=True)
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            if t.is_dir() and not t.is_symlink(): shutil.rmtree(t, ignore_errors=True)
+            else: t.unlink(missing_ok=True)
+
+def temp_dir(path: str | Path) -> Path:
+    "A new temporary folder beside `path`, `.<name>.<pid>.<random>.tmp`, to be renamed into place when complete; a killed writer's are swept first."
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_tmp(path)
+        return Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+    except OSError as e: raise io_error(path, e, "create a temporary folder for") from None
 
 def _umask() -> int:
     m = os.umask(0o022); os.umask(m); return m

@@ -46,14 +46,14 @@
 # %%
 #| export
 from __future__ import annotations
-import hashlib, json, os, shutil, tempfile
+import hashlib, json, os, shutil
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
-from capbook.core import CapbookError, check_choice, check_int, data_dir, load_json
+from capbook.core import CapbookError, check_choice, check_int, data_dir, load_json, temp_dir
 
 # %%
 #| export
@@ -529,7 +529,7 @@ def generate(root: str | Path, profile: str | dict = "default", seed: int = 0, i
     order = np.random.default_rng(seed).permutation(n)
     split = np.empty(n, dtype=object)
     split[order] = sum(([k] * sizes[k] for k in ("train", "val", "test")), [])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+    tmp = temp_dir(root)                                     # renamed to `root` when complete
     try:
         (tmp / "images").mkdir()
         images, gt = [], {}
@@ -581,6 +581,7 @@ def load_gt(root: str | Path) -> dict[str, dict]:
 # Six images of a tiny set, each with its five reference captions.
 
 # %%
+import tempfile
 import matplotlib.pyplot as plt
 _root = generate(Path(tempfile.mkdtemp()) / "shapes", dict(train=4, val=1, test=1), seed=0)
 _ds, _gts = load_json(_root / "dataset_shapes.json"), load_gt(_root)

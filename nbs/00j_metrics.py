@@ -183,8 +183,10 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
     out.update({f"BLEU-{i+1}": float(v) for i, v in enumerate(b)})
     if meteor and not java: notes["METEOR"] = "unavailable: Java not found (METEOR 1.5 runs on Java)"
     elif meteor:
-        try: out["METEOR"] = meteor_score(gts, res)
-        except Exception as e: notes["METEOR"] = f"unavailable: {e.__class__.__name__}: {e}"
+        try: out["METEOR"] = meteor_score(gts, res)   # a dead shared process: its own; a failure of that too stops
+        except Exception as e:                        # Java is here, so a table without METEOR would be a silent gap
+            raise CapbookError(f"METEOR failed while scoring ({e.__class__.__name__}: {(str(e).splitlines() or [''])[0]}); "
+                               f"nothing is scored without it: run again (training is kept)") from None
     out["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
     if spice:

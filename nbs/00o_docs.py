@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile
 from pathlib import Path
 import nbformat
-from capbook.core import CapbookError, atomic_write
+from capbook.core import CapbookError, atomic_write, io_error, temp_dir
 
 # %% [markdown]
 # ## How the site is built
@@ -234,7 +234,7 @@ def _images_of(path: Path) -> set[str]:
 def keep_notebooks(executed: list[Path], dst: Path, replace: bool = True) -> list[Path]:
     "Write the reader's slim copies of `executed` notebooks to `dst` (images in `dst/img/`), replacing what was there (`replace`), or only those notebooks, the others' copies and images kept (a partial book); return them."
     dst = Path(dst); dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    tmp = temp_dir(dst)
     try:
         new = tmp / "new"; (new / "img").mkdir(parents=True)
         for p in executed:
@@ -404,7 +404,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
     if not _is_site(out_dir): raise CapbookError(f"{out_dir}: not empty and not a docs site; refusing to replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = out_dir.with_name(f"{out_dir.name}.build.log")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".build", dir=out_dir.parent))
+    tmp = temp_dir(out_dir)
     try:
         src = tmp / "src"; src.mkdir()
         warnings = write_book(notebooks, src, title, api_modules, intro_md)
@@ -419,6 +419,8 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
         if failed: raise CapbookError(f"docs build failed (see {log_path}): {summary}")
         if out_dir.exists(): os.replace(out_dir, tmp / "old")
         os.replace(tmp / "_build" / "html", out_dir)
+    except OSError as e:                          # a full disk: the old site stays, the partial one goes with `tmp`
+        raise io_error(e.filename or out_dir, e, "build the site") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir / "index.html"
