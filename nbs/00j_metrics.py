@@ -49,7 +49,9 @@ from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 # line: the same tokens as two calls), a run's second scoring of the same captions reuses the first's tokens, and
 # a process keeps its METEOR process for its next scoring, and `capbook book` serves its own to all the book's runs
 # (`meteor_service`, over a private Unix socket); a run outside a book, or one whose service has gone, starts its own.
-# Every score is the same either way (tested).
+# Every score is the same either way (tested). A METEOR process that dies (killed, out of memory) is replaced at the
+# next call, the run in hand scoring through its own; where Java is present and METEOR still cannot score, the run stops
+# in one line rather than write a record and tables silently without METEOR (`tests/test_book.py` kills the book's).
 
 # %%
 #| export

@@ -564,6 +564,24 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
 
 
 # %% [markdown]
+# One book at a time on a home and profile: a second `book_lock` (another book, or `capbook docs`) stops at once, in
+# one line naming the holder; the lock goes with its holder, even a SIGKILLed one:
+
+# %%
+_old_home = os.environ.get("CAPBOOK_HOME")
+with tempfile.TemporaryDirectory() as _h:
+    os.environ["CAPBOOK_HOME"] = _h
+    try:
+        with book_lock("smoke"):
+            try:
+                with book_lock("smoke"): raise AssertionError("a second book got the lock")
+            except CapbookError as e: print(e)
+        with book_lock("smoke"): pass                          # released when the first ended
+    finally:
+        if _old_home is None: os.environ.pop("CAPBOOK_HOME")
+        else: os.environ["CAPBOOK_HOME"] = _old_home
+
+# %% [markdown]
 # Each notebook's kernel listens on IPC sockets of its own, named in Jupyter's runtime folder (nothing is created until
 # a kernel starts):
 
