@@ -140,6 +140,7 @@ def test_a_shrinking_batch_computes_what_the_full_one_does():
         assert torch.allclose(full[k][live], short[k][live], atol=1e-6) and not short[k][~live].any()
 
 
+@pytest.mark.slow                                   # a smoke chapter run, end to end
 def test_chapter_times_makes_the_books_run_and_reports_it(home):
     "`capbook bench --chapters` runs a chapter as the book does (here at smoke, on the CPU) and reports where its time went; a bad chapter stops first."
     import json, subprocess, sys
