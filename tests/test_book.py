@@ -1,5 +1,5 @@
 "The book end to end at the smoke profile: papermill plan, records, tables, figures, skip-unchanged, docs site."
-import json, subprocess, sys
+import contextlib, json, subprocess, sys
 from pathlib import Path
 import pytest
 from capbook.book import Step
@@ -222,14 +222,20 @@ def test_a_killed_book_leaves_no_process_behind(tmp_path):
     assert not alive, [(a.pid, " ".join(a.cmdline())[:120]) for a in alive]
 
 
+@contextlib.contextmanager
+def _tmpfs(where: Path, options: str):
+    "A tmpfs mounted at `where` with `options` (e.g. `ro,size=1m`) for the block: needs root, as on this project's machines; skips elsewhere."
+    where.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if m.returncode: pytest.skip(f"cannot mount a tmpfs ({options}) here: {m.stderr.strip()}")
+    try: yield where
+    finally: subprocess.run(["umount", str(where)], check=True)
+
+
 @pytest.fixture
 def read_only_home(tmp_path):
-    "A CAPBOOK_HOME on a read-only filesystem (a tmpfs mounted ro: needs root, as on this project's machines)."
-    ro = tmp_path / "ro"; ro.mkdir()
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True)
-    if m.returncode: pytest.skip(f"cannot mount a read-only filesystem here: {m.stderr.strip()}")
-    yield ro
-    subprocess.run(["umount", str(ro)], check=True)
+    "A CAPBOOK_HOME on a read-only filesystem."
+    with _tmpfs(tmp_path / "ro", "ro,size=1m") as ro: yield ro
 
 
 @pytest.mark.slow
@@ -576,9 +582,9 @@ def test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes(smok
     import time; time.sleep(3)                                   # inside the notebooks' cells
     os.kill(kernels[0].pid, signal.SIGKILL)
     assert p.wait(timeout=600) == 2
-    lines = [l for l in (tmp_path / "book.log").read_text().splitlines() if l.startswith("error: ")]
-    assert len(lines) == 1 and "its notebook's kernel died (out of memory, or killed)" in lines[0], lines
-    dead = next(s for s in TWO_STEPS if f"{s}: its notebook" in lines[0])
+    line = _error_line(tmp_path / "book.log")
+    assert "its notebook's kernel died (out of memory, or killed)" in line, line
+    dead = next(s for s in TWO_STEPS if f"{s}: its notebook" in line)
     other = next(s for s in TWO_STEPS if s != dead)
     assert (tmp_path / "runs" / "smoke" / other / "done.json").exists(), "the step under way was let finish"
     assert not (tmp_path / "runs" / "smoke" / dead / "done.json").exists()
@@ -627,14 +633,11 @@ def _error_line(log: Path) -> str:
 def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smoke, home, tmp_path):
     "CAPBOOK_HOME on a small tmpfs filled to the last byte during a run, during publishing and during the docs build: each stops with one line naming a path and the full disk, the published tables and the site stay as they were, no temporary file is left, and once space is back the same command completes."
     import os
-    disk = tmp_path / "disk"; disk.mkdir()
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if m.returncode: pytest.skip(f"cannot mount a small filesystem here: {m.stderr.strip()}")
-    env = {**os.environ, "CAPBOOK_HOME": str(disk), "CAPBOOK_DATA": str(home / "data")}
-    capbook = lambda log, *a: subprocess.run([str(BIN / "capbook"), *a], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                             timeout=900).returncode
-    book = ["book", "--profile", "smoke"]
-    try:
+    with _tmpfs(tmp_path / "disk", "size=256m") as disk:
+        env = {**os.environ, "CAPBOOK_HOME": str(disk), "CAPBOOK_DATA": str(home / "data")}
+        capbook = lambda log, *a: subprocess.run([str(BIN / "capbook"), *a], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                                 timeout=900).returncode
+        book = ["book", "--profile", "smoke"]
         assert capbook(tmp_path / "first.log", *book, "--only", "01_dataset") == 0, (tmp_path / "first.log").read_text()[-3000:]
         figs, site = disk / "runs" / "smoke" / "figures", disk / "runs" / "smoke" / "site" / "index.html"
         snapshot = lambda: ({f: f.read_bytes() for f in figs.rglob("*") if f.is_file()}, site.read_bytes())
@@ -651,8 +654,6 @@ def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smok
             assert not _half_written(disk / "runs"), (phase, _half_written(disk / "runs"))
             filler.unlink()
             assert capbook(tmp_path / f"{phase}-again.log", *cmd) == 0, (phase, (tmp_path / f"{phase}-again.log").read_text()[-3000:])
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_every_row_of_what_survives_what_is_a_test():
