@@ -15,7 +15,7 @@ __all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'CapbookError', 'save_traceback', 
            'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time',
            'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch',
            'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
-           'get_device', 'autocast', 'cpu_bf16_faster', 'cpu_precision', 'progress', 'check_choice', 'check_int',
+           'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_precision', 'progress', 'check_choice', 'check_int',
            'check_float']
 
 # %% ../nbs/00_core.ipynb
@@ -302,29 +302,18 @@ def autocast(device: torch.device, cpu_bf16: bool = False):
     return contextlib.nullcontext()
 
 @functools.lru_cache(maxsize=None)
-def cpu_bf16_faster(margin: float = 0.9) -> bool:
-    "Whether bfloat16 autocast runs this CPU's products faster than float32: a linear layer and a 3×3 convolution at the book's sizes, timed both ways (forward and backward, fastest of 3), once per process."
-    x, w = torch.randn(64, 256, requires_grad=True), torch.randn(1024, 256, requires_grad=True)
-    m, k = torch.randn(64, 32, 7, 7, requires_grad=True), torch.randn(128, 32, 3, 3, requires_grad=True)
-    def work():
-        (torch.nn.functional.linear(x, w).float().sum() + torch.nn.functional.conv2d(m, k, padding=1).float().sum()).backward()
-    def best(cpu_bf16: bool) -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            with autocast(torch.device("cpu"), cpu_bf16): work()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-    best(True); best(False)                                # first calls pick and build kernels
-    return best(True) < margin * best(False)
+def cpu_bf16_kernels() -> bool:
+    "Whether oneDNN has bfloat16 kernels for this CPU (x86 with AVX-512 BW/VL/DQ, or Arm with BF16), read from the CPU's feature flags: the same answer on a busy machine and an idle one."
+    try: return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError): return False    # a torch built without oneDNN: float32
 
 PRECISION_CHOICES = ("auto", "fp32", "bf16")
 
 def cpu_precision(precision: str, device: torch.device) -> str:
-    "The arithmetic a run trains in: `precision` as given, or for 'auto' bfloat16 autocast on a GPU and on a CPU where it is measured faster (`cpu_bf16_faster`: 1.2-2.3x on an AVX machine, 8-45x slower on an AVX2 one without bfloat16 instructions), else float32."
+    "The arithmetic a run trains in: `precision` as given, or for 'auto' bfloat16 autocast on a GPU and on a CPU with oneDNN's bfloat16 kernels (`cpu_bf16_kernels`: measured 1.2-2.3x faster on AVX-512 machines, 8-45x slower on an AVX2 one, which has none), else float32. Decided by the CPU's flags, never by a timing: a loaded machine must not change a run's numbers."
     check_choice("precision", precision, PRECISION_CHOICES)
     if precision != "auto": return precision
-    return "bf16" if device.type == "cuda" or cpu_bf16_faster() else "fp32"
+    return "bf16" if device.type == "cuda" or cpu_bf16_kernels() else "fp32"
 
 # %% ../nbs/00_core.ipynb
 def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):

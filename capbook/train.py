@@ -59,7 +59,7 @@ class TrainConfig:
     progress: bool = True       # a progress bar per epoch (shown on a terminal only: `capbook.core.progress`)
     log_every: int = 10         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
-    precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
+    precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where the CPU has oneDNN's bf16 kernels, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."

@@ -97,7 +97,7 @@ class TrainConfig:
     progress: bool = True       # a progress bar per epoch (shown on a terminal only: `capbook.core.progress`)
     log_every: int = 10         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
-    precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where measured faster, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
+    precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where the CPU has oneDNN's bf16 kernels, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
@@ -299,13 +299,15 @@ def dist_info() -> tuple[int, int, int]:
 # gradient scaler). On the CPU, `TrainConfig.precision` chooses: `bf16` runs the model's matrix products
 # and convolutions under `torch.autocast("cpu", torch.bfloat16)` — their inputs rounded to bfloat16, their sums, the
 # weights, the optimiser and the loss in float32 — and `fp32` runs everything in float32; `auto` (the default) takes
-# bf16 only where this CPU runs it faster, timed once per process (`capbook.core.cpu_bf16_faster`). Which one wins
+# bf16 only where oneDNN has bfloat16 kernels for this CPU (AVX-512 or newer: `capbook.core.cpu_bf16_kernels`). Which one wins
 # depends on the machine, and by far. On an AVX machine without bfloat16 arithmetic oneDNN's bfloat16 products move
 # half the bytes: measured with `capbook bench --alternatives` (one thread, default sizes), bf16 trained the
 # transformers 1.8x as fast, NIC and LSTM 1.9x, the others 1.1–1.6x. On an AVX2 machine of the same 2-core kind
 # (issue 27's second session) the same autocast fell to a slow path: a 1024² product at 0.84 GFLOP/s against 38.7 in
 # float32, the 2D-LSTM + SPCA step 5 against 40 captions/s — a fixed `bf16` default made every run there several
-# times slower. The arithmetic each run used is in its record (`precision`). Where bf16 is chosen it
+# times slower. The choice is read from the CPU's feature flags, not timed: timing both ways at each run's start (as
+# capbook once did) let a loaded machine flip a run to float32 and move its numbers, and the same command and seed
+# must give the same numbers. The arithmetic each run used is in its record (`precision`). Where bf16 is chosen it
 # trains the same models: two epochs at the default sizes, seed 0, fp32 against bf16, gave training losses equal to
 # the fourth decimal and validation CIDEr 1.1942 / 1.1943 (spatial transformer), 1.0860 / 1.0859 (GLIED), 1.3101 /
 # 1.3050 (soft attention), differences far inside what one seed to the next changes. `train_step` itself defaults to

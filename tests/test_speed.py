@@ -1,4 +1,5 @@
 "The speed-ups compute what the plain code computes: every model family trained a few steps both ways ends with the same weights."
+from pathlib import Path
 import pytest
 import torch
 from capbook.models import available, build, plain_paths, tanh, Dropout, image_groups
@@ -91,8 +92,8 @@ def test_bf16_precision_is_a_checked_option_close_to_fp32(smoke):
         TrainConfig(precision="fp16").check()
 
 
-def test_auto_precision_takes_bf16_only_where_it_is_measured_faster(monkeypatch):
-    "precision='auto' (the default) resolves to bf16 on a GPU, and on the CPU to bf16 exactly where `cpu_bf16_faster` measured it faster; an explicit choice is kept; the trainer records what it used."
+def test_auto_precision_takes_bf16_only_where_the_cpu_has_bf16_kernels(monkeypatch):
+    "precision='auto' (the default) resolves to bf16 on a GPU, and on the CPU to bf16 exactly where oneDNN has bfloat16 kernels for it (`cpu_bf16_kernels`, read from the CPU, never timed); an explicit choice is kept; the trainer records what it used."
     import capbook.core as C
     from capbook.core import CapbookError, cpu_precision
     from capbook.train import TrainConfig
@@ -100,14 +101,15 @@ def test_auto_precision_takes_bf16_only_where_it_is_measured_faster(monkeypatch)
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert TrainConfig().precision == "auto" and RunConfig().precision == "auto"
     assert cpu_precision("fp32", gpu) == "fp32" and cpu_precision("bf16", cpu) == "bf16"
-    for faster in (True, False):
-        monkeypatch.setattr(C, "cpu_bf16_faster", lambda faster=faster: faster)
-        assert cpu_precision("auto", cpu) == ("bf16" if faster else "fp32")
+    for kernels in (True, False):
+        monkeypatch.setattr(C, "cpu_bf16_kernels", lambda kernels=kernels: kernels)
+        assert cpu_precision("auto", cpu) == ("bf16" if kernels else "fp32")
         assert cpu_precision("auto", gpu) == "bf16"
     monkeypatch.undo()
-    measured = C.cpu_bf16_faster()                               # the real measurement, once per process
-    assert isinstance(measured, bool) and C.cpu_bf16_faster() is measured
-    assert cpu_precision("auto", cpu) == ("bf16" if measured else "fp32")
+    flags = open("/proc/cpuinfo").read().split() if Path("/proc/cpuinfo").exists() else None
+    if flags and "avx2" in flags:                                # x86: AVX-512 BW, VL and DQ are what oneDNN's bf16 needs
+        assert C.cpu_bf16_kernels() == all(f in flags for f in ("avx512bw", "avx512vl", "avx512dq"))
+    assert cpu_precision("auto", cpu) == ("bf16" if C.cpu_bf16_kernels() else "fp32")
     with pytest.raises(CapbookError, match="parameter precision='fp16' is invalid"):
         cpu_precision("fp16", cpu)
 
