@@ -2,7 +2,8 @@
 #   make book        regenerate the book (PROFILE=default|smoke, JOBS notebooks side by side, ONLY="chapters or steps")
 #   make docs        build and open the docs site from the last book's kept notebooks (no training)
 #   make test        lint, then the whole test suite (smoke book, docs site in a browser, DDP included)
-#   make test-fast   lint, then everything but the slow end-to-end tests (about 75 seconds)
+#   make test-fast   lint, then everything but the slow end-to-end tests (under a minute)
+#   make soak        the long fault and scale runs that make test leaves out (whole books killed at random)
 # Both create .venv and install capbook into it first.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -12,7 +13,7 @@ PROFILE ?= default
 JOBS ?= 2
 STAMP := $(VENV)/.capbook-installed
 
-.PHONY: book docs test test-fast lint hooks venv browser sync
+.PHONY: book docs test test-fast soak lint hooks venv browser sync
 
 venv: $(STAMP)
 
@@ -42,11 +43,16 @@ LINTED := capbook nbs/*.py tests
 lint: venv
 	$(BIN)/ruff check $(LINTED)
 
+# Both cores: two pytest workers (pytest-xdist); the tests that read the one smoke book share a worker (xdist_group).
 test: lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
+
+# The full-strength fault and scale runs: whole smoke books killed at random, the rehearsal at a larger scale.
+soak: lint browser
+	$(BIN)/python -m pytest -q -m soak
 
 # nbdev's habits as git pre-commit hooks: clean notebooks, export, lint (.pre-commit-config.yaml).
 hooks: venv

@@ -1,24 +1,89 @@
-"Shared fixtures: one temporary capbook home per test session, with the smoke-profile data prepared once."
-import os, sys
+"""Shared fixtures: one temporary capbook home per test process, and the smoke-profile data prepared once per test run.
+
+`make test` runs the suite on both cores (pytest-xdist, `-n 2 --dist loadgroup`): each worker has its own home, and
+both open one copy of the smoke data, built by whichever worker asks first with one intra-op thread, as a
+`capbook book -j 2` worker's kernel builds it, so that its bits are the ones any book on this machine builds: the kill
+test compares a book that builds its own data with the book fixture's, bit for bit. Tests that share a module-scoped book run in one worker
+(`pytest.mark.xdist_group`)."""
+import contextlib, fcntl, os, subprocess, sys
 from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):     # a core each: two 2-thread OpenMP pools on two cores spin against each other
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"     # (set before torch is imported)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests that share a module fixture run in one worker")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The soak tests (`make soak`: whole books killed, the rehearsal at a larger scale) run only when `-m` names them.
+    The rest run longest first: the book's group (its book is the longest chain of the run), then the other slow tests,
+    so that neither worker is left with a long test at the end; within each, the tests that need no smoke data first,
+    so that one worker's build of it leaves the other something to do."""
+    if "soak" not in (config.getoption("markexpr") or ""):
+        soak = [i for i in items if i.get_closest_marker("soak")]
+        if soak:
+            config.hook.pytest_deselected(items=soak)
+            items[:] = [i for i in items if not i.get_closest_marker("soak")]
+    rank = lambda i: (0 if any(m.args == ("book",) for m in i.iter_markers("xdist_group")) else 1 if i.get_closest_marker("slow") else 2,
+                      "smoke_data" in i.fixturenames)
+    items.sort(key=rank)                                # stable: file order within each rank
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    "pytest-xdist groups tests by a suffix it adds to their ids; where a pytest release stops honouring it, say so instead of building every group's fixtures in both workers."
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost: raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group {lost[0]}: use the pytest pinned in pyproject.toml")
+
 
 @pytest.fixture(scope="session")
-def home(tmp_path_factory):
-    "A CAPBOOK_HOME for the session (data/, runs/, figures/ go there, never into the checkout)."
+def shared_tmp(tmp_path_factory) -> Path:
+    "A folder every worker of this test run sees (the run's base temporary folder; without xdist, the process's own)."
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)                  # released when the file closes, or when the process dies
+        yield
+
+
+@pytest.fixture(scope="session")
+def smoke_data(shared_tmp) -> Path:
+    "The smoke data folder (CAPBOOK_DATA) of this test run, built once, in a process with one intra-op thread as a `capbook book -j 2` worker's kernel has: the bits every book on this machine builds."
+    data, done = shared_tmp / "smoke-data", shared_tmp / "smoke-data.built"
+    with _exclusive(shared_tmp / "smoke-data.lock"):
+        if not done.exists():
+            env = {**os.environ, "CAPBOOK_DATA": str(data), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            p = subprocess.run([sys.executable, "-c", "from capbook.prepare import prepare; print(prepare('shapes', 'smoke').describe())"],
+                               env=env, capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            done.write_text(p.stdout)
+    return data
+
+
+@pytest.fixture(scope="session")
+def home(tmp_path_factory, smoke_data):
+    "A CAPBOOK_HOME for the test process (runs/, figures/ go there, never into the checkout), reading the run's shared smoke data."
     d = tmp_path_factory.mktemp("capbook-home")
-    old = os.environ.get("CAPBOOK_HOME")
-    os.environ["CAPBOOK_HOME"] = str(d)
+    old = {k: os.environ.get(k) for k in ("CAPBOOK_HOME", "CAPBOOK_DATA")}
+    os.environ["CAPBOOK_HOME"], os.environ["CAPBOOK_DATA"] = str(d), str(smoke_data)
     yield d
-    if old is None: os.environ.pop("CAPBOOK_HOME", None)
-    else: os.environ["CAPBOOK_HOME"] = old
+    for k, v in old.items():
+        if v is None: os.environ.pop(k, None)
+        else: os.environ[k] = v
 
 
 @pytest.fixture(scope="session")
 def smoke(home):
-    "The smoke-profile shapes data (dataset, frozen encoder, features), prepared once."
+    "The smoke-profile shapes data (dataset, frozen encoder, features), opened from the shared data folder."
     from capbook.prepare import prepare
     return prepare("shapes", "smoke")

@@ -10,15 +10,26 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def book(home):
-    p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2"], capture_output=True, text=True,
-                       timeout=1200)              # side by side; the skip test below reruns it one at a time
+    p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2", "--no-docs"], capture_output=True,
+                       text=True, timeout=1200)   # side by side; the skip test below reruns it one at a time; `site` builds its site
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "without encryption" not in p.stderr, "kernels over TCP: the book's IPC kernel manager was not used"
     assert "KeyboardInterrupt" not in p.stderr, "a kernel interrupted at shutdown"
     return home, p.stdout
 
 
+@pytest.fixture(scope="module")
+def site(book):
+    "`capbook docs`: the site of the fixture's book, built from its kept notebooks alone (as `capbook book` ends; the kill test runs that path)."
+    from capbook.book import notebooks
+    home, _ = book
+    p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "smoke"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and f"docs site of {len(notebooks())} chapters" in p.stdout, p.stdout + p.stderr
+    return home / "runs" / "smoke" / "site"
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_smoke_book_publishes_tables_figures_records(book):
     home, log = book
     figs = home / "runs" / "smoke" / "figures"
@@ -46,6 +57,7 @@ def test_smoke_book_publishes_tables_figures_records(book):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_unchanged_book_is_skipped(book):
     p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs"], capture_output=True,
                        text=True, timeout=600)
@@ -54,10 +66,9 @@ def test_unchanged_book_is_skipped(book):
 
 
 @pytest.mark.slow
-def test_docs_site_shows_table_and_attention_figure(book):
+@pytest.mark.xdist_group("book")
+def test_docs_site_shows_table_and_attention_figure(site):
     from capbook.docs import chromium_dom
-    home, _ = book
-    site = home / "runs" / "smoke" / "site"
     page = site / "02a_soft_vs_hard.html"
     assert page.exists(), sorted(p.name for p in site.glob("*.html"))
     dom = chromium_dom(page)
@@ -74,16 +85,14 @@ def test_docs_site_shows_table_and_attention_figure(book):
 
 
 @pytest.mark.slow
-def test_docs_command_rebuilds_the_site_a_reader_meets(book):
-    "`capbook docs` builds the same site from the kept notebooks alone; every chapter reads as a book in Chromium."
+@pytest.mark.xdist_group("book")
+def test_docs_command_rebuilds_the_site_a_reader_meets(book, site):
+    "`capbook docs` builds the site from the kept notebooks alone (the `site` fixture); every chapter reads as a book in Chromium."
     from sitecheck import check_site
     home, _ = book
     kept = home / "runs" / "smoke" / "figures" / "notebooks"
     assert (kept / "02_show_attend_tell.ipynb").exists() and not list(kept.glob("*-hard*"))    # untagged runs only
-    p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "smoke"], capture_output=True, text=True, timeout=600)
-    from capbook.book import notebooks
-    assert p.returncode == 0 and f"docs site of {len(notebooks())} chapters" in p.stdout, p.stdout + p.stderr
-    check_site(home / "runs" / "smoke" / "site" / "index.html", kept)
+    check_site(site / "index.html", kept)
     p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "paper"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no kept notebooks of a paper book; run `capbook book --profile paper` first" in p.stderr
 
@@ -177,6 +186,7 @@ def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_tensorboard_shows_every_training_run_of_the_book(book):
     "tensorboard --logdir runs/smoke lists a run per training step of the plan, with its loss and validation curves."
     import socket, time, urllib.request
@@ -278,6 +288,7 @@ def test_the_readers_papermill_run_is_clean(home, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_smoke_book_spca_tables(book):
     home, _ = book
     figs = home / "runs" / "smoke" / "figures"
@@ -346,6 +357,7 @@ def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_every_chapter_publishes_what_it_declares(book):
     "Each chapter's declared figures are published by the smoke book; its declared published tables are quoted data."
     from capbook.runner import chapters
@@ -359,6 +371,7 @@ def test_every_chapter_publishes_what_it_declares(book):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_smoke_book_semantic_and_glied_tables(book):
     home, _ = book
     figs = home / "runs" / "smoke" / "figures"
@@ -388,6 +401,7 @@ def test_smoke_book_semantic_and_glied_tables(book):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_tables_show_intervals_and_paired_verdicts(book):
     "Every measured row carries 95% bootstrap intervals; the chapters' claims are paired verdicts (issue 14)."
     home, _ = book
@@ -470,9 +484,74 @@ def _half_written(root: Path) -> list[str]:
     return bad
 
 
+KILL_PLAN = ["02_show_attend_tell*", "06_baselines*", "02a_soft_vs_hard"]   # a chapter, the runs its assembly step reads, that step
+
+
+def _killed_at(p: subprocess.Popen, ready, label: str, seed: int, log: Path, killed: list, runs: Path, poll: float = 0.1):
+    "SIGKILL book `p` and its family as soon as `ready()` holds; note what was done then."
+    import os, signal, time
+    import psutil
+    while p.poll() is None and not ready(): time.sleep(poll)
+    assert p.poll() is None, f"seed {seed}: the book ended before the kill {label}\n{log.read_text()[-2000:]}"
+    family = psutil.Process(p.pid).children(recursive=True)
+    os.kill(p.pid, signal.SIGKILL); p.wait()
+    psutil.wait_procs(family, timeout=60)                            # its workers and kernels follow it (tested above)
+    killed.append((label, sorted(d.parent.name for d in runs.glob("*/done.json"))))
+
+
+def _training_finished(runs: Path) -> bool:
+    "Whether some run has finished training but not yet its step: it is scoring (test decoding, METEOR) or drawing."
+    import torch
+    for last in runs.glob("*/ckpt/last.pt"):
+        if (last.parent.parent / "done.json").exists(): continue
+        try:
+            if torch.load(last, map_location="cpu", weights_only=False).get("finished"): return True
+        except Exception: pass                                       # being written
+    return False
+
+
 @pytest.mark.slow
-def test_a_book_killed_at_random_moments_ends_with_the_same_figures(tmp_path):
-    "SIGKILL a smoke book (-j 2) three times at random moments — while it builds data, while it trains and scores, while it publishes or builds the site — then let it finish: the same tables and figures as an uninterrupted book in a fresh home (data built the same way), no half-written file, and the last run recomputes only the steps left unfinished. CAPBOOK_KILL_SEED repeats a draw."
+@pytest.mark.xdist_group("book")
+def test_a_book_killed_in_every_phase_ends_with_the_same_figures(book, tmp_path):
+    "SIGKILL a book (-j 2) of one chapter, the runs its assembly step reads and that step, in a fresh home, once in each phase — while it builds its data, while it trains, while it scores, while it publishes, while it builds the site — then let it finish: the same tables and figures as the book fixture's uninterrupted book (whose data a book worker built the same way), no half-written file, and the last run recomputes only the steps left unfinished. CAPBOOK_KILL_SEED repeats a draw; `make soak` kills whole books."
+    import os, random, time
+    seed = int(os.environ.get("CAPBOOK_KILL_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    ref_home, _ = book
+    home, killed = tmp_path / "killed", []
+    runs = home / "runs" / "smoke"
+    start = lambda i: (_start_book(home, tmp_path / f"book-{i}.log", "-j", "2", "--only", *KILL_PLAN), tmp_path / f"book-{i}.log")
+    def after(cond, delay):                                          # `cond` first held, then `delay` seconds more
+        since = []
+        return lambda: bool(since or (cond() and since.append(time.time()))) and time.time() - since[0] >= delay
+    features = lambda: any((home / "data").glob("features/**/*"))
+    phases = [("data", after(lambda: (home / "data").exists(), rng.uniform(0, 4))),
+              ("training", after(lambda: any(runs.glob("*/ckpt/tb/*")), rng.uniform(0, 4))),
+              ("scoring", after(lambda: _training_finished(runs), rng.uniform(0, 0.5))),
+              ("publishing", after(lambda: "one METEOR process scored" in log.read_text(), rng.uniform(0, 0.3))),
+              ("the site", after(lambda: "tables, figures and the reader's notebooks" in log.read_text(), rng.uniform(0, 3)))]
+    for i, (phase, ready) in enumerate(phases):
+        p, log = start(i)
+        _killed_at(p, ready, f"while {phase}" + (f" (features written: {features()})" if phase == "data" else ""), seed, log,
+                   killed, runs)
+    finished_before = {d.parent.name for d in runs.glob("*/done.json")}
+    p, log = start(len(phases))
+    assert p.wait(timeout=900) == 0, log.read_text()[-3000:]
+    out = log.read_text()
+    ran = {l.split(": ran in ")[0].strip() for l in out.splitlines() if ": ran in " in l}
+    assert not ran & finished_before, (seed, killed, ran & finished_before)       # nothing finished ran again
+    assert all(f"{s}: unchanged, skipped" in out for s in finished_before), (seed, killed)
+    ref, got = _published_results(ref_home / "runs" / "smoke" / "figures"), _published_results(runs / "figures")
+    assert len(got) >= 5 and set(got) <= set(ref), (seed, killed, set(got) - set(ref))
+    differ = [n for n in got if got[n] != ref[n]]
+    assert not differ, (seed, killed, differ)                    # every score, interval, verdict and figure, bit for bit
+    assert not _half_written(home), (seed, killed, _half_written(home))
+    assert (runs / "site" / "index.html").exists() and (runs / "site" / "02a_soft_vs_hard.html").exists()
+
+
+@pytest.mark.soak                                   # `make soak`: three whole smoke books, ~10 minutes
+def test_soak_a_whole_book_killed_at_random_moments_ends_with_the_same_figures(tmp_path):
+    "The full-strength variant of `test_a_book_killed_in_every_phase_ends_with_the_same_figures`: SIGKILL a whole smoke book (-j 2) three times at random moments — while it builds data, while it trains and scores, while it publishes or builds the site — then let it finish: the same tables and figures as an uninterrupted book in a fresh home (data built the same way), no half-written file, and the last run recomputes only the steps left unfinished. CAPBOOK_KILL_SEED repeats a draw."
     import os, random, signal, time
     import psutil
     seed = int(os.environ.get("CAPBOOK_KILL_SEED", time.time_ns() % 10_000))
@@ -539,13 +618,12 @@ TWO_STEPS = ["02_show_attend_tell-none", "06_baselines-nic"]         # two of th
 
 
 @pytest.mark.slow
-def test_a_killed_meteor_process_is_replaced_and_scores_stay_exact(smoke, home, tmp_path):
-    "The book's shared METEOR (Java) process SIGKILLed while runs score: the runs score through a fresh one, the book finishes, and every METEOR equals that of the same runs without the kill."
+@pytest.mark.xdist_group("book")
+def test_a_killed_meteor_process_is_replaced_and_scores_stay_exact(book, smoke_data, tmp_path):
+    "The book's shared METEOR (Java) process SIGKILLed while runs score: the runs score through a fresh one, the book finishes, and every METEOR equals that of the same runs in the book fixture's uninterrupted book (same data)."
     import os, signal
     import psutil
-    ref = _start_book(tmp_path / "ref", tmp_path / "ref.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=home / "data")
-    assert ref.wait(timeout=600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
-    p = _start_book(tmp_path / "killed", tmp_path / "book.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=home / "data")
+    p = _start_book(tmp_path / "killed", tmp_path / "book.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=smoke_data)
     me = psutil.Process(p.pid)
     java = _wait_for(lambda: next((c for c in me.children(recursive=True) if "meteor" in " ".join(c.cmdline()).lower()), None),
                      what="the shared METEOR process")
@@ -553,7 +631,7 @@ def test_a_killed_meteor_process_is_replaced_and_scores_stay_exact(smoke, home, 
     assert p.wait(timeout=600) == 0, (tmp_path / "book.log").read_text()[-3000:]
     for step in TWO_STEPS:
         got = json.loads((tmp_path / "killed" / "runs" / "smoke" / step / "record.json").read_text())
-        want = json.loads((tmp_path / "ref" / "runs" / "smoke" / step / "record.json").read_text())
+        want = json.loads((book[0] / "runs" / "smoke" / step / "record.json").read_text())
         assert "METEOR" not in got.get("notes", {}) and got["metrics"]["METEOR"] == want["metrics"]["METEOR"] > 0, step
 
 
@@ -571,15 +649,21 @@ def test_a_meteor_that_cannot_score_stops_the_run_instead_of_a_silent_gap(monkey
 
 
 @pytest.mark.slow
-def test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes(smoke, home, tmp_path):
-    "SIGKILL a notebook's kernel (as the out-of-memory killer would) while two steps run: one line names the step and the cause, the other step finishes, and the next book runs only the killed one."
-    import os, signal
+def test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes(smoke_data, tmp_path):
+    "SIGKILL a notebook's kernel (as the out-of-memory killer would) while two steps run: one line names the step and the cause, the other step finishes, and the next book runs only the killed one. Meanwhile a second book on the same home and profile stops at once in one line naming the first (its pid), and the first goes on untouched."
+    import os, signal, time
     import psutil
-    p = _start_book(tmp_path, tmp_path / "book.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=home / "data")
+    p = _start_book(tmp_path, tmp_path / "book.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=smoke_data)
+    lock = tmp_path / "runs" / "smoke" / ".book.lock"
+    _wait_for(lambda: lock.exists() and f"pid {p.pid}" in lock.read_text(), what="the first book's lock")
+    second = _start_book(tmp_path, tmp_path / "second.log", "--no-docs", "--only", TWO_STEPS[0], data=smoke_data)
+    assert second.wait(timeout=120) == 2 and p.poll() is None
+    err = (tmp_path / "second.log").read_text().strip().splitlines()
+    assert len(err) == 1 and "another capbook book is running on this home and profile" in err[0] and f"pid {p.pid}" in err[0], err
     me = psutil.Process(p.pid)
     kernels = _wait_for(lambda: (k := [c for c in me.children(recursive=True) if "ipykernel" in " ".join(c.cmdline())]) and len(k) == 2 and k,
                         what="two kernels")
-    import time; time.sleep(3)                                   # inside the notebooks' cells
+    time.sleep(3)                                                # inside the notebooks' cells
     os.kill(kernels[0].pid, signal.SIGKILL)
     assert p.wait(timeout=600) == 2
     line = _error_line(tmp_path / "book.log")
@@ -588,25 +672,10 @@ def test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes(smok
     other = next(s for s in TWO_STEPS if s != dead)
     assert (tmp_path / "runs" / "smoke" / other / "done.json").exists(), "the step under way was let finish"
     assert not (tmp_path / "runs" / "smoke" / dead / "done.json").exists()
-    p = _start_book(tmp_path, tmp_path / "book2.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=home / "data")
+    p = _start_book(tmp_path, tmp_path / "book2.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=smoke_data)
     assert p.wait(timeout=600) == 0
     out = (tmp_path / "book2.log").read_text()
-    assert f"{dead}: ran in" in out and f"{other}: unchanged, skipped" in out
-
-
-@pytest.mark.slow
-def test_a_second_book_on_the_same_home_stops_in_one_line(smoke, home, tmp_path):
-    "Two books on one home and profile: the second stops at once in one line naming the first (its pid); the first finishes untouched; a later book skips what it made."
-    p1 = _start_book(tmp_path, tmp_path / "a.log", "--no-docs", "--only", TWO_STEPS[0], data=home / "data")
-    lock = tmp_path / "runs" / "smoke" / ".book.lock"
-    _wait_for(lambda: lock.exists() and f"pid {p1.pid}" in lock.read_text(), what="the first book's lock")
-    p2 = _start_book(tmp_path, tmp_path / "b.log", "--no-docs", "--only", TWO_STEPS[0], data=home / "data")
-    assert p2.wait(timeout=120) == 2 and p1.poll() is None
-    err = (tmp_path / "b.log").read_text().strip().splitlines()
-    assert len(err) == 1 and "another capbook book is running on this home and profile" in err[0] and f"pid {p1.pid}" in err[0], err
-    assert p1.wait(timeout=600) == 0
-    p3 = _start_book(tmp_path, tmp_path / "c.log", "--no-docs", "--only", TWO_STEPS[0], data=home / "data")
-    assert p3.wait(timeout=300) == 0 and f"{TWO_STEPS[0]}: unchanged, skipped" in (tmp_path / "c.log").read_text()
+    assert f"{dead}: ran in" in out and f"{other}: unchanged, skipped" in out     # a later book skips what the first made
 
 
 def _fill(disk: Path) -> Path:
@@ -630,11 +699,11 @@ def _error_line(log: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smoke, home, tmp_path):
+def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smoke_data, tmp_path):
     "CAPBOOK_HOME on a small tmpfs filled to the last byte during a run, during publishing and during the docs build: each stops with one line naming a path and the full disk, the published tables and the site stay as they were, no temporary file is left, and once space is back the same command completes."
     import os
     with _tmpfs(tmp_path / "disk", "size=256m") as disk:
-        env = {**os.environ, "CAPBOOK_HOME": str(disk), "CAPBOOK_DATA": str(home / "data")}
+        env = {**os.environ, "CAPBOOK_HOME": str(disk), "CAPBOOK_DATA": str(smoke_data)}
         capbook = lambda log, *a: subprocess.run([str(BIN / "capbook"), *a], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                                  timeout=900).returncode
         book = ["book", "--profile", "smoke"]

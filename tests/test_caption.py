@@ -9,6 +9,7 @@ from capbook.core import CapbookError
 
 BIN = Path(sys.executable).parent
 PHOTO = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"     # a photograph shipped with matplotlib
+pytestmark = pytest.mark.xdist_group("caption")     # one worker trains the module's run
 
 
 @pytest.fixture(scope="module")

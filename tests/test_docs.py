@@ -12,6 +12,8 @@ import capbook.docs as docs
 from capbook.core import CapbookError
 from capbook.docs import build_site, chromium_dom, chromium_screenshot, keep_notebooks, nbdev_directives, prepare_notebook
 
+pytestmark = pytest.mark.xdist_group("docs")        # one worker builds the module's site
+
 v4 = nbformat.v4
 SHOW_DOC_MD = ("---\n\n### attend\n\n>      attend (e:torch.Tensor, dim:int=-1)\n\n*Soft attention weights.*\n\n"
                "|    | **Type** | **Default** | **Details** |\n| -- | -------- | ----------- | ----------- |\n"

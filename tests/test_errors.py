@@ -66,6 +66,7 @@ def test_cli_file_as_run_dir_is_one_line(tmp_path, monkeypatch, capsys):
 def test_home_under_a_file_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path / "file" / "home"))
+    monkeypatch.delenv("CAPBOOK_DATA", raising=False)             # data/ under that home too
     from capbook.prepare import prepare
     with pytest.raises(CapbookError) as e: prepare("shapes", "smoke")
     one_line(str(e.value), str(tmp_path / "file"), "a path component is a file, not a folder")

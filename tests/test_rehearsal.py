@@ -7,23 +7,35 @@ from capbook.rehearsal import coco_counts, project_encoders, rehearsal_table
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.slow
-def test_rehearsal_runs_every_stage_at_small_scale(tmp_path):
-    p = subprocess.run([str(BIN / "capbook"), "rehearse", "--scale", "0.002", "--root", str(tmp_path),
+def _rehearse_and_check(root: Path, scale: float) -> None:
+    "Every stage of the real-data path at `scale` × COCO, each in its own process, and what each must have measured."
+    p = subprocess.run([str(BIN / "capbook"), "rehearse", "--scale", repr(scale), "--root", str(root),
                         "--stages", "generate", "read", "extract", "open", "train", "evaluate"],
-                       capture_output=True, text=True, timeout=1200)
+                       capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads((tmp_path / "rehearsal.json").read_text())
-    st, n = res["stages"], sum(coco_counts(0.002).values())
-    assert st["generate"]["images"] == st["read"]["images"] == n == 247
+    res = json.loads((root / "rehearsal.json").read_text())
+    st, counts = res["stages"], coco_counts(scale)
+    n = sum(counts.values())
+    assert st["generate"]["images"] == st["read"]["images"] == n
     assert st["read"]["captions"] == 5 * n and st["read"]["vocabulary"] > 4
     assert st["extract"]["memory_mapped"] and st["open"]["memory_mapped"]          # no split read into memory whole
     assert st["extract"]["store_bytes"] == n * 16 * 576 * 2 + 3 * 128                # float16 rows (+ three .npy headers)
-    assert st["train"]["captions"] == 5 * (coco_counts(0.002)["train"] + coco_counts(0.002)["restval"])   # one epoch, every caption
-    assert st["evaluate"]["images"] == coco_counts(0.002)["test"] and "CIDEr" in st["evaluate"]["metrics"]
+    assert st["train"]["captions"] == 5 * (counts["train"] + counts["restval"])     # one epoch, every caption
+    assert st["evaluate"]["images"] == counts["test"] and "CIDEr" in st["evaluate"]["metrics"]
     assert all(s["maxrss_bytes"] > 0 and s["peak_anon_bytes"] > 0 and s["seconds"] > 0 for s in st.values())
     assert "| train |" in p.stdout and "| evaluate |" in p.stdout
-    assert (tmp_path / "run" / "ckpt" / "tb").is_dir()                              # its training curves, like any run
+    assert (root / "run" / "ckpt" / "tb").is_dir()                                  # its training curves, like any run
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_every_stage_at_small_scale(tmp_path):
+    assert sum(coco_counts(0.002).values()) == 247
+    _rehearse_and_check(tmp_path, 0.002)
+
+
+@pytest.mark.soak                                   # `make soak`: 2,466 images, ten times the scale above
+def test_soak_rehearsal_at_a_larger_scale(tmp_path):
+    _rehearse_and_check(tmp_path, 0.02)
 
 
 def test_encoder_projection_and_table():
