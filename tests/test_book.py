@@ -499,6 +499,16 @@ def _killed_at(p: subprocess.Popen, ready, label: str, seed: int, log: Path, kil
     killed.append((label, sorted(d.parent.name for d in runs.glob("*/done.json") if d.parent.name in KILL_PLAN)))
 
 
+def _completes_only_the_unfinished(p: subprocess.Popen, log: Path, finished_before: set, why, timeout: float) -> str:
+    "The book `p` after its kills ends well, running none of the steps `finished_before` and skipping each as unchanged; its log."
+    assert p.wait(timeout=timeout) == 0, log.read_text()[-3000:]
+    out = log.read_text()
+    ran = {l.split(": ran in ")[0].strip() for l in out.splitlines() if ": ran in " in l}
+    assert not ran & finished_before, (why, ran & finished_before)              # nothing finished ran again
+    assert all(f"{s}: unchanged, skipped" in out for s in finished_before), why
+    return out
+
+
 def _training_finished(runs: Path) -> bool:
     "Whether some run has finished training but not yet its step: it is scoring (test decoding, METEOR) or drawing."
     import torch
@@ -540,11 +550,7 @@ def test_a_book_killed_in_every_phase_ends_with_the_same_figures(book, tmp_path)
                    killed, runs)
     finished_before = {d.parent.name for d in runs.glob("*/done.json")} & set(KILL_PLAN)     # of the plan: not the copies
     p, log = start(len(phases))
-    assert p.wait(timeout=900) == 0, log.read_text()[-3000:]
-    out = log.read_text()
-    ran = {l.split(": ran in ")[0].strip() for l in out.splitlines() if ": ran in " in l}
-    assert not ran & finished_before, (seed, killed, ran & finished_before)       # nothing finished ran again
-    assert all(f"{s}: unchanged, skipped" in out for s in finished_before), (seed, killed)
+    out = _completes_only_the_unfinished(p, log, finished_before, (seed, killed), timeout=900)
     ref, got = _published_results(ref_home / "runs" / "smoke" / "figures"), _published_results(runs / "figures")
     assert len(got) >= 4 and set(got) <= set(ref), (seed, killed, set(got) - set(ref))
     differ = [n for n in got if got[n] != ref[n]]
@@ -588,11 +594,7 @@ def test_soak_a_whole_book_killed_at_random_moments_ends_with_the_same_figures(t
               (s.append(time.time()) or time.time() - s[0] > late), f"{late:.1f} s into publishing")
     finished_before = {d.parent.name for d in runs.glob("*/done.json")}
     p, log = start(home, 3)
-    assert p.wait(timeout=1500) == 0, log.read_text()[-3000:]
-    out = log.read_text()
-    ran = {l.split(": ran in ")[0].strip() for l in out.splitlines() if ": ran in " in l}
-    assert not ran & finished_before, (seed, killed, ran & finished_before)       # nothing finished ran again
-    assert all(f"{s}: unchanged, skipped" in out for s in finished_before), (seed, killed)
+    _completes_only_the_unfinished(p, log, finished_before, (seed, killed), timeout=1500)
     ref, got = _published_results(ref_home / "runs" / "smoke" / "figures"), _published_results(runs / "figures")
     assert len(ref) > 30 and sorted(got) == sorted(ref), (seed, killed, set(got) ^ set(ref))
     differ = [n for n in ref if got[n] != ref[n]]
