@@ -17,7 +17,7 @@ from .decode import decode_split, teacher_forced, pad_captions, Caption
 __all__ = ['METEOR_ENV', 'FROM_SUMS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized', 'meteor_score',
            'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate', 'write_results',
            'read_results', 'score_results', 'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled',
-           'bootstrap', 'seed_bootstrap', 'results_row', 'semantic_table']
+           'bootstrap', 'seed_t_test', 'holm', 'simulate_verdicts', 'results_row', 'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -451,26 +451,78 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
     return out
 
 # %% ../nbs/00j_metrics.ipynb
-def seed_bootstrap(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, resamples: int = 2000,
-                   seed: int = 0, level: float = 0.95) -> dict:
-    "The mean over seeds of a metric (×100) and its two-stage bootstrap interval (seeds, then test images); with `b` (another model's seeds, on the same images) the difference, its interval and the verdict on 'a > b'."
-    if not a or (b is not None and not b): raise CapbookError("seed_bootstrap: every model needs at least one seed's statistics")
+def _t(q: float, df: float) -> float:
+    "Student's t quantile q with df degrees of freedom."
+    from scipy.stats import t
+    return float(t.ppf(q, df))
+
+def _t_two_sided(x: float, df: float) -> float:
+    "P(|T_df| > |x|)."
+    from scipy.stats import t
+    return float(2 * t.sf(abs(x), df))
+
+def _image_variance(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None, resamples: int, seed: int,
+                    exact: bool = True) -> float:
+    "V_img: the variance over test-image draws of the seed-averaged metric (×100) of `a`, or of its difference from `b`'s."
+    n = len(a[0])
+    if metric == "CIDEr" and exact:                   # a mean over images: Var* of the mean of d is mean((d - d_bar)^2) / n
+        d = 100 * (np.mean(a, 0) - (np.mean(b, 0) if b is not None else 0))
+        return float(np.mean((d - d.mean()) ** 2) / n)
+    w = draws(n, resamples, seed)
+    d = np.mean([resampled(st, metric, w) for st in a], 0)                      # (R,) the seed mean on each draw
+    if b is not None: d = d - np.mean([resampled(st, metric, w) for st in b], 0)
+    return float(np.var(d))
+
+def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
+                resamples: int = 2000, seed: int = 0) -> dict:
+    "The mean over seeds of a metric (×100) and its t-interval with the seed as the unit of replication, the test images' variance added; with `b` (another model's seeds, on the same images) the difference, its interval, two-sided p and the verdict on 'a > b'. One seed on a side: no verdict, and the interval is over the images alone."
+    if not a or (b is not None and not b): raise CapbookError("seed_t_test: every model needs at least one seed's statistics")
     n = len(a[0])
     if any(len(x) != n for x in [*a, *(b or [])]):
-        raise CapbookError(f"seed_bootstrap: seeds scored on {sorted({len(x) for x in [*a, *(b or [])]})} images; score every seed on the same test images")
-    rng, w = np.random.default_rng([seed, 1]), draws(n, resamples, seed)
-    def side(stats):                                           # (R,) mean over the drawn seeds, and the full-data mean
-        m = np.stack([resampled(st, metric, w) for st in stats])          # (S, R): each seed on each image draw
-        pick = rng.integers(0, len(stats), size=(resamples, len(stats)))  # (R, S): the seeds of each draw
-        return m[pick, np.arange(resamples)[:, None]].mean(1), float(np.mean([resampled(st, metric, np.ones((1, n)))[0] for st in stats]))
-    d, value = side(a)
-    if b is not None:
-        db, vb = side(b); d, value = d - db, value - vb
-    lo, hi = np.quantile(d, [(1 - level) / 2, (1 + level) / 2])
-    out = {"value": value, "lo": float(lo), "hi": float(hi), "resamples": resamples, "seed": seed, "level": level,
-           "seeds": (len(a), len(b)) if b is not None else len(a)}
-    if b is not None: out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
+        raise CapbookError(f"seed_t_test: seeds scored on {sorted({len(x) for x in [*a, *(b or [])]})} images; score every seed on the same test images")
+    full = np.ones((1, n))
+    score = lambda st: float(resampled(st, metric, full)[0])                   # m(a_s): one seed's metric on the test split
+    sides = [[score(st) for st in a]] + ([[score(st) for st in b]] if b is not None else [])
+    value = float(np.mean(sides[0]) - (np.mean(sides[1]) if b is not None else 0.0))
+    v_img = _image_variance(a, metric, b, resamples, seed)
+    out = {"value": value, "level": level, "seeds": tuple(len(x) for x in sides) if b is not None else len(a)}
+    if min(len(x) for x in sides) < 2:                 # no estimate of the training variance: the images alone, no verdict
+        half = _t((1 + level) / 2, max(n - 1, 1)) * np.sqrt(v_img)
+        out |= {"lo": value - half, "hi": value + half, "df": float(n - 1), "p": None, "images_only": True}
+        if b is not None: out["verdict"] = "one seed: no verdict"
+        return out
+    # s^2 / S for each side, and the images: the variance components with their degrees of freedom
+    parts = [(np.var(x, ddof=1) / len(x), len(x) - 1) for x in sides] + [(v_img, max(n - 1, 1))]
+    V = sum(v for v, _ in parts)
+    # Welch-Satterthwaite: nu = V^2 / sum_k v_k^2 / df_k
+    df = V ** 2 / sum(v ** 2 / d for v, d in parts) if V > 0 else float("inf")
+    half = _t((1 + level) / 2, df) * np.sqrt(V)
+    out |= {"lo": value - half, "hi": value + half, "df": float(df), "images_only": False,
+            "p": _t_two_sided(value / np.sqrt(V), df) if V > 0 else (0.0 if value else 1.0)}
+    if b is not None: out["verdict"] = "holds" if out["lo"] > 0 else "does not hold" if out["hi"] < 0 else "cannot tell"
     return out
+
+def holm(p: list[float | None], alpha: float = 0.05) -> list[bool]:
+    "Holm's step-down correction over one table's verdicts: which of the p-values (None: no test) are significant with the family-wise error held at `alpha`."
+    idx = sorted((i for i, x in enumerate(p) if x is not None), key=lambda i: p[i])
+    keep, m = [False] * len(p), len(idx)
+    for k, i in enumerate(idx):
+        # the k-th smallest p (from 0) is compared with alpha / (m - k); the first that fails stops the rest
+        if p[i] > alpha / (m - k): break
+        keep[i] = True
+    return keep
+
+# %% ../nbs/00j_metrics.ipynb
+def simulate_verdicts(spread: float, delta: float = 0.0, seeds: int = 3, trials: int = 1000, images: int = 1000,
+                      noise: float = 0.3, seed: int = 0) -> dict:
+    "The verdicts of `seed_t_test` on `trials` simulated comparisons: CIDEr per image gamma(2, 0.5) (mean 1), each seed's shift N(0, spread), per-image noise N(0, noise), model a ahead by `delta` seed sds. Returns the shares of 'holds', 'does not hold' and 'cannot tell'."
+    rng = np.random.default_rng([seed, seeds, int(round(spread * 1e4)), int(round(delta * 100))])
+    count = {"holds": 0, "does not hold": 0, "cannot tell": 0}
+    for _ in range(trials):
+        img = rng.gamma(2.0, 0.5, images)                                      # the test split's difficulty: (images,)
+        run = lambda shift: [img + shift + rng.normal(0, spread) + rng.normal(0, noise, images) for _ in range(seeds)]
+        count[seed_t_test(run(delta * spread), "CIDEr", run(0.0))["verdict"]] += 1
+    return {k: v / trials for k, v in count.items()}
 
 # %% ../nbs/00j_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]

@@ -232,6 +232,7 @@ for _alpha in (0.0, 0.7, 1.0):
     _want = max(_tf_all, key=lambda c: c.logprob / (len(c.tokens) + 1) ** _alpha)
     assert beam_search(_m, _f[:1], beam_size=200, max_len=2, length_norm=_alpha)[0].tokens == _want.tokens
 
+
 # %% [markdown]
 # **n-gram repeat blocking** (self-critical.pytorch's `block_trigrams`, Hugging Face's `no_repeat_ngram_size`): with
 # `no_repeat_ngram` n > 0, a word that would complete an n-gram the caption (the beam) already holds gets probability
@@ -320,6 +321,7 @@ class Ensemble(CaptionModel):
         # log p~(w) = mean_m log p_m(w): (R, V)
         lp = torch.stack(lps).mean(0)
         return lp, new, ({"alpha": torch.stack(alphas).mean(0)} if len(alphas) == len(self.members) else {})
+
 
 # %% [markdown]
 # One member is that model; against brute force, a wide beam over the ensemble returns the caption that maximises the

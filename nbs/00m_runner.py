@@ -461,10 +461,13 @@ def _seeds(stats: dict | list | None) -> list[dict] | None:
     return None if any(s is None for s in stats) else stats
 
 def interval_cells(stats: dict | list[dict] | None, metrics: tuple[str, ...] = CI_METRICS) -> dict:
-    "A table row's 95 % intervals, one cell per metric ('[lo, hi]', ×100): over test images, and over seeds too for a row of several (`seed_bootstrap`); '—' where a run kept no captions."
-    from capbook.metrics import seed_bootstrap
+    "A table row's 95 % intervals, one cell per metric ('[lo, hi]', ×100): Student's t over its seeds with the test images' variance added (`capbook.metrics.seed_t_test`); a row of one seed gets the test images' interval alone, marked 'images only'; '—' where a run kept no captions."
+    from capbook.metrics import seed_t_test
     st = _seeds(stats)
-    cell = lambda m: ("—" if st is None or m not in st[0] else "[{lo:.1f}, {hi:.1f}]".format(**seed_bootstrap([s[m] for s in st], m)))
+    def cell(m):
+        if st is None or m not in st[0]: return "—"
+        r = seed_t_test([s[m] for s in st], m)
+        return f"[{r['lo']:.1f}, {r['hi']:.1f}]" + (" images only" if r["images_only"] else "")
     return {f"{m} 95% CI": cell(m) for m in metrics}
 
 SEED_METRICS = {"CIDEr": "CIDEr", "semantic F1": "F1 all"}   # the spread over seeds a table shows: metric -> results_row column
@@ -478,18 +481,55 @@ def seed_cells(rec: dict, which: str | None = None) -> dict:
     return {"seeds": len(runs), **{f"{m} sd": sd(c) for m, c in SEED_METRICS.items()}}
 
 def paired_verdict(a: dict | list | None, b: dict | list | None, metric: str = "CIDEr", also: tuple[str, ...] = ("semantic F1",)) -> dict:
-    "The test of the claim 'a scores higher than b' on the same test images, over their seeds too where a row has several (`capbook.metrics.seed_bootstrap`): difference, 95 % interval, holds / does not hold / cannot tell at this size; the text adds the verdict on each `also` metric and says where they disagree."
-    from capbook.metrics import seed_bootstrap
+    "The test of the claim 'a scores higher than b' on the same test images with the seed as the unit of replication (`capbook.metrics.seed_t_test`): difference, 95 % t-interval, p, and holds / does not hold / cannot tell — or 'one seed: no verdict' where a row has one seed; the text adds the verdict on each `also` metric and says where they disagree."
+    from capbook.metrics import seed_t_test
     A, B = _seeds(a), _seeds(b)
-    if A is None or B is None: return {"verdict": "cannot tell: captions not kept", "text": "cannot tell: a run kept no test captions"}
-    if metric not in A[0]: return {"verdict": f"cannot tell: no {metric}", "text": f"cannot tell: no {metric} on this data"}
-    test = lambda m: seed_bootstrap([s[m] for s in A], m, [s[m] for s in B])
-    fmt = lambda m, r: f"{r['verdict']} ({m} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"
+    if A is None or B is None: return {"verdict": "cannot tell: captions not kept", "p": None, "text": "cannot tell: a run kept no test captions"}
+    if metric not in A[0]: return {"verdict": f"cannot tell: no {metric}", "p": None, "text": f"cannot tell: no {metric} on this data"}
+    test = lambda m: seed_t_test([s[m] for s in A], m, [s[m] for s in B])
+    def fmt(m, r):
+        if r["images_only"]:
+            return f"{r['verdict']} ({m} {r['value']:+.1f}; over the test images alone 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"
+        return (f"{r['verdict']} ({m} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}], "
+                f"t over {len(A)} vs {len(B)} seeds, df {r['df']:.1f}, " + (f"p {r['p']:.3f})" if r["p"] >= 0.001 else "p < 0.001)"))
     r, others = test(metric), {m: test(m) for m in also if m != metric and m in A[0]}
     text = fmt(metric, r) + "".join(f"; on {m}: {fmt(m, o)}" for m, o in others.items())
-    if any(o["verdict"] != r["verdict"] for o in others.values()): text += " - the metrics disagree"
-    if max(len(A), len(B)) > 1: text += f" [{len(A)} vs {len(B)} seeds]"
+    if not r["images_only"] and any(o["verdict"] != r["verdict"] for o in others.values()): text += " - the metrics disagree"
     return {**r, "also": others, "text": text}
+
+class Claims:
+    "The verdicts one table or section states, judged together: `test` is `paired_verdict` recorded under a label; `note` says how many verdicts were stated and which survive Holm's correction over them."
+    def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
+        self.metric, self.alpha, self.tests = metric, alpha, {}
+
+    def test(self, label: str, a, b, **kw) -> dict:
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` for the correction."
+        self.tests[label] = r = paired_verdict(a, b, kw.pop("metric", self.metric), **kw)
+        return r
+
+    def text(self, label: str, a, b, **kw) -> str:
+        return self.test(label, a, b, **kw)["text"]
+
+    def survivors(self) -> dict[str, bool]:
+        "Each stated verdict (one with a p-value): does it survive Holm's correction over the table's?"
+        from capbook.metrics import holm
+        stated = {k: r["p"] for k, r in self.tests.items() if r.get("p") is not None}
+        return dict(zip(stated, holm(list(stated.values()), self.alpha)))
+
+    def note(self) -> str:
+        "One paragraph under the table: verdicts stated, how many hold or not after Holm's correction, and those that name none."
+        keep, none = self.survivors(), [k for k, r in self.tests.items() if r.get("p") is None]
+        m, sig = len(keep), [k for k, s in keep.items() if s]
+        head = f"**Multiplicity.** This table tests {len(self.tests)} claim{'s' * (len(self.tests) != 1)} on {self.metric}"
+        if not m:
+            return head + ": none states a verdict (each rests on a row with one seed, or on runs that kept no captions)."
+        raw = [k for k in keep if self.tests[k]["verdict"] in ("holds", "does not hold")]
+        text = (f"{head} and states {m} verdict{'s' * (m != 1)} (the other metrics beside each are secondary and not counted): "
+                f"{len(raw)} {'is' if len(raw) == 1 else 'are'} decided at 5 % one by one; with Holm's correction over the {m} "
+                f"(family-wise error {100 * self.alpha:.0f} %) {len(sig)} survive{'s' * (len(sig) == 1)}"
+                + (": " + "; ".join(f"{k} ({self.tests[k]['verdict']})" for k in sig) if sig else "") + ".")
+        if none: text += f" {len(none)} comparison{'s' * (len(none) != 1)} state{'s' * (len(none) == 1)} no verdict (one seed, or no captions kept)."
+        return text
 
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."
@@ -607,3 +647,21 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **({"stages": stages} if stages else {}), **inputs, **extra)
     return ctx
+
+# %% [markdown]
+# A table's claims through `Claims`: a difference well outside the seeds' spread holds and survives Holm's correction,
+# one inside it cannot be told, and a row of one seed states no verdict. (Per-image CIDEr as `image_stats` gives it.)
+
+# %%
+_rng = np.random.default_rng(0)
+_img = _rng.gamma(2.0, 0.5, 300)
+_row = lambda shift, S: [{"CIDEr": _img + shift + _rng.normal(0, 0.02) + _rng.normal(0, 0.2, 300)} for _ in range(S)]
+_cl = Claims()
+_base = _row(0.0, 3)
+assert _cl.test("clear", _row(0.4, 3), _base)["verdict"] == "holds"
+assert _cl.test("within the spread", _row(0.005, 3), _base)["verdict"] == "cannot tell"
+assert _cl.test("one seed", _row(0.4, 1), _base)["verdict"] == "one seed: no verdict"
+assert _cl.survivors() == {"clear": True, "within the spread": False}
+assert "states 2 verdicts" in _cl.note() and "1 survives: clear (holds)" in _cl.note() and "1 comparison states no verdict" in _cl.note()
+assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(_base[:1])["CIDEr 95% CI"].endswith("images only")
+print(_cl.tests["clear"]["text"]); print(_cl.note())

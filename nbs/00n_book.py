@@ -589,7 +589,6 @@ with tempfile.TemporaryDirectory() as _h:
 _km = kernel_manager()()
 assert _km.transport == "ipc" and os.path.basename(_km.ip).startswith("capbook-") and _km.ip != kernel_manager()().ip
 
-
 # %% [markdown]
 # ## The reader's own papermill runs
 #
@@ -619,6 +618,7 @@ def write_kernel_config(prefix: str | Path | None = None) -> Path:
     path = Path(prefix or sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, lambda t: t.write_text(KERNEL_CONFIG))
+
 
 # %%
 _t = Path(tempfile.mkdtemp())

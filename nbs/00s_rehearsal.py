@@ -30,7 +30,6 @@ from typing import Callable
 import numpy as np
 from capbook.core import CapbookError, check_float, data_dir, load_json, package_hash, save_json
 
-
 # %% [markdown]
 # ## Why a rehearsal
 #
@@ -74,7 +73,6 @@ def coco_counts(scale: float) -> dict[str, int]:
 # %%
 assert coco_counts(1.0) == KARPATHY_COCO and sum(coco_counts(1.0).values()) == 123_287
 print(coco_counts(0.001))
-
 
 # %% [markdown]
 # ## A data set of COCO's shape
@@ -163,7 +161,6 @@ assert _k.records[0].image_id == 1 and _k.records[0].path.parent.name == "train2
 _stamp = (_root / "dataset_coco.json").stat().st_mtime_ns
 generate_coco(_root, 0.0005, workers=1)                                   # the same request: kept, not rewritten
 assert (_root / "dataset_coco.json").stat().st_mtime_ns == _stamp
-
 
 # %% [markdown]
 # ## The stages, each measured in its own process

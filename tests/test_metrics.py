@@ -110,6 +110,32 @@ def test_paired_verdicts():
     with pytest.raises(CapbookError, match="300 images against 299"): M.bootstrap(a, "CIDEr", other=a[:-1])
 
 
+def test_the_verdict_rule_is_wrong_at_most_5_percent_of_the_time_and_gains_power_with_seeds():
+    # no true difference: the share of "holds" or "does not hold" at seed spreads of 2, 10 and 20 % of CIDEr
+    for spread in (0.02, 0.10, 0.20):
+        r = M.simulate_verdicts(spread, trials=1000)
+        assert r["holds"] + r["does not hold"] <= 0.05, (spread, r)
+    # a true difference of 3 seed sds: found in most trials with 3 seeds, almost always with 5; 1 sd: rarely with 3
+    power = {(S, d): M.simulate_verdicts(0.10, d, seeds=S, trials=400)["holds"] for S in (3, 5) for d in (1, 3)}
+    assert power[3, 1] < 0.3 < 0.5 < power[3, 3] < power[5, 3] and power[5, 3] > 0.9 and power[3, 1] < power[5, 1], power
+
+
+def test_seed_t_test_against_welch_by_hand():
+    import numpy as np
+    from scipy.stats import t
+    rng = np.random.default_rng(1)
+    img = rng.gamma(2.0, 0.5, 200)
+    a = [img + s for s in (0.30, 0.10, 0.20)]          # every image shifted by a seed constant: no image variance
+    b = [img + s for s in (0.00, 0.05)]
+    r = M.seed_t_test(a, "CIDEr", b)
+    va, vb = np.var([30, 10, 20], ddof=1) / 3, np.var([0, 5], ddof=1) / 2
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 1)
+    half = t.ppf(0.975, df) * np.sqrt(va + vb)
+    assert r["value"] == pytest.approx(17.5) and r["df"] == pytest.approx(df)
+    assert (r["lo"], r["hi"]) == pytest.approx((17.5 - half, 17.5 + half)) and r["p"] == pytest.approx(2 * t.sf(17.5 / np.sqrt(va + vb), df))
+    with pytest.raises(M.CapbookError, match="seeds scored on"): M.seed_t_test(a, "CIDEr", [img[:-1]])
+
+
 def test_one_tokenizer_call_gives_the_tokens_of_two(monkeypatch):
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
     gts = {1: ["A Red-circle, above a BLUE square.", "there's a circle"], 2: ["two  green stars!"]}

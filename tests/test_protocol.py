@@ -141,10 +141,11 @@ def test_verdicts_over_seeds_state_cider_and_semantic_f1():
         return {"CIDEr": rng.uniform(0.5, 1.5, 50) + shift_c, "semantic F1": f}
     a = [seed_stats(0.5, 0.0) for _ in range(3)]; b = [seed_stats(0.0, 0.0) for _ in range(3)]
     v = paired_verdict(a, b)
-    assert v["verdict"] == "holds" and v["also"]["semantic F1"]["verdict"] == "cannot tell at this size"
-    assert "on semantic F1" in v["text"] and "the metrics disagree" in v["text"] and "3 vs 3 seeds" in v["text"]
-    one = paired_verdict(a[0], b[0])                   # one seed each: the paired test over images
-    assert one["verdict"] == "holds" and "seeds" not in one["text"]
+    assert v["verdict"] == "holds" and v["also"]["semantic F1"]["verdict"] == "cannot tell"
+    assert "on semantic F1" in v["text"] and "the metrics disagree" in v["text"] and "t over 3 vs 3 seeds" in v["text"]
+    one = paired_verdict(a[0], b[0])                   # one seed each: the training variance is unknown, no verdict
+    assert one["verdict"] == "one seed: no verdict" and one["p"] is None and "over the test images alone" in one["text"]
+    assert "disagree" not in one["text"]
     assert paired_verdict([a[0], None], b)["verdict"].startswith("cannot tell")
     assert interval_cells([a[0], None])["CIDEr 95% CI"] == "—" and interval_cells(a)["CIDEr 95% CI"].startswith("[")
 
