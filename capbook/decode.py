@@ -102,6 +102,7 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
     length = torch.zeros(B * K, device=dev)                                    # tokens emitted, <end> included
     words, alphas = torch.zeros(B * K, 0, dtype=torch.long, device=dev), None
     images, out = torch.arange(B, device=dev), [None] * B                      # images still being searched
+    pool = torch.full((B,), float("-inf"), device=dev)                         # alpha > 0: best finished log p / L^alpha
     for t in range(max_len + 1):
         n = len(images)
         base = (torch.arange(n, device=dev) * K)[:, None]                      # first row of each image
@@ -109,7 +110,23 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
         if no_repeat_ngram: lp = _block_repeats(lp, words, done, no_repeat_ngram, model.pad)
         V = lp.shape[-1]
-        score, idx = (score.view(-1, 1) + lp).view(n, K * V).topk(K, dim=-1)  # best K of K*V per image: (n, K)
+        flat = (score.view(-1, 1) + lp).view(n, K * V)                          # every beam's every next word: (n, K*V)
+        if length_norm:
+            # the best 2K candidates: those among the first K that end join the pool (log p / L^alpha, L the tokens with
+            # <end>), and the K best that do not end go on (fairseq's rule: a finished caption never holds a slot)
+            cand, cidx = flat.topk(min(2 * K, K * V), dim=-1)                  # (n, 2K)
+            ends = (cidx % V == model.end) & cand.isfinite()
+            L = length.view(n, K).gather(1, cidx // V) + 1
+            first = torch.arange(cand.shape[1], device=dev)[None] < K
+            top, at = (cand / L ** length_norm).masked_fill(~(ends & first), float("-inf")).max(1)
+            for j in (top > pool[images]).nonzero().flatten().tolist():
+                r0 = j * K + int(cidx[j, at[j]]) // V
+                a = None if aux.get("alpha") is None else aux["alpha"][r0][None] if alphas is None else torch.cat([alphas[r0], aux["alpha"][r0][None]])
+                out[images[j]] = _finish(torch.cat([words[r0], words.new_tensor([model.end])]), cand[j, at[j]].item(), a, model.end)
+                pool[images[j]] = top[j]
+            pick = torch.sort(ends.int(), dim=1, stable=True).indices[:, :K]   # the live candidates first, best first
+            score, idx = cand.gather(1, pick).masked_fill(ends.gather(1, pick), float("-inf")), cidx.gather(1, pick)
+        else: score, idx = flat.topk(K, dim=-1)                                # best K of K*V per image: (n, K)
         if torch.isnan(score).any():                # NaN would rank above every word and end as a caption
             raise CapbookError(f"beam search: the model's next-word scores are NaN at step {t} for "
                                f"{int(torch.isnan(score).any(1).sum())} of {B} images; check its weights and the features")
@@ -123,15 +140,17 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         done = done.index_select(0, rows)
         length = length.index_select(0, rows) + (~done).float()
         done = done | (tok == model.end)
-        # alpha = 0: the image's best beam has ended (topk is sorted) | alpha > 0: all its beams have (or are impossible:
-        # a beam wider than the captions there are is padded with beams of score -inf)
-        fin = (done.view(n, K) | score.isneginf()).all(1) & score[:, 0].isfinite() if length_norm else done.view(n, K)[:, 0]
+        if length_norm:
+            # finished when no live beam can still beat the pool: a live beam's log p only falls, and its length is at
+            # most max_len + 1, so its final log p / L^alpha is at most score / (max_len + 1)^alpha
+            live = score.masked_fill(done.view(n, K), float("-inf")).max(1).values
+            fin = pool[images] >= live / (max_len + 1) ** length_norm
+        else:
+            fin = done.view(n, K)[:, 0]             # the image's best beam has ended (topk is sorted): none can overtake it
         if fin.any():
-            # log p / L^alpha: (n, K)
-            best = (score / length.view(n, K) ** length_norm).argmax(1) if length_norm else torch.zeros_like(fin, dtype=torch.long)
-            for j in fin.nonzero().flatten().tolist():
-                r0 = j * K + int(best[j])
-                out[images[j]] = _finish(words[r0], score[j, best[j]].item(), None if alphas is None else alphas[r0], model.end)
+            if not length_norm:
+                for j in fin.nonzero().flatten().tolist():
+                    out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)
             keep = (~fin).nonzero().flatten()
             if not len(keep): break
             r = (keep[:, None] * K + torch.arange(K, device=dev)).flatten()
@@ -184,7 +203,7 @@ class Ensemble(CaptionModel):
 # %% ../nbs/00g_decode.ipynb
 @dataclass
 class Samples:
-    "Sampled captions: words (R, T) incl. <end> then <pad>, log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
+    "Sampled captions: words (R, T) incl. <end> then <pad> (a row cut at max_len has no <end>), log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
@@ -198,7 +217,7 @@ class Samples:
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
            max_len: int = 20) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), with the model's log-probabilities of the drawn words."
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there, never forced), with the model's log-probabilities of the drawn words."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -207,10 +226,10 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     tok = torch.full((B * n,), model.start, dtype=torch.long, device=dev)
     done = torch.zeros(B * n, dtype=torch.bool, device=dev)
     words, logps, masks, alphas = [], [], [], []
-    for t in range(max_len + 1):
+    for _ in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
         # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
-        lp = _mask(F.log_softmax(logits.float(), -1).clone(), done, model, t == max_len)
+        lp = _mask(F.log_softmax(logits.float(), -1).clone(), done, model, last=False)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)

@@ -125,7 +125,8 @@ class SelfCritical(Objective):
         check_choice("scst_baseline", baseline, SCST_BASELINES)
         if baseline == "mean" and n < 2: raise CapbookError(f"scst_baseline='mean' needs at least 2 samples per image, not n={n}")
         self.vocab, self.n, self.temperature, self.max_len, self.baseline = vocab, n, temperature, max_len, baseline
-        self.cider = CiderD(corpus, vocab=vocab, end=end, cache=cache)      # df of the training references, cached
+        # df of the training references cut to max_len words (what a sample can reach), cached
+        self.cider = CiderD([[r[:max_len] for r in rs] for rs in corpus], vocab=vocab, end=end, cache=cache)
 
     def _ids(self, tokens: torch.Tensor) -> tuple[list[np.ndarray], list[bool]]:
         "Sampled token rows up to (not including) <end>, and whether each ended: CiderD appends <end> to those that did, so a sample cut at max_len loses the n-grams that end a reference."
@@ -136,9 +137,10 @@ class SelfCritical(Objective):
         return out, ended
 
     def reward(self, tokens: torch.Tensor, refs: list[list]) -> np.ndarray:
-        "CIDEr-D of sampled token rows (R, T) against each row's references (lists of words): (R,)."
+        "CIDEr-D of sampled token rows (R, T) against each row's references (lists of words, cut to `max_len`): (R,)."
         rows, ended = self._ids(tokens)
-        return self.cider.score(rows, refs, ended=ended)
+        cut = {id(rs): [r[:self.max_len] for r in rs] for rs in refs}       # one list per image, as CiderD caches it
+        return self.cider.score(rows, [cut[id(rs)] for rs in refs], ended=ended)
 
     def outputs(self, net, batch):
         img = batch["img"].tolist()

@@ -136,9 +136,14 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
 # $$\frac{\log p(w_1, \dots, w_L \mid I)}{L^{\alpha}}$$
 #
 # with $L$ the tokens emitted, `<end>` included (α = 1: the mean log-probability per word; self-critical.pytorch's
-# `length_penalty='avg_α'`, a simpler relative of GNMT's $((5 + L)/6)^{\alpha}$). The search itself still keeps the K
-# best partial captions by summed log-probability; a longer beam can now overtake a finished one, so with α > 0 an
-# image is finished only when all K of its beams have ended. α = 0 is the papers' rule, unchanged.
+# `length_penalty='avg_α'`, a simpler relative of GNMT's $((5 + L)/6)^{\alpha}$). With α > 0 a caption that ends
+# goes to the image's pool of finished captions, ranked by that score, and never holds one of the K slots: each step
+# ranks the best 2K candidates, the ended ones among the first K join the pool, and the K best that do not end go on
+# (fairseq's rule; self-critical.pytorch's `done_beams` likewise). Finished captions thus compete with each other on
+# the normalised score, while the K slots keep searching longer ones — instead of carrying finished captions on their
+# raw score, which would only re-rank what survived. The search stops when no live beam can beat the pool's best: a live beam's summed
+# log-probability only falls and its length is at most `max_len` + 1, so its final score is at most
+# $\log p / (\text{max\_len} + 1)^{\alpha}$. α = 0 is the papers' rule, unchanged.
 
 # %%
 #| export
@@ -158,6 +163,7 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
     length = torch.zeros(B * K, device=dev)                                    # tokens emitted, <end> included
     words, alphas = torch.zeros(B * K, 0, dtype=torch.long, device=dev), None
     images, out = torch.arange(B, device=dev), [None] * B                      # images still being searched
+    pool = torch.full((B,), float("-inf"), device=dev)                         # alpha > 0: best finished log p / L^alpha
     for t in range(max_len + 1):
         n = len(images)
         base = (torch.arange(n, device=dev) * K)[:, None]                      # first row of each image
@@ -165,7 +171,23 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
         if no_repeat_ngram: lp = _block_repeats(lp, words, done, no_repeat_ngram, model.pad)
         V = lp.shape[-1]
-        score, idx = (score.view(-1, 1) + lp).view(n, K * V).topk(K, dim=-1)  # best K of K*V per image: (n, K)
+        flat = (score.view(-1, 1) + lp).view(n, K * V)                          # every beam's every next word: (n, K*V)
+        if length_norm:
+            # the best 2K candidates: those among the first K that end join the pool (log p / L^alpha, L the tokens with
+            # <end>), and the K best that do not end go on (fairseq's rule: a finished caption never holds a slot)
+            cand, cidx = flat.topk(min(2 * K, K * V), dim=-1)                  # (n, 2K)
+            ends = (cidx % V == model.end) & cand.isfinite()
+            L = length.view(n, K).gather(1, cidx // V) + 1
+            first = torch.arange(cand.shape[1], device=dev)[None] < K
+            top, at = (cand / L ** length_norm).masked_fill(~(ends & first), float("-inf")).max(1)
+            for j in (top > pool[images]).nonzero().flatten().tolist():
+                r0 = j * K + int(cidx[j, at[j]]) // V
+                a = None if aux.get("alpha") is None else aux["alpha"][r0][None] if alphas is None else torch.cat([alphas[r0], aux["alpha"][r0][None]])
+                out[images[j]] = _finish(torch.cat([words[r0], words.new_tensor([model.end])]), cand[j, at[j]].item(), a, model.end)
+                pool[images[j]] = top[j]
+            pick = torch.sort(ends.int(), dim=1, stable=True).indices[:, :K]   # the live candidates first, best first
+            score, idx = cand.gather(1, pick).masked_fill(ends.gather(1, pick), float("-inf")), cidx.gather(1, pick)
+        else: score, idx = flat.topk(K, dim=-1)                                # best K of K*V per image: (n, K)
         if torch.isnan(score).any():                # NaN would rank above every word and end as a caption
             raise CapbookError(f"beam search: the model's next-word scores are NaN at step {t} for "
                                f"{int(torch.isnan(score).any(1).sum())} of {B} images; check its weights and the features")
@@ -179,15 +201,17 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         done = done.index_select(0, rows)
         length = length.index_select(0, rows) + (~done).float()
         done = done | (tok == model.end)
-        # alpha = 0: the image's best beam has ended (topk is sorted) | alpha > 0: all its beams have (or are impossible:
-        # a beam wider than the captions there are is padded with beams of score -inf)
-        fin = (done.view(n, K) | score.isneginf()).all(1) & score[:, 0].isfinite() if length_norm else done.view(n, K)[:, 0]
+        if length_norm:
+            # finished when no live beam can still beat the pool: a live beam's log p only falls, and its length is at
+            # most max_len + 1, so its final log p / L^alpha is at most score / (max_len + 1)^alpha
+            live = score.masked_fill(done.view(n, K), float("-inf")).max(1).values
+            fin = pool[images] >= live / (max_len + 1) ** length_norm
+        else:
+            fin = done.view(n, K)[:, 0]             # the image's best beam has ended (topk is sorted): none can overtake it
         if fin.any():
-            # log p / L^alpha: (n, K)
-            best = (score / length.view(n, K) ** length_norm).argmax(1) if length_norm else torch.zeros_like(fin, dtype=torch.long)
-            for j in fin.nonzero().flatten().tolist():
-                r0 = j * K + int(best[j])
-                out[images[j]] = _finish(words[r0], score[j, best[j]].item(), None if alphas is None else alphas[r0], model.end)
+            if not length_norm:
+                for j in fin.nonzero().flatten().tolist():
+                    out[images[j]] = _finish(words[j * K], score[j, 0].item(), None if alphas is None else alphas[j * K], model.end)
             keep = (~fin).nonzero().flatten()
             if not len(keep): break
             r = (keep[:, None] * K + torch.arange(K, device=dev)).flatten()
@@ -348,19 +372,24 @@ assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.token
 #
 # `sample` draws `n` captions per image from the model, batched like beam search (R = B·n rows, the rows of an image
 # adjacent, `memory` at B rows). At every step the next word is drawn from the model's distribution at temperature τ,
-# $w_t \sim \mathrm{softmax}(\log p(\cdot \mid w_{<t}, I) / \tau)$, after the same masks as the searches (no `<start>`
-# or `<pad>` while a caption is live, only `<end>` after `max_len` words, only `<pad>` at no cost once it has ended);
-# τ = 0 takes the most probable word, which is greedy search. It returns, per row, the sampled words, their
-# log-probabilities **under the model** $\log p(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the
-# usual choice for self-critical training, they are the same), a mask of the words up to and including `<end>`, and the
-# attention of every step. Unlike the searches it runs with gradients, so $\sum_t \log p(w_t)$ is what a REINFORCE
+# $w_t \sim \mathrm{softmax}(\log p(\cdot \mid w_{<t}, I) / \tau)$, after the searches' masks (no `<start>` or
+# `<pad>` while a caption is live, only `<pad>` at no cost once it has ended); τ = 0 takes the most probable word,
+# which is greedy search. A sample is at most `max_len` tokens, `<end>` included: one that has not ended by then is
+# **cut**, with no `<end>` and no term for one — the searches force `<end>` after `max_len` words, but a forced token is
+# an action the policy never took, and its log-probability (often −20 or lower) would enter the policy gradient as if
+# it had. This is self-critical.pytorch's rule (its samples stop at `seq_length` tokens); the reward then scores the
+# cut sample without an end token (`capbook.objectives.SelfCritical`), so a caption that never ends is penalised by the
+# reward, not by a made-up action. It returns, per row, the sampled words, their log-probabilities **under the model**
+# $\log p(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the usual choice for self-critical training,
+# they are the same), a mask of the words up to and including `<end>` (all of a cut row's), and the attention of every
+# step. Unlike the searches it runs with gradients, so $\sum_t \log p(w_t)$ is what a REINFORCE
 # objective differentiates (`capbook.objectives.SelfCritical`); wrap it in `torch.no_grad()` for a baseline.
 
 # %%
 #| export
 @dataclass
 class Samples:
-    "Sampled captions: words (R, T) incl. <end> then <pad>, log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
+    "Sampled captions: words (R, T) incl. <end> then <pad> (a row cut at max_len has no <end>), log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
@@ -374,7 +403,7 @@ class Samples:
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
            max_len: int = 20) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), with the model's log-probabilities of the drawn words."
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there, never forced), with the model's log-probabilities of the drawn words."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -383,10 +412,10 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     tok = torch.full((B * n,), model.start, dtype=torch.long, device=dev)
     done = torch.zeros(B * n, dtype=torch.bool, device=dev)
     words, logps, masks, alphas = [], [], [], []
-    for t in range(max_len + 1):
+    for _ in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
         # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
-        lp = _mask(F.log_softmax(logits.float(), -1).clone(), done, model, t == max_len)
+        lp = _mask(F.log_softmax(logits.float(), -1).clone(), done, model, last=False)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
@@ -408,6 +437,17 @@ _s = sample(_m, _f, n=2, temperature=0.0, max_len=6)
 assert [c.tokens for c in _s.captions()[::2]] == [c.tokens for c in _g] and _s.tokens.shape[0] == 6
 _s = sample(_m, _f, n=4, temperature=1.0, max_len=6)
 assert _s.logprobs.requires_grad and (_s.logprobs <= 0).all() and _s.mask[:, 0].eq(1).all()
+
+# %% [markdown]
+# A model that never wants to end: every sample is cut at `max_len` tokens, none carries an `<end>`, and each
+# log-probability is the model's own for a word it drew (no forced token's).
+
+# %%
+_never = build("sat_soft", 12, 8, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8).eval()
+with torch.no_grad(): _never.L_o.bias[_m.end] = -30.0                    # <end> all but impossible
+_s = sample(_never, _f, n=3, temperature=1.0, max_len=5)
+assert _s.tokens.shape[1] == 5 and not (_s.tokens == _m.end).any() and _s.mask.eq(1).all()
+assert (_s.logprobs > -15).all(), _s.logprobs.min()
 
 
 # %% [markdown]

@@ -92,6 +92,7 @@ class CrossEntropy(Objective):
         smoothed = token_nll(out["logits"], y, self.pad, self.label_smoothing)
         return smoothed, {"nll": nll.item(), "smoothed": smoothed.item()}
 
+
 # %% [markdown]
 # **Label smoothing** (Szegedy et al. 2016; in the recipes behind AoANet, X-LAN and fairseq's captioning numbers), off
 # unless a chapter's paper uses it (none of the five does): with ε > 0 the target of every word is
@@ -249,8 +250,11 @@ assert set(_st) == {"nll", "doubly_stochastic", "reinforce", "entropy", "baselin
 # *capbook:* the trainer's batches hold captions, several per image; SCST takes each image of a batch once
 # (its references are all of the image's captions). Following ruotianluo's `self-critical.pytorch`, the surrogate is
 # averaged over the sampled words (`mask`), the greedy caption is decoded in eval mode (no dropout), and the end
-# token counts as a word of every caption in the reward (`end=True`), so a sample cut off at `max_len` loses the
-# n-grams that end a reference. `baseline="mean"` replaces $r(\hat w)$ by the mean reward of the image's other
+# token counts as a word of every caption in the reward (`end=True`), so a sample cut off at `max_len` (`sample` cuts
+# it there without an `<end>`; it never forces one) loses the n-grams that end a reference. The references are cut to
+# `max_len` words too, for the rewards and for the document frequencies, as self-critical.pytorch's are (its labels
+# hold `seq_length` words): a sample cannot be longer, so n-grams a sample could never reach neither count in the
+# reference vectors nor weigh in the idf. `baseline="mean"` replaces $r(\hat w)$ by the mean reward of the image's other
 # $n - 1$ samples, the variant most used since (it needs no greedy decode for the gradient; capbook still decodes
 # the greedy caption, to log its reward). Each step reports the mean sample reward, the mean baseline and the
 # greedy caption's reward, and the trainer keeps their epoch means in the history — the curves that show the switch
@@ -269,7 +273,8 @@ class SelfCritical(Objective):
         check_choice("scst_baseline", baseline, SCST_BASELINES)
         if baseline == "mean" and n < 2: raise CapbookError(f"scst_baseline='mean' needs at least 2 samples per image, not n={n}")
         self.vocab, self.n, self.temperature, self.max_len, self.baseline = vocab, n, temperature, max_len, baseline
-        self.cider = CiderD(corpus, vocab=vocab, end=end, cache=cache)      # df of the training references, cached
+        # df of the training references cut to max_len words (what a sample can reach), cached
+        self.cider = CiderD([[r[:max_len] for r in rs] for rs in corpus], vocab=vocab, end=end, cache=cache)
 
     def _ids(self, tokens: torch.Tensor) -> tuple[list[np.ndarray], list[bool]]:
         "Sampled token rows up to (not including) <end>, and whether each ended: CiderD appends <end> to those that did, so a sample cut at max_len loses the n-grams that end a reference."
@@ -280,9 +285,10 @@ class SelfCritical(Objective):
         return out, ended
 
     def reward(self, tokens: torch.Tensor, refs: list[list]) -> np.ndarray:
-        "CIDEr-D of sampled token rows (R, T) against each row's references (lists of words): (R,)."
+        "CIDEr-D of sampled token rows (R, T) against each row's references (lists of words, cut to `max_len`): (R,)."
         rows, ended = self._ids(tokens)
-        return self.cider.score(rows, refs, ended=ended)
+        cut = {id(rs): [r[:self.max_len] for r in rs] for rs in refs}       # one list per image, as CiderD caches it
+        return self.cider.score(rows, [cut[id(rs)] for rs in refs], ended=ended)
 
     def outputs(self, net, batch):
         img = batch["img"].tolist()

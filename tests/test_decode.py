@@ -55,3 +55,42 @@ def test_pad_captions_and_teacher_forced_round_trip():
     tf = teacher_forced(m, {"feats": f, "caps": t})                                         # the decoder's own captions read back
     for c, r in zip(caps, tf):
         assert r.tokens == c.tokens and abs(r.logprob - c.logprob) < 1e-4
+
+
+def test_a_sample_that_never_ends_is_cut_not_forced():
+    "sample draws at most max_len tokens; a row without <end> by then is cut: no forced <end>, no log-probability for one."
+    from capbook.decode import sample
+    m = model()
+    with torch.no_grad(): m.L_o.bias[m.end] = -30.0               # <end> all but impossible
+    s = sample(m, torch.randn(4, 9, 8), n=3, temperature=1.0, max_len=6)
+    assert s.tokens.shape == (12, 6) and not (s.tokens == m.end).any() and s.mask.eq(1).all()
+    assert (s.logprobs > -15).all(), s.logprobs.min()              # every term is a word the policy drew
+
+
+def test_with_length_norm_finished_beams_leave_the_beam():
+    """With alpha > 0 a finished caption leaves the beam for the pool and its slot searches on: here "a <end>" and
+    "a d <end>" finish early with high summed log-probability, and only a search that keeps its K slots live finds
+    "b c e f <end>", whose mean log-probability per token is the best of every caption (found by enumeration)."""
+    import itertools
+    from capbook.models import CaptionModel
+    from capbook.decode import teacher_forced, pad_captions
+    P = {1: {3: .7, 4: .3}, 3: {2: .55, 6: .45}, 6: {2: 1.0}, 4: {5: 1.0}, 5: {7: 1.0}, 7: {8: 1.0}, 8: {2: 1.0}}
+
+    class Chain(CaptionModel):
+        def __init__(self):
+            super().__init__(9)
+            self.table = torch.full((9, 9), -60.0)
+            for prev, nxt in P.items():
+                for w, p in nxt.items(): self.table[prev, w] = float(torch.tensor(p).log())
+        def init_state(self, batch): return {}, {"t": torch.zeros(len(batch["feats"]), dtype=torch.long)}
+        def step(self, tokens, memory, state): return self.table[tokens], state, {}
+
+    m, f = Chain(), torch.zeros(1, 1, 1)
+    words = [w for w in range(9) if w not in (m.pad, m.start, m.end)]
+    caps = [list(c) for L in range(6) for c in itertools.product(words, repeat=L)]
+    tf = teacher_forced(m, {"feats": f.expand(len(caps), -1, -1), "caps": pad_captions([[1, *c, 2] for c in caps], 8)})
+    best = max(tf, key=lambda c: c.logprob / (len(c.tokens) + 1))
+    assert best.tokens == [4, 5, 7, 8]
+    got = beam_search(m, f, beam_size=2, max_len=6, length_norm=1.0)[0]
+    assert got.tokens == best.tokens and abs(got.logprob - best.logprob) < 1e-4
+    assert beam_search(m, f, beam_size=2, max_len=6)[0].tokens == [3]        # alpha = 0: the papers' rule, unchanged

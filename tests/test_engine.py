@@ -101,9 +101,15 @@ def test_sample_logprobs_equal_teacher_forcing():
     assert len({tuple(c) for c in caps}) > 3                            # real draws, not one caption repeated
     t = pad_captions([[m.start, *c, m.end] for c in caps], 9)
     tf = teacher_forced(m, {"feats": f.repeat_interleave(3, 0), "caps": t})
+    with torch.no_grad():                         # each reference word's log-probability under teacher forcing: (R, 8)
+        lp = torch.log_softmax(m({"feats": f.repeat_interleave(3, 0), "caps": t})["logits"].float(), -1).gather(2, t[:, 1:, None])[..., 0]
     summed = (s.logprobs * s.mask).sum(1)
+    ended = (s.tokens == m.end).any(1).tolist()
+    assert not all(ended) and any(ended)                                # cut rows (no <end> at max_len) and ended ones
     for r, (a, b) in enumerate(zip(tf, summed.tolist())):
-        assert a.tokens == caps[r] and abs(a.logprob - b) < 1e-4
+        # an ended sample's words and its <end>; a cut one's words only: no term for an <end> it never drew
+        want = lp[r, :len(caps[r]) + ended[r]].sum().item()
+        assert a.tokens == caps[r] and abs(want - b) < 1e-4 and (len(caps[r]) == 7 or ended[r])
         assert torch.allclose(a.alpha, s.alpha[r, :len(caps[r])], atol=1e-6)
     summed.sum().backward()                                             # gradients reach the model for REINFORCE
     assert m.L_o.weight.grad is not None and m.L_o.weight.grad.abs().sum() > 0
@@ -229,3 +235,17 @@ def test_configs_stop_on_unknown_or_fixed_names():
     assert make_config("lstm1d_spca").kernel == make_config("lstm2d_spca").kernel == 3   # SPCA's default, declared once
     assert isinstance(objective_for(build("lstm2d", 10, 8, (3, 3))), CrossEntropy)
     assert dataclasses.asdict(make_config("sat_none"))["attention"] == "none"
+
+
+def test_self_critical_scores_against_references_cut_to_its_length(smoke):
+    "SCST's rewards and document frequencies use the references cut to max_len words, as self-critical.pytorch's labels are: n-grams no sample can reach do not count."
+    from capbook.metrics import CiderD
+    refs = smoke.train.refs[:60]
+    sc = SelfCritical(smoke.vocab, refs, n=2, max_len=4)
+    cut = [[r[:4] for r in rs] for rs in refs]
+    same = CiderD(cut, vocab=smoke.vocab, end=True)
+    assert np.array_equal(sc.cider.df_codes, same.df_codes) and np.array_equal(sc.cider.df, same.df)
+    row = torch.tensor([[smoke.vocab.stoi[w] for w in refs[0][0][:4]]])                    # a sample cut at 4 words
+    got = sc.reward(row, [refs[0]])
+    assert got == pytest.approx(same.score([row[0]], [cut[0]], ended=[False]))
+    assert got != pytest.approx(CiderD(refs, vocab=smoke.vocab, end=True).score([row[0]], [refs[0]], ended=[False]))
