@@ -5,7 +5,7 @@
 # %% ../nbs/00i_train.ipynb 2
 from __future__ import annotations
 import contextlib, math, os, random, shutil, time
-from dataclasses import dataclass, asdict, field
+from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 from typing import Callable
 import torch
@@ -288,7 +288,6 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     check_inputs(model, next(data.train.image_batches(1)))
     rank, world, local = dist_info()
     device = get_device(cfg.device)
-    precision = cpu_precision(cfg.precision, device)            # auto: bf16 where this machine runs it faster
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
     ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
     try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
@@ -298,9 +297,14 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     avg = WeightAverage(model, cfg.ema) if cfg.ema else None
+    code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
+    # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
+    # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
+    was = ((ck or {}).get("config") or {}).get("precision")
+    cfg = replace(cfg, precision=was if cfg.precision == "auto" and was in ("bf16", "fp32") else cpu_precision(cfg.precision, device))
+    precision = cfg.precision
     res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world, precision=precision), 0, 0, 0, 0, {}, 0, 0
     val_caps = None                                                # the last evaluation's validation captions
-    code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
     why = _not_resumable(ck, code, fp, _recipe(asdict(cfg), meta))
     if why:

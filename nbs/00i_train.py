@@ -25,7 +25,7 @@
 #| export
 from __future__ import annotations
 import contextlib, math, os, random, shutil, time
-from dataclasses import dataclass, asdict, field
+from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 from typing import Callable
 import torch
@@ -46,7 +46,8 @@ from capbook.decode import decode_split
 # **The defaults are the book's training protocol**, one for every model a table compares (measured and argued in
 # `nbs/02b_protocol`): Adam at 4×10⁻⁴ (Show-Attend-Tell used Adam on COCO; SPCA its rate), mini-batches of 64 captions
 # holding all five captions of each image (the peers' `seq_per_img`), gradient-norm clipping at 5, an exponential moving
-# average of the weights (0.995) that is what gets validated and kept, validation twice an epoch on CIDEr with beam 3,
+# average of the weights (decay min(0.995, (1+t)/(10+t)) at step t: about 0.93 after one default epoch, 0.99 after ten)
+# that is what gets validated and kept, validation twice an epoch on CIDEr with beam 3,
 # the rate halved (SPCA's factor) after one epoch without a better score, and training stopped after three — within at
 # most 15 epochs. The papers' own words where they have them: early stopping ("the only other regularization strategy
 # we used was early stopping on BLEU score", Show-Attend-Tell; on CIDEr, GLIED), decay (SPCA: ×0.5 every five COCO
@@ -307,7 +308,9 @@ def dist_info() -> tuple[int, int, int]:
 # float32, the 2D-LSTM + SPCA step 5 against 40 captions/s — a fixed `bf16` default made every run there several
 # times slower. The choice is read from the CPU's feature flags, not timed: timing both ways at each run's start (as
 # capbook once did) let a loaded machine flip a run to float32 and move its numbers, and the same command and seed
-# must give the same numbers. The arithmetic each run used is in its record (`precision`). Where bf16 is chosen it
+# must give the same numbers. The arithmetic is resolved before anything trains and written into the run's config —
+# so into its checkpoint, the recipe a resume is checked against, and its record (`precision`) — and a resumed run keeps
+# its checkpoint's: a run started under `auto` and resumed on another machine does not switch arithmetic halfway. Where bf16 is chosen it
 # trains the same models: two epochs at the default sizes, seed 0, fp32 against bf16, gave training losses equal to
 # the fourth decimal and validation CIDEr 1.1942 / 1.1943 (spatial transformer), 1.0860 / 1.0859 (GLIED), 1.3101 /
 # 1.3050 (soft attention), differences far inside what one seed to the next changes. `train_step` itself defaults to
@@ -348,7 +351,9 @@ def train_step(net, model: CaptionModel, objective: Objective, opt, batch: dict,
 # $$\bar\theta_t = d_t\,\bar\theta_{t-1} + (1 - d_t)\,\theta_t, \qquad d_t = \min\!\Big(d, \frac{1 + t}{10 + t}\Big)$$
 #
 # with $\bar\theta_0 = \theta_0$. The warm-up of $d_t$ (TensorFlow's `ExponentialMovingAverage` with `num_updates`)
-# keeps the first evaluations from being dominated by the random start. *capbook:* on shapes, a few hundred Adam
+# keeps the first evaluations from being dominated by the random start; it also means $d_t$ stays below $d$ for
+# most of a run — it reaches 0.995 only after 1,790 steps, while a default epoch is about 116 — so the average covers
+# roughly the last $t/9$ steps (`nbs/02b_protocol` tabulates it and measures the warm-up against a constant 0.995). *capbook:* on shapes, a few hundred Adam
 # steps at a constant rate can switch the opening template of most validation captions (`nbs/01_dataset`); the
 # average moves only as far as the weights move on average, so consecutive evaluations measure the model rather
 # than the last few batches.
@@ -468,7 +473,6 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     check_inputs(model, next(data.train.image_batches(1)))
     rank, world, local = dist_info()
     device = get_device(cfg.device)
-    precision = cpu_precision(cfg.precision, device)            # auto: bf16 where this machine runs it faster
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
     ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
     try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
@@ -478,9 +482,14 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     avg = WeightAverage(model, cfg.ema) if cfg.ema else None
+    code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
+    # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
+    # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
+    was = ((ck or {}).get("config") or {}).get("precision")
+    cfg = replace(cfg, precision=was if cfg.precision == "auto" and was in ("bf16", "fp32") else cpu_precision(cfg.precision, device))
+    precision = cfg.precision
     res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world, precision=precision), 0, 0, 0, 0, {}, 0, 0
     val_caps = None                                                # the last evaluation's validation captions
-    code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
     if fp: meta = {**(meta or {}), "data": fp}
     why = _not_resumable(ck, code, fp, _recipe(asdict(cfg), meta))
     if why:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from capbook.core import (CapbookError, atomic_write, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
-                          save_json, stable_hash)
+                          save_json, stable_hash, cpu_precision, get_device)
 from capbook.runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
 
 
@@ -289,7 +289,12 @@ def _key(step: Step, src: Path, upstream: dict | None = None, code: dict | None 
         ch = chapters().get(step.notebook)
         data = inputs_digest(**{"encoder": ch.encoder if ch else None, **step.params, "seed": step.params.get("data_seed", 0)})
     else: data = None
-    return stable_hash({**(code or _code(src)), "params": step.params, "data": data, "upstream": upstream or {}}, 16)
+    # the arithmetic the step's runs will train in (from the CPU's flags, or as the step names it): a book made in
+    # float32 is not current on a machine that would remake it in bfloat16
+    try: arith = cpu_precision(step.params.get("precision", "auto"), get_device(step.params.get("device", "auto")))
+    except CapbookError: arith = step.params.get("precision")       # a bad device or precision: the run stops on it, in its notebook
+    return stable_hash({**(code or _code(src)), "params": step.params, "data": data, "upstream": upstream or {},
+                        "precision": arith}, 16)
 
 def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
@@ -660,6 +665,7 @@ def train_cli(model: str = "sat_soft", profile: str = "smoke", run_dir: str | No
         if k not in fields: raise CapbookError(f"parameter train.{k} is unknown: TrainConfig's fields are {', '.join(sorted(fields))}")
     cfg = TrainConfig(**{"progress": False, "patience": max(epochs, 1), **(train or {}),
                          "epochs": epochs, "batch_size": batch_size, "seed": seed, "ckpt_every": ckpt_every}).check()
+    cfg.precision = cpu_precision(cfg.precision, get_device(cfg.device))    # 'auto' as this machine resolves it, into params.yaml
     try: (Path(run_dir) / "ckpt").mkdir(parents=True, exist_ok=True)
     except OSError as e: raise io_error(Path(run_dir) / "ckpt", e, "create the run folder") from None
     prep = prepare("shapes", profile, seed=0)
@@ -674,7 +680,7 @@ def train_cli(model: str = "sat_soft", profile: str = "smoke", run_dir: str | No
     res = fit(m, prep, cfg, Path(run_dir) / "ckpt", log=lambda s: print(s, file=sys.stderr))
     checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
-            "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from}
+            "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from, "precision": res.precision}
 
 TRAIN_DEFAULTS = {k: v.default for k, v in inspect.signature(train_cli).parameters.items()}   # `capbook train`'s parameters, declared once: train_cli's
 

@@ -122,6 +122,13 @@ def test_the_trainer_records_the_precision_it_trained_in(monkeypatch, tmp_path):
     P.scripted(monkeypatch, [0.5] * 8)                           # validation scores: the trainer, not the model, under test
     res = fit(P.model(), P.PREP, P.cfg(epochs=1, precision="auto", ema=0.0), tmp_path, log=lambda s: None)
     assert res.precision == cpu_precision("auto", torch.device("cpu")) and res.precision in ("fp32", "bf16")
+    import capbook.core as C
+    assert torch.load(tmp_path / "last.pt", weights_only=False)["config"]["precision"] == res.precision   # in the checkpoint
+    monkeypatch.setattr(C, "cpu_bf16_kernels", lambda: res.precision == "fp32")   # another machine would choose the other
+    logs = []
+    again = fit(P.model(), P.PREP, P.cfg(epochs=1, precision="auto", ema=0.0), tmp_path, log=logs.append)
+    assert again.precision == res.precision and again.resumed_from is not None and not any("moved to" in s for s in logs)
+    monkeypatch.setattr(C, "cpu_bf16_kernels", lambda: res.precision == "bf16")
     res = fit(P.model(), P.PREP, P.cfg(epochs=1, precision="fp32", ema=0.0), tmp_path / "b", log=lambda s: None)
     assert res.precision == "fp32"
 

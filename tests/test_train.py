@@ -23,7 +23,12 @@ def run_json(cmd, env=None):
 
 @pytest.mark.slow
 def test_sigkill_and_resume_gives_the_same_numbers(smoke, tmp_path):
-    full = run_json(train_cmd(tmp_path / "full"))
+    "Killed and resumed, a run gives the numbers of the run trained through; the first trains while the other core is busy, which must not change its arithmetic or its numbers."
+    import yaml
+    from capbook.core import cpu_precision
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])          # the other core, busy
+    try: full = run_json(train_cmd(tmp_path / "full"))
+    finally: burner.kill(); burner.wait()
     # start the same run, kill it hard as soon as its first (mid-epoch) checkpoint exists, then restart it
     proc = subprocess.Popen(train_cmd(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = tmp_path / "killed" / "ckpt" / "last.pt"
@@ -41,6 +46,8 @@ def test_sigkill_and_resume_gives_the_same_numbers(smoke, tmp_path):
         assert all(0 < a < b for a, b in zip(t, t[1:]))
     assert resumed["param_checksum"] == full["param_checksum"]
     assert resumed["best_score"] == full["best_score"]
+    assert resumed["precision"] == full["precision"] == cpu_precision("auto", torch.device("cpu"))   # the CPU's flags decide
+    assert yaml.safe_load((tmp_path / "full" / "params.yaml").read_text())["train"]["precision"] == full["precision"]    # written, resolved
 
 
 def one_epoch(smoke, ckpt_dir):
