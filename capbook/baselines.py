@@ -273,8 +273,8 @@ class BaselineParams(SCAConfig, RunConfig):
     att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (default 2)
-    d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default 128, smoke 64)
-    heads: int = SSAConfig.heads        # ct: attention heads
+    d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
+    heads: int | None = None            # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
     d_hidden: int | None = None         # ct: the feed-forward's width; None: the profile's (2 d_model)
 
 def baselines_check(p) -> None:
@@ -290,9 +290,9 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
-           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
-           "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
+    sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
+           "default": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
+           "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
                      "updown": "Up-Down", "ct": "CT"}[p.model],

@@ -288,8 +288,9 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 class GLIEDParams(GLIEDConfig, RunConfig):
     "The GLIED chapter's parameters: the run's (`RunConfig`), the model's (`GLIEDConfig`), the attribute detector's."
     lr: float | None = None             # Adam's learning rate; None: the profile's (paper 1e-4, §4.2)
-    d_embed: int | None = None          # None: the profile's (paper 256, default 64, smoke 32)
-    d_model: int | None = None          # None: the profile's (paper 512, default 128, smoke 64)
+    d_embed: int | None = None          # None: the profile's (paper 256, default and smoke 32)
+    d_model: int | None = None          # None: the profile's (paper 512, default and smoke 64)
+    heads: int | None = None            # n; None: the profile's, for a d_attn of 64 as every transformer of the book (paper 8, default and smoke 1)
     d_hidden: int | None = None         # None: the profile's (4 d_model)
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (paper 20, default 2)
     attr_epochs: int | None = None      # the attribute detector's epochs; None: the profile's
@@ -335,9 +336,9 @@ GLIED_CHAPTER = register_chapter(Chapter(
     runs={tag: {"global_visual": v, "global_attribute": a, "local": l, **({} if tag in ("", "base") else {"scst_epochs": 0})}
           for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
     epochs={"smoke": 1, "default": 15, "paper": 25},       # at most: the protocol stops on a plateau (GLIED: 25, early stopping)
-    sizes={"smoke": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
-           "default": {"d_embed": 32, "d_model": 64, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
-           "paper": {"d_embed": 256, "d_model": 512, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
+    sizes={"smoke": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
+           "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
+           "paper": {"d_embed": 256, "d_model": 512, "heads": 8, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
     train={},                                             # the protocol; the warm-up: its registry entry
     label=lambda p: p.variant,
     figure=lambda p: f"fig_glied_{p.variant.strip('+ ').replace(' ', '_').lower()}_attention.png",

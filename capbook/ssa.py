@@ -16,8 +16,8 @@ from .runner import Chapter, RunConfig, register_chapter
 from .papers import ssa_table1
 
 # %% auto 0
-__all__ = ['NOAM', 'WARMUP', 'SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderLayer', 'SSAConfig', 'SpatialTransformer',
-           'ssa', 'inter_attention_spread', 'SSAParams', 'ssa_measure']
+__all__ = ['WARMUP', 'SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderLayer', 'SSAConfig', 'SpatialTransformer', 'ssa',
+           'inter_attention_spread', 'SSAParams', 'ssa_measure']
 
 # %% ../nbs/04_spatial_self_attention.ipynb
 def sinusoid(n: int, d: int) -> torch.Tensor:
@@ -164,7 +164,6 @@ class SpatialTransformer(CaptionModel):
             y, w = layer(y, layer.self_att.keys_values(y), ikv, mask)
         return {"logits": self.out(y), "alpha": w.mean(1)}      # (N, T, V), (N, T, L)
 
-NOAM = {"schedule": "noam", "warmup": 1.0}   # the Transformer's schedule: one epoch of warm-up, then 1/sqrt(step)
 WARMUP = {"warmup": 1.0}   # the peers' transformer warm-up: one epoch linear to lr, then the protocol's decay on plateaus
 
 @register("ssa", SSAConfig, train=WARMUP)

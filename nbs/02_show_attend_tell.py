@@ -314,8 +314,11 @@ def worked_example(att: SoftAttention, regions: torch.Tensor, h: torch.Tensor, d
 # with $\lambda_r = 1$ (the choice of $\lambda_r$ on validation) and the §4.2.1 ablation without the penalty or the
 # gate — and the next chapter assembles them. The declaration below is all the book knows of this chapter.
 #
-# The profile sets the number of epochs; the paper's model selection is kept: "early stopping on BLEU score ... we used
-# BLEU on our validation set for model selection" (§5.2), here BLEU-4 on the validation split (see `capbook.train`).
+# Training and selection follow the book's one protocol (`nbs/02b_protocol`): at most the profile's epochs (15 at
+# `default`), validation twice an epoch on the averaged weights, the rate halved on plateaus, and the weights kept from
+# the evaluation with the best validation **CIDEr**, stopped after three epochs without a better one. The paper stops
+# early on BLEU ("we used BLEU on our validation set for model selection", §5.2); the book selects every compared row
+# on CIDEr, the metric its verdicts test, so that one rule holds for all.
 # Validation and test captions are decoded with beam search (beam size 3).
 #
 # Besides the common measurements, a Show-Attend-Tell run measures two things of its own (`sat_measure`): the hard
@@ -416,7 +419,7 @@ scst_epochs = 0            # then self-critical training on CIDEr-D for this man
 scst_lr = 5e-05            # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'            # auto | cpu | cuda | cuda:N
-precision = 'auto'         # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
+precision = 'auto'         # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'        # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None             # set by `capbook book`; None: runs/<profile>/adhoc/...
 attention = 'soft'         # soft (§4.2) | hard (§4.1) | none (the mean annotation vector: the no-attention baseline)

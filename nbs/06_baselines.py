@@ -444,8 +444,10 @@ def updown(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
 #
 # *capbook: what is left out.* CT's multi-level supervision (a word prediction from every block's output, combined at
 # test time) is not reproduced — GLIED's Table 2 compares the plain six-block decoder; positions are added to the
-# regions, as in the book's transformer. Widths follow the chapter's profile (`d_model`, `d_hidden`), as the spatial
-# transformer's.
+# regions, as in the book's transformer. Widths follow the chapter's profile (`d_model`, `d_hidden`) and so do the
+# heads, as the spatial transformer's: each head attends in d_attn = 64 dimensions (the Transformer's 8 × 64 = 512 at
+# the paper profile, one head of 64 at the CPU profiles' width of 64), so CT and the spatial transformer beside it in
+# `06a_baselines_tables` differ only in what CT's paper changes (no region encoder, six blocks, τ).
 #
 # *capbook: its batches.* CT trains on image-ordered batches (the five captions of each image together, the
 # `batch_order` of its registry entry), as the book's other transformers do and as self-critical.pytorch batches every
@@ -495,8 +497,8 @@ class BaselineParams(SCAConfig, RunConfig):
     att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
     scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (default 2)
-    d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default 128, smoke 64)
-    heads: int = SSAConfig.heads        # ct: attention heads
+    d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
+    heads: int | None = None            # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
     d_hidden: int | None = None         # ct: the feed-forward's width; None: the profile's (2 d_model)
 
 def baselines_check(p) -> None:
@@ -512,9 +514,9 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
-    sizes={"smoke": {"d_model": 64, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
-           "default": {"d_model": 64, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
-           "paper": {"d_model": 512, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
+    sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
+           "default": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
+           "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
                      "updown": "Up-Down", "ct": "CT"}[p.model],
@@ -572,7 +574,7 @@ scst_epochs = None        # self-critical epochs after cross-entropy; None: the 
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
-precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
+precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 emb_dim = None            # the LSTMs' word (and image) embedding; None: the profile's (Show-Attend-Tell's `WIDTHS`)
@@ -581,8 +583,8 @@ att_dim = None            # the attention's hidden size; None: the profile's (Sh
 dropout = None            # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
 order = 'C-S'             # sca_cnn: C-S (channel, then spatial; the paper's) | S-C
 model = 'updown'          # nic | lstm | att2in | sca_cnn | updown | ct
-d_model = None            # ct: the width of every block; None: the profile's (paper 512, default 128, smoke 64)
-heads = 8                 # ct: attention heads
+d_model = None            # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
+heads = None              # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
 d_hidden = None           # ct: the feed-forward's width; None: the profile's (2 d_model)
 
 # %%
@@ -617,6 +619,6 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # |---|---|---|
 # | SCA-CNN: the channel weights scaled by C (mean 1) | Chen et al.'s released code multiplies them by the channel count (`* 512`, `* 2048`); a bare softmax over 128 channels hands on 1/128 of a feature | the context is at a feature's scale (ratio 1.000, it was ≈ 1/128; tested); CIDEr 81.5 → 107.1, semantic F1 19.8 → 29.8, relation F1 7.8 → 18.7, attention mass on the named object 36.0 → 43.1 % |
 # | SCA-CNN on the last conv layer only | frozen, cached features (see the section above) | not measured |
-# | CT: embedding N(0, 1/d) and one epoch of warm-up, then 1/√step decay | Vaswani et al.'s recipe, which CT follows | word/position scale ratio 21 → 1.8 (tested: within 2); CIDEr 125.4 → 113.7, semantic F1 34.6 → 31.6 in its 3 epochs, one of them warming up (within one seed's spread) |
+# | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's halving on plateaus (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the halving every compared row's | word/position scale ratio 21 → 1.8 (tested: within 2); CIDEr 125.4 → 113.7, semantic F1 34.6 → 31.6 in its 3 epochs, one of them warming up (within one seed's spread) |
 # | self-critical training (Att2in, Up-Down) keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | the stage can no longer return a model worse on validation than its start (tested) |
 # | 3 epochs for the attention baselines, 10 for NIC and LSTM, at the default profile | the book's CPU budget | compared rows still get different budgets: the protocol issue gives every row the same rule |

@@ -182,7 +182,8 @@ def test_beam_scores_are_teacher_forced_log_probabilities(name):
 def test_chapter_parameters():
     "The model's own dropout when none is given; the transformer's widths only reach CT; unknown models stop in one line."
     p = BaselineParams(profile="smoke", model="ct", d_model=32, d_hidden=64)
-    assert model_hparams("ct", p) == {"d_model": 32, "heads": 8, "d_hidden": 64}
+    assert model_hparams("ct", p) == {"d_model": 32, "d_hidden": 64}                  # heads None: the profile's
+    assert model_hparams("ct", dataclasses.replace(p, heads=2)) == {"d_model": 32, "heads": 2, "d_hidden": 64}
     assert "dropout" not in model_hparams("updown", p) and build("updown", V, D, GRID).drop.p == 0.5
     assert model_hparams("updown", dataclasses.replace(p, dropout=0.2))["dropout"] == 0.2
     from capbook.runner import run_chapter
