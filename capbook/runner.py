@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from .core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
                           io_error, io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
-                          save_yaml, seed_everything, stable_hash)
+                          save_yaml, seed_everything, stable_hash, cpu_precision)
 
 # %% auto 0
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS', 'SEED_METRICS', 'check_profile', 'out_dir',
@@ -64,6 +64,8 @@ def start_run(name: str, params: dict, resolved: dict | None = None) -> Run:
     check_profile(params.get("profile"))
     p = {k: v for k, v in params.items() if k != "run_dir"}
     full = {k: v for k, v in (resolved or params).items() if k != "run_dir"}     # every value as the run uses it
+    if full.get("precision") == "auto":                                          # the arithmetic this machine will use
+        full["precision"] = cpu_precision("auto", get_device(full.get("device", "auto")))
     d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(full, 8)}"
     d = Path(d)
     try: d.mkdir(parents=True, exist_ok=True)
@@ -118,7 +120,7 @@ class RunConfig:
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
     scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
     device: str = "auto"            # auto | cpu | cuda | cuda:N
-    precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where this CPU runs it faster) | bf16 (autocast, as a GPU always does) | fp32
+    precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
     recipe: str = "protocol"        # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
 
@@ -384,6 +386,16 @@ class Claims:
 
     def text(self, label: str, a, b, **kw) -> str:
         return self.test(label, a, b, **kw)["text"]
+
+    def add(self, label: str, verdict: str, p: float | None) -> dict:
+        "A claim judged from several tests (e.g. 'higher in CIDEr and in relation F1': holds when every one holds, its p the largest of theirs, the intersection-union test)."
+        self.tests[label] = r = {"verdict": verdict, "p": p}
+        return r
+
+    def holm_cell(self, label: str) -> str:
+        "'survives' / 'does not survive' Holm's correction, or '—' for a claim that states no verdict."
+        keep = self.survivors()
+        return "—" if label not in keep else "survives" if keep[label] else "does not survive"
 
     def survivors(self) -> dict[str, bool]:
         "Each stated verdict (one with a p-value): does it survive Holm's correction over the table's?"

@@ -791,8 +791,8 @@ def simulate_verdicts(spread: float, delta: float = 0.0, seeds: int = 3, trials:
     count = {"holds": 0, "does not hold": 0, "cannot tell": 0}
     for _ in range(trials):
         img = rng.gamma(2.0, 0.5, images)                                      # the test split's difficulty: (images,)
-        run = lambda shift: [img + shift + rng.normal(0, spread) + rng.normal(0, noise, images) for _ in range(seeds)]
-        count[seed_t_test(run(delta * spread), "CIDEr", run(0.0))["verdict"]] += 1
+        a, b = ([img + shift + rng.normal(0, spread) + rng.normal(0, noise, images) for _ in range(seeds)] for shift in (delta * spread, 0.0))
+        count[seed_t_test(a, "CIDEr", b)["verdict"]] += 1
     return {k: v / trials for k, v in count.items()}
 
 

@@ -31,7 +31,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, paired_verdict
+from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
 from capbook.book import chapter_steps, compared_runs, row_record
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
@@ -236,18 +236,19 @@ display(Markdown(save_table(abl, run.path("table_sat_ablation"), floatfmt=".2f")
 # %%
 A = abl.set_index("run")
 full, nopen, nogate = A.index
-v = lambda a, b: paired_verdict(stats[a], stats[b])["text"]        # "a scores a higher CIDEr than b", paired bootstrap
+claims = Claims()                                                  # this section's verdicts, corrected together
+v = lambda label, a, b: claims.text(label, stats[a], stats[b])     # "a scores a higher CIDEr than b": t over seeds, images added
 g = recs[""].get("gate_beta")
 display(Markdown("\n".join([
     f"- **Penalty:** with it, CIDEr {A.loc[full, 'CIDEr']:.1f} vs {A.loc[nopen, 'CIDEr']:.1f} without and BLEU-4 "
     f"{A.loc[full, 'BLEU-4']:.1f} vs {A.loc[nopen, 'BLEU-4']:.1f}; the claim that the penalty raises CIDEr "
-    f"{v('', 'no-penalty')}. Captions are {A.loc[full, 'mean length']:.2f} words long on average with it and {A.loc[nopen, 'mean length']:.2f} "
+    f"{v('the penalty raises CIDEr', '', 'no-penalty')}. Captions are {A.loc[full, 'mean length']:.2f} words long on average with it and {A.loc[nopen, 'mean length']:.2f} "
     f"without, using {A.loc[full, 'distinct words']} vs {A.loc[nopen, 'distinct words']} distinct words.",
     f"- **Gate:** with it, CIDEr {A.loc[full, 'CIDEr']:.1f} vs {A.loc[nogate, 'CIDEr']:.1f} without; the claim that "
-    f"the gate raises CIDEr {v('', 'no-gate')}.",
+    f"the gate raises CIDEr {v('the gate raises CIDEr', '', 'no-gate')}.",
     f"- **Soft against hard attention** (the paper's Table 1: hard above soft in BLEU-4 on all three datasets, soft above hard in METEOR on COCO and Flickr30k): soft "
-    f"above hard in CIDEr {v('', sel)}; attention above none {v('', 'none')}."]
+    f"above hard in CIDEr {v('soft above hard', '', sel)}; attention above none {v('attention above none', '', 'none')}."]
     + ([f"- **Gate values:** mean β is {g['object_words']:.3f} at steps that emit an object noun and "
         f"{g['other_words']:.3f} at the others: the paper's observation "
         f"{'holds' if g['object_words'] > g['other_words'] else 'does not hold'} here."]
-       if g and g["object_words"] is not None and g["other_words"] is not None else []))))
+       if g and g["object_words"] is not None and g["other_words"] is not None else [])) + "\n\n" + claims.note()))

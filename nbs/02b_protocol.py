@@ -36,7 +36,7 @@ from capbook.runner import (RECIPES, start_run, read_params, stage_stats, paired
                             epochs_trained, _field_docs)
 from capbook.book import chapter_steps, row_record
 from capbook.prepare import prepare
-from capbook.metrics import evaluate, results_row
+from capbook.metrics import evaluate, results_row, simulate_verdicts
 from capbook.viz import save_figure, save_table
 
 # %% tags=["parameters"]
@@ -65,12 +65,12 @@ pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [s["_dir"] for s in 
 #    that hold all five captions of each image (the peers' `seq_per_img = 5`, and already the book's transformers')
 #    mix the templates in every step.
 # 2. **Selecting a snapshot of moving weights.** At a constant rate Adam keeps moving the weights by about as much as
-#    the templates need to flip; a moving average of the weights (EMA, 0.995 — a window of about 200 steps, 1.7 epochs of the default profile) moves only
-#    as far as the weights move on average, and halving the rate whenever validation stops improving settles it.
+#    the templates need to flip; a moving average of the weights moves only as far as the weights move on average, and
+#    halving the rate whenever validation stops improving settles it.
 # 3. **Budgets and rules that differed.** Each chapter had its own epochs (3 to 6), metric (BLEU-4 or CIDEr) and
 #    schedule; the protocol gives every compared row the same rule, and trains each until validation stops improving.
 # 4. **One seed.** Whatever remains is the seed's; every row a verdict rests on is trained with three, and the verdict's
-#    test draws seeds as well as test images (`capbook.metrics.seed_bootstrap`).
+#    test treats the seed as the unit of replication (`capbook.metrics.seed_t_test`, below).
 #
 # ## The protocol
 #
@@ -157,6 +157,75 @@ table = pd.DataFrame(table)
 display(Markdown(save_table(table, run.path("table_protocol_before_after"), floatfmt=".1f")))
 verdict = paired_verdict(stats["protocol"], stats["legacy"])
 display(Markdown(f"Soft attention trained under the protocol scores higher than under the legacy recipe: {verdict['text']}."))
+
+# %% [markdown]
+# ## The schedule and the average, as they run
+#
+# - **Learning rate.** Adam at `lr` (4×10⁻⁴ at the default profile), halved (`lr_gamma` 0.5) after `lr_patience` = 2
+#   evaluations — one epoch — without a better validation CIDEr. The transformers (the spatial transformer, CT, GLIED)
+#   first warm up linearly from 0 to `lr` over one epoch (`capbook.ssa.WARMUP` in their registry entries), then follow
+#   the same halving; no model runs Vaswani et al.'s inverse-square-root decay (the trainer's `schedule="noam"`): none
+#   of the book's papers names it, and every compared row gets the same rule.
+# - **Weight averaging.** After every optimiser step $t$ the average moves towards the weights,
+#   $ar	heta_t = d_t\,ar	heta_{t-1} + (1 - d_t)\,	heta_t$ with $d_t = \minig(0.995, 
+# rac{1 + t}{10 + t}ig)$
+#   (TensorFlow's `ExponentialMovingAverage` with `num_updates`). The decay is **not 0.995 for most of a run**: it
+#   covers roughly the last $t/9$ steps, and reaches 0.995 only after 1,790 steps, while a default epoch is about 116
+#   steps and a run stops after at most 15 epochs. The table gives it at the end of each epoch. A constant 0.995 from
+#   the first step would keep $0.995^t$ of the random initial weights in the average — still 56 % after one epoch and
+#   17 % after three —, which is what the warm-up avoids. Measured on soft attention at the default profile (seed 0,
+#   float32, six epochs at the constant rate, the two runs differing only in $d_t$): validation CIDEr after epochs
+#   1–4 was 0.37, 0.57, 0.87, 1.01 with the warm-up and 0.02, 0.42, 0.55, 0.64 with a constant 0.995; after epochs 5
+#   and 6 they were level (1.05 and 1.04, then 1.04 and 1.09; one seed, within a seed's spread). So the warm-up decides
+#   the early evaluations, which the plateau rule and the selection read, not where a trained run ends up.
+
+# %%
+steps_per_epoch = 116                          # the default profile: 15,000 captions in image-ordered batches of ~64
+ema = pd.DataFrame([{"epochs trained": e, "steps t": e * steps_per_epoch,
+                     "decay d_t": min(TrainConfig.ema, (1 + e * steps_per_epoch) / (10 + e * steps_per_epoch)),
+                     "window 1/(1 - d_t), steps": 1 / (1 - min(TrainConfig.ema, (1 + e * steps_per_epoch) / (10 + e * steps_per_epoch)))}
+                    for e in (1, 2, 3, 6, 10, 15)])
+display(Markdown(save_table(ema, run.path("table_protocol_ema"), floatfmt=".4g")))
+
+# %% [markdown]
+# ## The verdict rule, and what three seeds can tell
+#
+# A verdict compares two models, not two training runs, so its unit of replication is the training seed
+# (`capbook.metrics.seed_t_test`): Student's *t* on the seed means, the variance the seeds' own spread (Welch's, with
+# $S - 1$ degrees of freedom a side) plus the test images' (the bootstrap variance of the seed-averaged per-image
+# difference), degrees of freedom by Welch–Satterthwaite. *Holds* when the 95 % interval is above zero, *does not hold*
+# below, *cannot tell* otherwise; a row of one seed states no verdict. Every table that states several verdicts says
+# how many, and which survive Holm's correction over them (`capbook.runner.Claims`).
+#
+# Below, the rule on simulated comparisons (`capbook.metrics.simulate_verdicts`: per-image CIDEr like a test split's,
+# each seed shifting a model by a normal amount of standard deviation "spread"). Left: with no true difference, how
+# often it says "holds" or "does not hold" — at most 5 % is the promise of a 95 % interval. Right: how often it finds a
+# true difference of 1 to 4 seed standard deviations, with 3 and with 5 seeds a side.
+
+# %%
+trials = 200 if profile == "smoke" else 1000          # the smoke book's figure is a quick sketch of the same curves
+spreads = (0.02, 0.10, 0.20)
+null = {s: simulate_verdicts(s, trials=trials) for s in spreads}
+deltas = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+power = {S: [simulate_verdicts(0.10, d, seeds=S, trials=trials)["holds"] for d in deltas] for S in (3, 5)}
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+axes[0].bar([f"{100 * s:.0f} %" for s in spreads], [100 * (r["holds"] + r["does not hold"]) for r in null.values()], color="tab:blue")
+axes[0].axhline(5, color="k", ls="--", lw=1); axes[0].set_ylim(0, 10)
+axes[0].set_xlabel("seed spread (sd, % of CIDEr)"); axes[0].set_ylabel("false verdicts (%)")
+axes[0].set_title(f"no true difference ({trials:,} trials each)", fontsize=9)
+for S, c in ((3, "tab:blue"), (5, "tab:orange")):
+    axes[1].plot(deltas, [100 * p for p in power[S]], "o-", color=c, label=f"{S} seeds a side")
+axes[1].set_xlabel("true difference (seed sds)"); axes[1].set_ylabel("says 'holds' (%)"); axes[1].set_ylim(0, 100)
+axes[1].set_title("power (10 % seed spread)", fontsize=9); axes[1].legend(fontsize=8)
+for a in axes: a.grid(alpha=.3)
+fig.tight_layout(); save_figure(fig, run.path("fig_protocol_verdict_rule.png")); plt.show()
+at = lambda S, d: 100 * power[S][deltas.index(d)]
+wrong = ", ".join(f"{100 * (r['holds'] + r['does not hold']):.1f} %" for r in null.values())
+display(Markdown(
+    f"False verdicts: {wrong} at seed spreads of {', '.join(f'{100 * s:.0f} %' for s in spreads)}. **What 3 seeds can tell:** a true difference of three seed "
+    f"standard deviations is found {at(3, 3.0):.0f} % of the time (5 seeds: {at(5, 3.0):.0f} %), one of a single seed sd "
+    f"{at(3, 1.0):.0f} % (5 seeds: {at(5, 1.0):.0f} %) — with three seeds, *cannot tell* is the expected answer for a "
+    "difference smaller than about three times the seed spread, and says nothing about whether there is one."))
 
 # %% [markdown]
 # ## Greedy, beam and length

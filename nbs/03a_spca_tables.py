@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np, pandas as pd, torch
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import get_device, load_torch
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, paired_verdict
+from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
 from capbook.book import chapter_steps, row_record
 from capbook.prepare import prepare
 from capbook.decode import ms_per_image
@@ -162,10 +162,13 @@ table4 = table4[["dataset", "model", "source"] + [c for c in table4.columns if c
 display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f")))
 
 # %% [markdown]
-# The paper's comparisons in Tables 2–4, each tested on the same test images by a paired bootstrap
-# (`capbook.runner.paired_verdict`: *holds* when the 95 % interval of the CIDEr difference is above zero, *does not
-# hold* below, *cannot tell at this size* when it contains zero; one seed per model, so the intervals cover the test
-# images, not training's randomness). Every row is decoded with beam 3, SPCA's included (the paper's beam 2 is
+# The paper's comparisons in Tables 2–4, each a claim on CIDEr tested on the same test images
+# (`capbook.runner.Claims`, `nbs/02b_protocol`): Student's *t* over each row's training seeds with the test images'
+# variance added — the seed is the unit of replication; *holds* when the 95 % interval of the difference is above
+# zero, *does not hold* below, *cannot tell* when it contains zero, and *one seed: no verdict* for a row trained once
+# (the smoke and paper profiles). The note under the table says how many verdicts it states and which survive Holm's
+# correction over them.
+# Every row is decoded with beam 3, SPCA's included (the paper's beam 2 is
 # measured beside it): on this data beam size alone moves a model's CIDEr a lot, so only one decoding for all rows
 # makes the comparisons like for like.
 
@@ -176,11 +179,12 @@ CLAIMS = [("Table 2: S‖C above the baseline (no attention)", "", "base"), ("Ta
           ("Table 4: 1D-LSTM + SPCA above Soft-Attention (same decoder)", "1d", "soft"),
           ("Table 4: 2D-latent-LSTM + SPCA above SCA-CNN", "", "sca-cnn"),
           ("Table 4: 2D-latent-LSTM + SPCA above ATT2in", "", "att2in")]
-tests = [(c, paired_verdict(ST[a], ST[b])) for c, a, b in CLAIMS]
-claims = pd.DataFrame([{"claim": c, **{k: v for k, v in t.items() if k in ("value", "lo", "hi")}, "on this run": t["verdict"]}
-                       for c, t in tests])
+judged = Claims()
+tests = [(c, judged.test(c, ST[a], ST[b])) for c, a, b in CLAIMS]
+claims = pd.DataFrame([{"claim": c, **{k: t.get(k) for k in ("value", "lo", "hi")}, "p": t.get("p"), "on this run": t["verdict"],
+                        "Holm": judged.holm_cell(c)} for c, t in tests])
 claims = claims.rename(columns={"value": "Δ CIDEr", "lo": "95% CI low", "hi": "95% CI high"})
-display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".1f")))
+display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".3g") + "\n\n" + judged.note()))
 
 # %% [markdown]
 # The semantic F1s of Tables 2–4 split into precision and recall per category (shapes only; see

@@ -35,7 +35,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, paired_verdict, epochs_trained
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -110,16 +110,18 @@ display(Markdown(save_table(table1, run.path("table_glied_table1"), floatfmt=".2
 
 # %%
 g, b = ("glied", ""), ("glied", "base")
-v = lambda a, b_: paired_verdict(ST[a], ST[b_])["text"]      # the claim "a scores a higher CIDEr than b", paired
+judged = Claims()                                          # this section's verdicts, corrected together
+v = lambda a, b_: judged.text(f"{a} above {b_}", ST[a], ST[b_])   # the claim "a scores a higher CIDEr than b"
 display(Markdown(
-    "On this run of the book (one seed; each claim a paired bootstrap test on the same test images):\n\n"
+    "On this run of the book (each claim on the same test images, Student's t over the rows' seeds with the images' "
+    "variance added; one seed: no verdict):\n\n"
     f"- GLIED above the base under cross-entropy: {v((g, 'xe'), (b, 'xe'))}; after self-critical training: "
     f"{v((g, 'scst'), (b, 'scst'))} (the paper: GLIED above the base in both).\n"
     f"- Self-critical training raises CIDEr: for the base {v((b, 'scst'), (b, 'xe'))}; for GLIED {v((g, 'scst'), (g, 'xe'))}.\n"
     f"- GLIED above Up-Down (the paper: above all its baselines): under cross-entropy {v((g, 'xe'), (('base', ''), 'xe'))}; "
     f"after self-critical training {v((g, 'scst'), (('base', ''), 'scst'))}.\n"
     f"- GLIED above SCST (Att2in): under cross-entropy {v((g, 'xe'), (('base', 'att2in'), 'xe'))}; after self-critical "
-    f"training {v((g, 'scst'), (('base', 'att2in'), 'scst'))}."))
+    f"training {v((g, 'scst'), (('base', 'att2in'), 'scst'))}.\n\n" + judged.note()))
 
 # %% [markdown]
 # What self-critical training does to what the captions *say*: the semantic F1s of the relations and counts before and
@@ -228,8 +230,8 @@ table4 = pd.DataFrame([t4_row(*o) for o in order])
 display(Markdown(save_table(table4, run.path("table_glied_table4"), floatfmt=".1f")))
 
 # %% [markdown]
-# The paper's claims about each row, each tested against the base by a paired bootstrap on the same test images
-# (`capbook.runner.paired_verdict`; the Δ columns are the measured changes, one seed):
+# The paper's claims about each row, each tested against the base on the same test images (`capbook.runner.Claims`:
+# Student's t over the rows' seeds with the images' variance added; the Δ columns are the changes in the seed means):
 
 # %%
 T4 = table4.set_index("model")
@@ -237,31 +239,42 @@ def delta(row, col): return T4.loc[row, col] - T4.loc["Base", col] if col in T4 
 NEEDS = {"+ global visual": ("CIDEr", "relations F1", "counts F1"), "+ global attribute": ("CIDEr", "attributes F1"),
          "+ global": ("CIDEr",), "+ local": ("CIDEr",), "GLIED": ("CIDEr", "relations F1", "counts F1")}
 T4_STATS = {name: stage_stats(recs["glied", tag], prep, "xe") for name, tag in order}   # Table 4 is under cross-entropy
+table4_claims = Claims()
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
-    tests = {c: paired_verdict(T4_STATS[row], T4_STATS["Base"], c) for c in NEEDS[row]}
+    tests = {c: table4_claims.test(f"{row}: {c}", T4_STATS[row], T4_STATS["Base"], metric=c) for c in NEEDS[row]}
+    for c in NEEDS[row]: del table4_claims.tests[f"{row}: {c}"]      # the row's claim is judged once, below
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
     elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"
     elif kept := [t["text"] for t in tests.values() if t["verdict"].startswith("cannot tell:")]: says = kept[0]
-    elif row == "+ local":                        # "almost the same, if not worse": not reliably better
-        says = "does not hold" if tests["CIDEr"]["verdict"] == "holds" else "holds"
+    elif any(t["p"] is None for t in tests.values()): says = "one seed: no verdict"
+    elif row == "+ local":                        # "almost the same, if not worse": refuted only by a reliably higher CIDEr
+        c = tests["CIDEr"]["verdict"]
+        says = "does not hold" if c == "holds" else "holds" if c == "does not hold" else "cannot tell"
     else:                                         # higher in every score it names: each reliably so
         vs = [t["verdict"] for t in tests.values()]
-        says = ("holds" if all(x == "holds" for x in vs) else "does not hold" if "does not hold" in vs
-                else "cannot tell at this size")
+        says = ("holds" if all(x == "holds" for x in vs) else "does not hold" if "does not hold" in vs else "cannot tell")
+    ps = [t["p"] for t in tests.values()]
+    # one verdict per row: "holds" needs every named test, so its p is the largest (the intersection-union test)
+    judged_p = None if None in ps or says.startswith(("cannot tell:", "cannot tell (")) else (
+        tests["CIDEr"]["p"] if row == "+ local" else max(ps) if says == "holds" else min(ps))
+    table4_claims.add(row, says, judged_p)
     return {"row": row, "the paper says": GLIED_TABLE4_CLAIMS[row], **{f"Δ {c}": v for c, v in d.items()},
-            "paired tests": "; ".join(f"{c}: {t['text']}" for c, t in tests.items()), "on this run": says}
+            "tests": "; ".join(f"{c}: {t['text']}" for c, t in tests.items()), "on this run": says}
 claims = pd.DataFrame([verdict(r) for r, _ in order[1:]])
-display(Markdown(save_table(claims, run.path("table_glied_claims"), floatfmt=".1f")))
+claims["Holm"] = [table4_claims.holm_cell(r) for r in claims["row"]]
+display(Markdown(save_table(claims, run.path("table_glied_claims"), floatfmt=".1f") + "\n\n" + table4_claims.note()))
 
 # %% [markdown]
 # *capbook:* how a claim is read as a test. "Overall improvement" is a higher CIDEr; "higher Relations and Count" a
 # higher F1 in both; GLIED's "especially Relations and Count" a higher CIDEr and higher relation and count F1s — each
-# *holds* only when every named score is reliably higher (its paired 95 % interval above zero), *does not hold* when one
-# is reliably lower, and otherwise *cannot tell at this size*. "Almost the same, if not worse" holds unless the CIDEr is
-# reliably higher. A sub-category whose F1 is 0 for every row (the model never states it) cannot carry the claim
-# either way. The intervals cover the choice of test images, not the seed: one seed per row.
+# *holds* only when every named score is reliably higher (its 95 % interval above zero; the row's p is then the largest
+# of the tests', as an intersection-union test), *does not hold* when one is reliably lower, and otherwise *cannot
+# tell*. "Almost the same, if not worse" does not hold when the CIDEr is reliably higher, holds when it is reliably lower,
+# and otherwise cannot be told (that two numbers are "almost the same" would need an equivalence margin, which the
+# paper does not give). A sub-category whose F1 is 0 for every row (the model never states it) cannot carry the claim
+# either way. A row of one seed states no verdict.
 #
 # ## Figure 3: what each distilling step attends to
 #

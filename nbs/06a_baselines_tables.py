@@ -35,7 +35,7 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, paired_verdict, epochs_trained
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -131,16 +131,18 @@ plt.close(fig)
 display(IPImage(filename=str(fig_path)))
 
 # %% [markdown]
-# What the runs say, computed from the table above. Each comparison is a paired bootstrap test on the same test images
-# (the claim "the first scores higher"): *holds* when the 95 % interval of the difference is above zero, *does not
-# hold* when below, *cannot tell at this size* when it contains zero. One seed each: the intervals cover the choice
-# of test images, not the randomness of training.
+# What the runs say, computed from the table above. Each comparison is a claim "the first scores a higher CIDEr" on
+# the same test images (`capbook.runner.Claims`): Student's *t* over the rows' training seeds with the test images'
+# variance added; *holds* when the 95 % interval of the difference is above zero, *does not hold* when below, *cannot
+# tell* when it contains zero, *one seed: no verdict* for rows trained once. The last line says how many verdicts the
+# list states and which survive Holm's correction over them.
 
 # %%
+judged = Claims()
 best = T["CIDEr"].idxmax()
 second = T["CIDEr"].drop(best).idxmax()
 lines = [f"The best caption metrics: **{best}** ({T.loc[best, 'CIDEr']:.1f} CIDEr, {T.loc[best, 'BLEU-4']:.1f} BLEU-4); "
-         f"ahead of the next, {second}: {paired_verdict(stats[best], stats[second])['text']}."]
+         f"ahead of the next, {second}: {judged.text(f'{best} above {second}', stats[best], stats[second])}."]
 if has_sem:
     sem = T["F1 all"].idxmax()
     lines.append(f"The most accurate statements: **{sem}** (semantic F1 {T.loc[sem, 'F1 all']:.1f}).")
@@ -152,8 +154,8 @@ if "att. mass" in T and T["att. mass"].notna().any():
                  f"peak on the object {T.loc[look, 'att. hit']:.0f} % of the time).")
 for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("SCA-CNN", "Soft-Attention"),
               ("Show and Tell (NIC)", "LSTM, image every step"), ("GLIED", "Up-Down"), ("GLIED base", "CT (6-block transformer decoder)")):
-    lines.append(f"{a} above {b_}: {paired_verdict(stats[a], stats[b_])['text']}.")
+    lines.append(f"{a} above {b_}: {judged.text(f'{a} above {b_}', stats[a], stats[b_])}.")
 for a in ("Att2in", "Up-Down", "GLIED"):
-    lines.append(f"Self-critical training raised {a}'s CIDEr: {paired_verdict(stats[a + ' + SCST'], stats[a])['text']}"
+    lines.append(f"Self-critical training raised {a}'s CIDEr: {judged.text(f'self-critical training raised {a}', stats[a + ' + SCST'], stats[a])}"
                  + (f"; its relation F1 moved {T.loc[a + ' + SCST', 'F1 relations'] - T.loc[a, 'F1 relations']:+.1f}." if has_sem else "."))
-display(Markdown("\n".join(f"- {l}" for l in lines)))
+display(Markdown("\n".join(f"- {l}" for l in lines) + "\n\n" + judged.note()))

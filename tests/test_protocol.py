@@ -164,3 +164,16 @@ def test_the_plan_repeats_every_chapter_run_over_the_profile_seeds():
     assert all(not s.replica for s in sat.values()) and [r.name for r in replicas("default", sat["hard"])] == \
         ["02_show_attend_tell-hard", "02_show_attend_tell-hard-seed1", "02_show_attend_tell-hard-seed2"]
     assert all(not s.replica for s in plan("smoke"))                              # the smoke book: one seed
+
+
+def test_every_transformer_attends_in_64_dimensions_per_head_at_every_profile():
+    "The spatial transformer, CT and GLIED keep the paper's d_attn = d_model / heads = 64 at every profile (one head of 64 at the CPU profiles' width), so CT beside the spatial transformer is like for like."
+    from capbook.runner import PROFILES, chapters, model_hparams
+    chs = chapters()
+    for nb, tag in (("04_spatial_self_attention", ""), ("04_spatial_self_attention", "tau-standard"), ("06_baselines", "ct"),
+                    ("05_glied", ""), ("05_glied", "base")):
+        ch = chs[nb]
+        for profile in PROFILES:
+            p = ch.resolve(ch.params(profile=profile, **ch.runs[tag]))
+            hp = model_hparams(ch.model(p), p)
+            assert hp["d_model"] // hp["heads"] == 64 and hp["d_model"] % hp["heads"] == 0, (nb, tag, profile, hp)
