@@ -31,10 +31,12 @@ class Step:
     def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
 
 def replicas(profile: str, step: Step) -> list[Step]:
-    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`): the rows a table averages."
-    from capbook.runner import SEEDS
+    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
+    from capbook.runner import SEEDS, chapters
     tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
-    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, SEEDS[profile])]
+    n = SEEDS[profile]
+    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = max(n, ch.seeds.get(step.tag, 0))
+    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
 
 def nbs_dir() -> Path:
     "The notebook sources."

@@ -121,7 +121,7 @@ fig.tight_layout(); save_figure(fig, run.path("fig_protocol_curves.png")); plt.s
 # The table measures the issue's goals for each recipe: the spread of test scores over seeds, how much validation
 # CIDEr still moves between consecutive evaluations once the rate has decayed (the protocol: after its first halving;
 # the legacy recipe: after its first ×0.8, epoch 3), how many caption openings change there, and the width of the test
-# CIDEr interval (seeds and images resampled).
+# CIDEr interval (Student's t over the seeds, the test images' variance added).
 
 # %%
 def after_decay(s):

@@ -243,7 +243,7 @@ table4_claims = Claims()
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
-    tests = {c: table4_claims.test(f"{row}: {c}", T4_STATS[row], T4_STATS["Base"], metric=c) for c in NEEDS[row]}
+    tests = {c: table4_claims.test(f"{row}: {c}", T4_STATS[row], T4_STATS["Base"], metric=c, also=()) for c in NEEDS[row]}
     for c in NEEDS[row]: del table4_claims.tests[f"{row}: {c}"]      # the row's claim is judged once, below
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
     elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"

@@ -19,9 +19,9 @@
 # > Every model the book trains — the five papers' and their baselines — on the same test images, features and data: caption metrics against what the captions say (semantic F1) and where the models look (attention correctness), in one table and one figure.
 #
 # This notebook trains nothing: it reads the results records of the book's runs (`capbook.book.compared_runs`, which
-# stops if any run was trained on other data) and sets them side by side. Each chapter trains with its own budget
-# (Show-Attend-Tell 6 epochs, SPCA 4, the spatial transformer 6, GLIED and the baselines 4 cross-entropy epochs, then 2
-# self-critical ones where a row says so): the `epochs` column says how many each row had.
+# stops if any run was trained on other data) and sets them side by side. Every row is trained under the book's one
+# protocol (`nbs/02b_protocol`): until validation CIDEr stops improving, within the profile's maximum (15 epochs at
+# `default`), then 2 self-critical epochs where a row says so; the `epochs` column says how many each row had.
 #
 # Three kinds of score, because a captioner can be good at one and bad at another:
 # - **caption metrics** (BLEU-4, CIDEr) reward n-grams shared with the references;
@@ -79,9 +79,11 @@ prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0
 # %% [markdown]
 # ## The table
 #
-# Test split, beam 3 (SPCA's runs: beam 2, the paper's), one seed each. Scores ×100, each with its 95 % bootstrap
-# interval over the test images (1,000 seeded draws; `capbook.metrics.bootstrap`): how far the number would move on
-# another test set of the same size. "—": the run kept no captions of that stage.
+# Test split, beam 3 for every row. Scores ×100: the mean over the row's training seeds, their standard deviation, and a
+# 95 % interval by Student's t with the seed as the unit of replication and the test images' variance added
+# (`capbook.metrics.seed_t_test`): how far the number would move with other seeds and another test set of the same
+# size; a row of one seed (the smoke and paper profiles) gets the test images' interval alone, marked so. "—": the run
+# kept no captions of that stage.
 
 # %%
 rows, stats = [], {}

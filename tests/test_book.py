@@ -396,7 +396,9 @@ def test_smoke_book_semantic_and_glied_tables(book):
     assert all(f"| {m}" in t4 for m in ["Base", "+ global visual", "+ global attribute", "+ global", "+ local", "GLIED"])
     assert "counts P" in t4 and "relations R" in t4
     claims = (figs / "table_glied_claims.md").read_text()
-    assert claims.count("| one seed: no verdict") == 5, claims              # the smoke book trains every row once
+    verdicts = [l.split("|")[-3].strip() for l in claims.splitlines()[2:]]      # the smoke book trains every row once
+    assert len(verdicts) == 5 and all(v == "one seed: no verdict" or v.startswith("cannot tell (no model states") for v in verdicts), claims
+    assert all(l.split("|")[-2].strip() == "—" for l in claims.splitlines()[2:]), claims     # no verdict, nothing to correct
     assert (figs / "fig_glied_figure3.png").stat().st_size > 10_000 and (figs / "fig_glied_scst.png").stat().st_size > 10_000
 
 
