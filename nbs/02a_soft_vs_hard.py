@@ -130,8 +130,9 @@ if "att. mass" in T:
     lines.append(f"- **Where they look (attention mass on the named object):** soft {T.loc['Soft-Attention', 'att. mass']:.1f} %, "
                  f"hard {T.loc['Hard-Attention', 'att. mass']:.1f} %; uniform attention would put "
                  f"{100 * recs['']['metrics']['attention']['mass_uniform']:.1f} % there.")
-display(Markdown(f"Measured on this run of the book (each row the mean over its {len(recs[''].get('seed_runs', [0]))} "
-                 "training seeds; the verdicts resample seeds, then test images):\n\n" + "\n".join(lines)))
+seeds = sorted({len(r.get("seed_runs", [r])) for r in recs.values()})
+display(Markdown(f"Measured on this run of the book (each row the mean over its training seeds: {' or '.join(map(str, seeds))}; "
+                 "the verdicts below are Student's t over the seeds with the test images' variance added):\n\n" + "\n".join(lines)))
 
 # %% [markdown]
 # ## What the captions say: semantic precision and recall
