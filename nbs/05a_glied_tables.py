@@ -35,7 +35,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, paired_verdict, epochs_trained
 from capbook.book import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -243,8 +243,7 @@ table4_claims = Claims()
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
-    tests = {c: table4_claims.test(f"{row}: {c}", T4_STATS[row], T4_STATS["Base"], metric=c, also=()) for c in NEEDS[row]}
-    for c in NEEDS[row]: del table4_claims.tests[f"{row}: {c}"]      # the row's claim is judged once, below
+    tests = {c: paired_verdict(T4_STATS[row], T4_STATS["Base"], c, also=()) for c in NEEDS[row]}   # the row's claim: judged once, below
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
     elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"
     elif kept := [t["text"] for t in tests.values() if t["verdict"].startswith("cannot tell:")]: says = kept[0]
