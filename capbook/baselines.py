@@ -289,7 +289,7 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     model=lambda p: p.model,
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
-    epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
+    epochs={"smoke": 1, "default": 15, "paper": 30},      # the protocol's budget: every epoch, the rate annealed to 0
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
            "default": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
            "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
@@ -308,7 +308,7 @@ BASELINE_NOTE = "capbook's baselines chapter (06_baselines): same data, features
 
 def baseline_records(profile: str, fingerprint: str | None = None) -> dict[str, dict]:
     "The book's baseline runs' results records at `profile`, by tag ('' is Up-Down, then 'att2in', 'nic', 'lstm', 'sca-cnn', 'ct'); stops unless each was trained on the data `fingerprint` (when given)."
-    from capbook.book import compared_runs
+    from capbook.results import compared_runs
     from capbook.core import CapbookError
     steps, recs = compared_runs(profile, {"b": ("06_baselines", None)})
     if fingerprint is not None:

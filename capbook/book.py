@@ -5,39 +5,20 @@
 # %% ../nbs/00n_book.ipynb 2
 from __future__ import annotations
 import argparse, ast, atexit, contextlib, inspect, json, os, re, shutil, sys, tempfile, time, uuid
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from .core import (CapbookError, atomic_write, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash, cpu_precision, get_device)
-from .runner import PROFILES, check_profile, out_dir, records, chapters, parameters_source
+from .runner import PROFILES, check_profile, out_dir, chapters, parameters_source
+from .results import Step, replicas
 
 # %% auto 0
-__all__ = ['PHASES', 'KERNEL_CONFIG', 'TRAIN_DEFAULTS', 'Step', 'replicas', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan',
-           'step_record', 'chapter_steps', 'row_record', 'compared_runs', 'sync_parameters', 'api_modules',
-           'chapter_table', 'sync_readme', 'upstream_of', 'kernel_manager', 'warm_kernel', 'run_step', 'book_times',
-           'publish', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book', 'write_kernel_config',
-           'train_cli', 'train_params', 'main']
+__all__ = ['PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'TRAIN_DEFAULTS', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan',
+           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'plan_keys',
+           'kernel_manager', 'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan',
+           'select_steps', 'book_lock', 'run_book', 'write_kernel_config', 'train_cli', 'train_params', 'main']
 
 # %% ../nbs/00n_book.ipynb
-@dataclass
-class Step:
-    "One notebook run of the plan: notebook stem, parameters, and a tag for runs of the same notebook."
-    notebook: str
-    params: dict = field(default_factory=dict)
-    tag: str = ""
-    replica: int = 0                # a chapter run repeated with training seed `replica` (0: the row's own run)
-    @property
-    def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
-
-def replicas(profile: str, step: Step) -> list[Step]:
-    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
-    from capbook.runner import SEEDS, chapters
-    tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
-    n = SEEDS[profile]
-    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = max(n, ch.seeds.get(step.tag, 0))
-    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
-
 def nbs_dir() -> Path:
     "The notebook sources."
     return Path(__file__).resolve().parent.parent / "nbs"
@@ -67,47 +48,6 @@ def plan(profile: str) -> list[Step]:
         else: rest.append(Step(nb))
     seeds = [r for s in runs for r in replicas(profile, s)[1:]]   # every row's first seed before any repeat
     return rest[:1] + runs + seeds + rest[1:]        # the index first
-
-_NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
-
-def _as_run(params: dict, sizes: dict) -> dict:
-    "A run's parameters as it ran: a size left None is its profile's (`sizes`, the chapter's), and the ones that do not change what it measures dropped."
-    return {k: sizes[k] if v is None and k in sizes else v for k, v in params.items() if k not in _NOT_CONFIG}
-
-def step_record(profile: str, step: Step) -> dict:
-    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
-    ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
-    sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
-    want = _as_run({**defaults, **step.params}, sizes)
-    book = runs_dir() / profile / step.name
-    same = [r for r in records(profile, step.notebook) if _as_run({**defaults, **r["params"]}, sizes) == want]
-    same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
-    if not same:
-        raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
-                           f"run `capbook book --profile {profile}` first")
-    return same[-1]
-
-def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
-    "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
-    return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
-
-def row_record(profile: str, step: Step) -> dict:
-    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`capbook.runner.merge_seeds`)."
-    from capbook.runner import merge_seeds
-    return merge_seeds([step_record(profile, r) for r in replicas(profile, step)])
-
-def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
-    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
-    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
-             if tags is None or t in tags}
-    recs = {k: row_record(profile, s) for k, s in steps.items()}
-    first = next(iter(recs))
-    other = [s.name for k, s in steps.items()
-             if any(r["data"]["fingerprint"] != recs[first]["data"]["fingerprint"] for r in recs[k]["seed_runs"])]
-    if other:
-        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
-                           f"run `capbook book --profile {profile}` again")
-    return steps, recs
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -167,34 +107,25 @@ def sync_readme(path: Path | None = None, write: bool = True) -> bool:
     return new != src
 
 # %% ../nbs/00n_book.ipynb
-def _code(src: Path) -> dict:
-    "What a step's kernel runs: the notebook's source and the package's, read when the step starts."
-    return {"nb": stable_hash(src.read_text(), 16), "code": package_hash()}
-
-def _key(step: Step, src: Path, upstream: dict | None = None, code: dict | None = None) -> str:
-    from capbook.prepare import inputs_digest
-    if "profile" in step.params:
-        from capbook.runner import chapters
-        ch = chapters().get(step.notebook)
-        data = inputs_digest(**{"encoder": ch.encoder if ch else None, **step.params, "seed": step.params.get("data_seed", 0)})
-    else: data = None
-    # the arithmetic the step's runs will train in (from the CPU's flags, or as the step names it): a book made in
-    # float32 is not current on a machine that would remake it in bfloat16
-    try: arith = cpu_precision(step.params.get("precision", "auto"), get_device(step.params.get("device", "auto")))
-    except CapbookError: arith = step.params.get("precision")       # a bad device or precision: the run stops on it, in its notebook
-    return stable_hash({**(code or _code(src)), "params": step.params, "data": data, "upstream": upstream or {},
-                        "precision": arith}, 16)
-
 def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
     from capbook.runner import chapters
     chapter_no = lambda nb: re.match(r"\d*", nb).group()
-    before = steps[:[s.name for s in steps].index(step.name)]
+    names = [s.name for s in steps]
     chs = chapters()
-    if step.notebook in chs: return []               # a chapter's training run reads no other run
+    if step.notebook in chs or step.name not in names: return []    # a chapter's training run reads no other run; nor does a step outside the plan
+    before = steps[:names.index(step.name)]
     compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
     return [s for s in before if s.params and s.notebook != step.notebook
             and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
+
+def plan_keys(profile: str, made: bool = True, fresh: bool = False):
+    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process."
+    from capbook.results import Keys
+    def as_made(u: Step) -> str | None:
+        done = runs_dir() / profile / u.name / "done.json"
+        return load_json(done).get("key") if made and done.exists() else None
+    return Keys(plan(profile), upstream_of, as_made, fresh)
 
 @lru_cache(None)
 def kernel_manager():
@@ -270,14 +201,14 @@ def _published(f: Path) -> bool:
     "Whether a file of a run folder is one the book publishes: a figure (.png) or a table (table_*.md, table_*.csv)."
     return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
 
-def run_step(step: Step, profile: str, force: bool = False, log=print, upstream: dict | None = None) -> tuple[Path, bool]:
-    "Execute one plan step with papermill unless unchanged; return (executed notebook path, whether it ran)."
+def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None) -> tuple[Path, bool]:
+    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it); return (executed notebook path, whether it ran)."
     import papermill as pm
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
-    code = _code(src)                             # the sources the kernel will run (an edit during the run must not be credited to it)
-    out, done, key = d / f"{step.notebook}.ipynb", d / "done.json", _key(step, src, upstream, code)
+    if key is None: key = plan_keys(profile).get(step)
+    out, done = d / f"{step.notebook}.ipynb", d / "done.json"
     if not force and done.exists() and out.exists() and load_json(done).get("key") == key:
         log(f"  {step.name}: unchanged, skipped"); return out, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
@@ -298,7 +229,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, upstream:
         raise io_error(e.filename or out, e) from None
     except BaseException:
         _shutdown_warm(); raise
-    save_json(done, {"key": _key(step, src, upstream, code), "seconds": time.time() - t0})   # the code as it started, the data as it left them
+    save_json(done, {"key": key, "seconds": time.time() - t0})
     log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
     return out, True
 
@@ -322,18 +253,30 @@ def book_times(profile: str, steps: list[Step]):
     return df
 
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
-    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, and keep the reader's copies of the executed notebooks in its `notebooks/`; `partial`: `steps` are part of the plan, the other chapters' copies stay."
+    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
     from capbook.docs import keep_notebooks
+    from capbook.results import BOOK_STEP, publish_records, write_manifest
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
-    untagged = [s for s in steps if not s.tag]    # ablation runs reach the book through assembly notebooks
+    untagged, made_by = [s for s in steps if not s.tag], {}    # ablation runs reach the book through assembly notebooks
     for s in untagged:
         for f in filter(_published, (runs_dir() / profile / s.name).glob("*")):
             atomic_write(dst / f.name, lambda t, f=f: shutil.copyfile(f, t))      # a full disk: the old copy stays, no half file
+            made_by[f.name] = s.name
+        made_by[f"notebooks/{s.notebook}.ipynb"] = s.name
     keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks", replace=not partial)
     from capbook.viz import save_table
     times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
-    if len(times): save_table(times, dst / "table_book_times", floatfmt=".2f")
+    if len(times):
+        save_table(times, dst / "table_book_times", floatfmt=".2f")
+        made_by |= {"table_book_times.md": BOOK_STEP, "table_book_times.csv": BOOK_STEP}
+    made_by |= publish_records(profile, steps, dst)   # every chapter run's record, tagged runs' too: what a fresh clone reassembles from
+    done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
+    write_manifest(dst, profile, made_by, {n: load_json(d)["key"] for n, d in done.items() if d.exists()}, partial=partial)
     return dst
+
+STALE_NOTE = ("```{note}\n**Not yet regenerated by today's code.** This page and its tables come from an earlier version of "
+              "capbook (before the book's one training protocol, its seeds and its verdict rule); its numbers will change "
+              "when the chapter is regenerated. The chapter table on the first page says which chapters are current.\n```")
 
 def build_docs(profile: str = "default", log=print) -> Path:
     "Build the docs site from the kept notebooks of the last book at `profile` (no training, no network); return its index page."
@@ -343,7 +286,12 @@ def build_docs(profile: str = "default", log=print) -> Path:
     pages = sorted((p for p in kept.glob("*.ipynb") if p.stem in rank), key=lambda p: rank[p.stem])
     if not pages: raise CapbookError(f"{kept}: no kept notebooks of a {profile} book; run `capbook book --profile {profile}` first")
     t0 = time.time()
-    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules())
+    notes = {}
+    if profile == "default":                      # the published book, regenerated in turns: say which pages today's code did not make
+        from capbook.results import current
+        old = {Path(r["file"]).stem for r in current(profile) if r["file"].startswith("notebooks/") and r["status"] != "current"}
+        notes = {nb: STALE_NOTE for nb in old}
+    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes)
     log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
     return site
 
@@ -370,7 +318,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
     import multiprocessing as mp
-    ups = {s.name: [u.name for u in upstream_of(s, steps)] for s in steps}
+    keyring = plan_keys(profile)                  # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
+    ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if jobs > 1:                                  # each kernel inherits its share of the cores
@@ -382,7 +331,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                 ready = [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
                 for s in ready[:jobs - len(running)]:
                     waiting.remove(s)
-                    running[pool.submit(run_step, s, profile, force, print, {u: keys[u] for u in ups[s.name]})] = s
+                    running[pool.submit(run_step, s, profile, force, print, keyring.get(s))] = s
                 if not running: break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
@@ -397,7 +346,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                         failed = failed or CapbookError(f"{s.name}: {_step_failure(e)}; the runs finished so far are kept: "
                                                         f"run the book again to go on")
                         continue
-                    keys[s.name] = load_json(runs_dir() / profile / s.name / "done.json")["key"]
+                    keys[s.name] = True
                     bar.update(1)
                 bar.set_postfix_str(", ".join(r.name for r in running.values()), refresh=False)   # the steps under way
     finally:

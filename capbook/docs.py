@@ -158,14 +158,17 @@ def _images_of(path: Path) -> set[str]:
     nb = nbformat.read(path, as_version=4)
     return {o.metadata[_IMG_KEY] for c in nb.cells for o in c.get("outputs", []) if _IMG_KEY in o.get("metadata", {})}
 
+def _nbs() -> Path: return Path(__file__).resolve().parent.parent / "nbs"
+
 def keep_notebooks(executed: list[Path], dst: Path, replace: bool = True) -> list[Path]:
     "Write the reader's slim copies of `executed` notebooks to `dst` (images in `dst/img/`), replacing what was there (`replace`), or only those notebooks, the others' copies and images kept (a partial book); return them."
+    from capbook.results import refresh_copy
     dst = Path(dst); dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(dst)
     try:
         new = tmp / "new"; (new / "img").mkdir(parents=True)
         for p in executed:
-            nb = slim_notebook(reader_notebook(_read_notebook(Path(p))), new / "img")
+            nb = slim_notebook(reader_notebook(refresh_copy(_read_notebook(Path(p)), _nbs() / Path(p).name)), new / "img")
             atomic_write(new / Path(p).name, lambda t, nb=nb: nbformat.write(nb, t))
         if not replace and dst.exists():                              # the other chapters' copies, with their images
             for old in sorted(dst.glob("*.ipynb")):
@@ -242,8 +245,8 @@ def _read_notebook(path: Path) -> nbformat.NotebookNode:
     except Exception as e: raise CapbookError(f"{path}: unreadable notebook ({type(e).__name__}: {e})") from None
 
 def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None) -> list[str]:
-    "Write a Jupyter Book project for `notebooks` into `src`; returns the warnings about API modules left out."
+               intro_md: str | None = None, notes: dict[str, str] | None = None) -> list[str]:
+    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named); returns the warnings about API modules left out."
     notebooks = [Path(p) for p in notebooks]
     if not notebooks: raise CapbookError("build_site: no notebooks given")
     names = ["index" if i == 0 and intro_md is None else p.stem for i, p in enumerate(notebooks)]
@@ -253,6 +256,9 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
     if intro_md is not None: (src / "index.md").write_text(intro_md)
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
         nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"))
+        if notes and p.stem in notes:
+            at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)   # under the title cell
+            nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
         nbformat.write(nb, src / f"{name}.ipynb")
     (src / "_static").mkdir(exist_ok=True)
     (src / "_static" / "capbook.css").write_text(_CSS)
@@ -282,7 +288,7 @@ def _is_site(d: Path) -> bool:
     return not d.exists() or d.is_dir() and (not any(d.iterdir()) or (d / "index.html").exists())
 
 def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None) -> Path:
+               intro_md: str | None = None, notes: dict[str, str] | None = None) -> Path:
     "Build the HTML site of executed `notebooks` (in reading order) into `out_dir`, atomically; returns its `index.html`."
     out_dir = Path(out_dir).resolve()
     if not _is_site(out_dir): raise CapbookError(f"{out_dir}: not empty and not a docs site; refusing to replace it")
@@ -291,7 +297,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
     tmp = temp_dir(out_dir)
     try:
         src = tmp / "src"; src.mkdir()
-        warnings = write_book(notebooks, src, title, api_modules, intro_md)
+        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes)
         cmd = [*_jupyter_book(), "build", str(src), "--path-output", str(tmp), "--builder", "html"]
         res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
         log = "".join(w + "\n" for w in warnings) + _ANSI.sub("", res.stdout + res.stderr)

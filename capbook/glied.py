@@ -335,7 +335,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
     model=lambda p: "glied",
     runs={tag: {"global_visual": v, "global_attribute": a, "local": l, **({} if tag in ("", "base") else {"scst_epochs": 0})}
           for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
-    epochs={"smoke": 1, "default": 15, "paper": 25},       # at most: the protocol stops on a plateau (GLIED: 25, early stopping)
+    epochs={"smoke": 1, "default": 15, "paper": 25},       # the protocol's budget, every epoch (GLIED: at most 25, early stopping)
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
            "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "heads": 8, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},

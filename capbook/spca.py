@@ -310,10 +310,10 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "C-S": {"structure": "C-S"}, "S-C": {"structure": "S-C"},
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
           "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
-    epochs={"smoke": 1, "default": 15, "paper": 30},   # at most: the protocol stops on a plateau
+    epochs={"smoke": 1, "default": 15, "paper": 30},   # the protocol's budget: every epoch, the rate annealed to 0
     sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
            for pr, c in {"smoke": 32, "default": 32, "paper": 256}.items()},   # c of the 2D state (16 was too few: see departures); the 1D decoder's widths
-    train={},                                          # the protocol: SPCA's x0.5, on plateaus (nbs/02b_protocol)
+    train={},                                          # the protocol: SPCA's x0.5 every five epochs becomes its cosine (nbs/02b_protocol)
     label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",
     measure=spca_measure,

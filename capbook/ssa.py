@@ -164,7 +164,7 @@ class SpatialTransformer(CaptionModel):
             y, w = layer(y, layer.self_att.keys_values(y), ikv, mask)
         return {"logits": self.out(y), "alpha": w.mean(1)}      # (N, T, V), (N, T, L)
 
-WARMUP = {"warmup": 1.0}   # the peers' transformer warm-up: one epoch linear to lr, then the protocol's decay on plateaus
+WARMUP = {"warmup": 1.0}   # the peers' transformer warm-up: one epoch linear to lr, then the protocol's cosine
 
 @register("ssa", SSAConfig, train=WARMUP)
 def ssa(cfg: SSAConfig, vocab_size, feat_dim, grid):
@@ -216,7 +216,7 @@ SSA = register_chapter(Chapter(
     params=SSAParams,
     model=lambda p: "ssa",
     runs={"": {}, "tau-standard": {"tau": "standard"}},                   # Table 1; the temperature of Eq. 2
-    epochs={"smoke": 1, "default": 15, "paper": 30},                     # at most: the protocol stops on a plateau
+    epochs={"smoke": 1, "default": 15, "paper": 30},                     # the protocol's budget: every epoch, the rate annealed to 0
     sizes={"smoke": {"d_model": 64, "d_hidden": 128, "heads": 1}, "default": {"d_model": 64, "d_hidden": 128, "heads": 1},
            "paper": {"d_model": 512, "d_hidden": 1024, "heads": 8}},
     train={},                                           # the protocol, Adam at l (§3), the peers' warm-up (registry)

@@ -298,7 +298,7 @@ assert _repeats(max(_tf_s, key=lambda c: c.logprob).tokens, 1)       # unblocked
 # `Ensemble` decodes with several trained models of one kind (seeds, or checkpoints of one run) as one model: each
 # member keeps its own memory and state, and at every step the next-word log-probabilities are averaged,
 #
-# $$\log 	ilde p(w \mid w_{<t}, I) = 
+# $$\log \tilde p(w \mid w_{<t}, I) = 
 # rac1M \sum_{m=1}^{M} \log p_m(w \mid w_{<t}, I)$$
 #
 # which the searches renormalise (their log-softmax): a product of the members' distributions (self-critical.pytorch's

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 from capbook.core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
-                          io_error, io_errors_as_lines, load_json, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
+                          io_error, io_errors_as_lines, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
                           save_yaml, seed_everything, stable_hash, cpu_precision)
 
 # %% [markdown]
@@ -113,20 +113,13 @@ def start_run(name: str, params: dict, resolved: dict | None = None) -> Run:
               f"The same run again (it resumes its finished training): papermill nbs/{name}.ipynb out.ipynb -f {d / 'params.yaml'}")
     return Run(name, p, d)
 
-def records(profile: str, notebook: str | None = None) -> list[dict]:
-    "Every results record of a profile (book runs and ad-hoc runs), optionally of one notebook."
-    out = []
-    for f in sorted((runs_dir() / profile).rglob("record.json")):
-        r = load_json(f, "results record"); r["_dir"] = str(f.parent)
-        if notebook is None or r.get("notebook") == notebook: out.append(r)
-    return out
-
 
 # %% [markdown]
 # A run in a folder the book would pass: its record carries the parameters (not `run_dir`), the metrics and the time.
 
 # %%
 import tempfile
+from capbook.core import load_json
 _run = start_run("demo", {"profile": "smoke", "seed": 3, "run_dir": tempfile.mkdtemp()})
 _rec = _run.record({"BLEU-4": 0.2}, {"train_s": 1.5}, n_params=10)
 assert load_json(_run.path("record.json"))["metrics"] == {"BLEU-4": 0.2} and _rec["params"] == {"profile": "smoke", "seed": 3}
@@ -162,6 +155,9 @@ RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe
     # averaging, validation once an epoch on BLEU-4 (Show-Attend-Tell's early stopping), 3 epochs' patience, 6 epochs
     "legacy": {"batch_order": "length", "schedule": "step", "lr_step": 3, "lr_gamma": 0.8, "ema": 0.0, "evals_per_epoch": 1,
                "patience": 3, "metric": "BLEU-4", "epochs": 6},
+    # the book's protocol before it trained every run its whole budget (nbs/02b_protocol, the stopping rule checked): the
+    # rate halved after one epoch without a better validation CIDEr, stopped after three
+    "early-stop": {"schedule": "plateau", "lr_patience": 2, "patience": 6},
 }
 
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
@@ -189,7 +185,7 @@ class RunConfig:
     scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
-    recipe: str = "protocol"        # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
+    recipe: str = "protocol"        # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
 
     def check(self):
@@ -410,26 +406,6 @@ def save_test_captions(path: Path, ev: dict, grid: list[int]) -> Path:
 
 SEEDS = {"smoke": 1, "default": 3, "paper": 1}   # training seeds of every chapter run the book makes, per profile (0, 1, ...)
 
-def _tree(xs: list, f: Callable) -> Any:
-    "`f` over the numbers at the same place of nested dicts `xs` (keys all of them have); elsewhere the first's value."
-    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs): return f(xs)
-    if all(isinstance(x, dict) for x in xs): return {k: _tree([x[k] for x in xs], f) for k in xs[0] if all(k in x for x in xs)}
-    return xs[0]
-
-def merge_seeds(recs: list[dict]) -> dict:
-    "One table row's record from its runs over training seeds: metrics, each stage's metrics and timings averaged, `metrics_sd` the metrics' sample standard deviation, `seed_runs` the runs' own records."
-    mean = lambda xs: float(np.mean(xs))
-    sd = lambda xs: float(np.std(xs, ddof=1)) if len(xs) > 1 else None
-    out = {**recs[0], "seed_runs": recs, "seeds": [r["params"].get("seed") for r in recs],
-           "metrics": _tree([r["metrics"] for r in recs], mean), "metrics_sd": _tree([r["metrics"] for r in recs], sd),
-           "timings": _tree([r["timings"] for r in recs], mean)}
-    if "stages" in recs[0]:
-        out["stages"] = {k: {**st, "metrics": _tree([r["stages"][k]["metrics"] for r in recs], mean),
-                             "metrics_sd": _tree([r["stages"][k]["metrics"] for r in recs], sd),
-                             "train_s": mean([r["stages"][k]["train_s"] for r in recs])}
-                         for k, st in recs[0]["stages"].items()}
-    return out
-
 def stage_stats(rec: dict, prep, which: str | None = None) -> dict | list[dict] | None:
     "Per-image statistics of a run's test captions for bootstrap intervals (`capbook.metrics.image_stats`): its final captions, or those after cross-entropy (`which='xe'`) of a run that went on with SCST where it kept them; None where it kept none; a list, one per seed, for a row of several seeds (`merge_seeds`). Cached in the run folder, keyed by the captions' content, the data and the package code."
     from capbook.metrics import image_stats
@@ -437,9 +413,13 @@ def stage_stats(rec: dict, prep, which: str | None = None) -> dict | list[dict] 
     d, final = Path(rec["_dir"]), ("scst" if "stages" in rec else "xe")
     which = which or final
     f = d / ("test_captions.pt" if which == final else f"test_captions-{which}.pt")
-    if not f.exists(): return None
+    kept = rec.get("test_words", {}).get("final" if which == final else which)   # a published record's captions (no run folder here)
+    if not f.exists() and kept is None: return None
     if rec.get("data", {}).get("fingerprint") != prep.fingerprint:
         raise CapbookError(f"{d}: trained on other data than {prep.dataset} (fingerprint {prep.fingerprint}); its captions are not scored against these references")
+    if not f.exists():
+        if kept["keys"] != list(prep.test.keys): raise CapbookError(f"{rec['_published']}: captions of other test images than {prep.dataset}'s")
+        return image_stats(kept["keys"], kept["words"], prep.test.refs, prep.gt)
     cache = d / f"image_stats-{which}-{stable_hash([file_digests([f], 'test captions'), prep.fingerprint, package_hash()], 12)}.npz"
     if cache.exists():
         with np.load(cache) as z: return {k: z[k] for k in z.files}
@@ -560,9 +540,18 @@ def timed(phase: dict, key: str):
 
 def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Any, dict]:
     "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective; the best validation CIDEr kept, the cross-entropy model's included; returns the fit and the test evaluation."
-    from capbook.objectives import SelfCritical
     from capbook.train import fit
     from capbook.metrics import evaluate
+    scfg, objective = scst_setup(prep, p, cfg)
+    log(f"self-critical training: {scfg.epochs} epochs, 5 samples per image, baseline {p.scst_baseline}, lr {scfg.lr:g}, "
+        f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
+    fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective)
+    model.to(get_device(p.device))
+    return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device), **decoding(p))
+
+def scst_setup(prep, p: Any, cfg: Any) -> tuple[Any, Any]:
+    "The training config and objective of self-critical training after cross-entropy config `cfg`, for run parameters `p`."
+    from capbook.objectives import SelfCritical
     from capbook.core import data_dir
     # a constant small rate (Rennie et al.; ruotianluo's recipes), whole images (one row each), and the cross-entropy
     # model validated first and kept unless a self-critical epoch beats it on validation CIDEr: the stage cannot lose
@@ -571,11 +560,7 @@ def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[
                                label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
     objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=p.scst_baseline,
                              cache=data_dir() / "cider")
-    log(f"self-critical training: {scfg.epochs} epochs, 5 samples per image, baseline {p.scst_baseline}, lr {scfg.lr:g}, "
-        f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
-    fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective)
-    model.to(get_device(p.device))
-    return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device), **decoding(p))
+    return scfg, objective
 
 @io_errors_as_lines
 def chapter_data(ch: Chapter, p: Any, device: str | None = None):

@@ -389,7 +389,7 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 # ## Whole chapter runs
 #
 # Step throughput says little about how long a *book* takes: a chapter run also prepares data, validates every half
-# epoch, trains until validation stops improving (the protocol's patience), decodes the test split and measures
+# epoch, trains the protocol's whole budget of epochs, decodes the test split and measures
 # attention. `chapter_times` makes complete chapter runs exactly as the book does (`run_chapter`, the chapter's own
 # defaults at `profile`, training seed `seed`) on the device asked for, and reports where each run's time went. Its
 # main use is the GPU: `capbook bench --device cuda --chapters 02_show_attend_tell 03_spca` says what a GPU buys the

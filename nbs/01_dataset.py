@@ -39,6 +39,17 @@
 # and GLIED at d = 64 with one 64-dimensional head (the paper's d_attn) and a 128-wide (GLIED 256) feed-forward layer,
 # the 2D-latent-state LSTM with a 32-channel state (16 starved it: `03_spca`'s departures). A converged small model
 # says more than an unconverged large one; the `paper` profile keeps the papers' sizes where the chapter declares them.
+#
+# **What "current" promises across machines.** Every published number carries the key of the step that made it
+# (`nbs/00t_results`): its notebook's code, parameters and data, the arithmetic it trained in, and a numerical
+# fingerprint of the code it runs; `make test` fails when a published item's key is not today's. The data are the
+# same everywhere: the generator draws the same images from the same seed, and the default book's shapes encoder is
+# shipped (`data/encoders/shapes-default-s0.pt`) rather than trained on each machine, because its training, like any
+# float32 computation, is bit-identical only on machines of one kind. The training runs are not bit-identical across
+# kinds of CPU either: a float32 (or bfloat16) product's last bits depend on the instructions that computed it, and
+# training amplifies them, so a run repeated on another kind of CPU lands elsewhere within the spread of its seeds.
+# That is what the seeds of a row measure, and why a verdict rests on them: "current" means *made by today's code
+# from these data*; the digits of a run are reproducible on one kind of machine, its conclusions on any.
 
 # %%
 #| hide

@@ -21,7 +21,7 @@
 # The book runs `02_show_attend_tell` six times on the same data, seed and budget (the runs `capbook.sat` declares): soft
 # attention with the doubly stochastic penalty and the gate (the paper's soft model), hard attention with two REINFORCE
 # weights, no attention, and soft attention without the penalty (λ = 0) or without the gate. This notebook trains nothing: it reads the runs'
-# results records (`capbook.book.step_record`: the book's own run of each, or a hand run with exactly the same
+# results records (`capbook.results.step_record`: the book's own run of each, or a hand run with exactly the same
 # parameters) and the captions and attention maps each run saved.
 
 # %%
@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
 from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
-from capbook.book import chapter_steps, compared_runs, row_record
+from capbook.results import chapter_steps, compared_runs, row_record
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1

@@ -22,7 +22,7 @@
 # LSTM without attention (the paper's baseline), with SPCA in each of the five structures (3×3 kernels) and with S‖C at
 # 1×1 and 5×5 kernels, and the 1D LSTM (Show-Attend-Tell's decoder) with S‖C. "Soft-Attention*" is the book's
 # Show-Attend-Tell soft-attention run, decoded here again with SPCA's beam size. Nothing is trained here: each run is
-# found through its results record (`capbook.book.step_record`), so a hand run such as
+# found through its results record (`capbook.results.step_record`), so a hand run such as
 # `papermill nbs/03_spca.ipynb out.ipynb -p kernel 5` — exactly the book's `k5` step — is picked up as well.
 
 # %%
@@ -32,7 +32,7 @@ import numpy as np, pandas as pd, torch
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import get_device, load_torch
 from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
-from capbook.book import chapter_steps, row_record
+from capbook.results import chapter_steps, row_record
 from capbook.prepare import prepare
 from capbook.decode import ms_per_image
 from capbook.metrics import evaluate, attention_on_references, image_stats, results_row, semantic_table

@@ -20,7 +20,7 @@
 #
 # The book runs `04_spatial_self_attention` twice — with the paper's temperature τ = √(d_len + d_attn) and with the
 # standard √d_attn — on the same data, features and seed as `02_show_attend_tell` and `03_spca`. This notebook trains
-# nothing: it reads the runs' results records (`capbook.book.step_record`) and the captions and attention maps they
+# nothing: it reads the runs' results records (`capbook.results.step_record`) and the captions and attention maps they
 # saved.
 
 # %%
@@ -30,7 +30,7 @@ import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError, load_torch
 from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
-from capbook.book import compared_runs
+from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import ssa_table1, SSA_TRAINING_TIME

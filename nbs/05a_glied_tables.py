@@ -20,7 +20,7 @@
 #
 # The book runs `05_glied` six times on the same data, features and seed as `02_show_attend_tell`: GLIED and the
 # base model, each trained with cross-entropy and then self-critically, and the four steps between them under
-# cross-entropy only. This notebook trains nothing: it reads the runs' results records (`capbook.book.step_record`)
+# cross-entropy only. This notebook trains nothing: it reads the runs' results records (`capbook.results.step_record`)
 # and what they saved.
 #
 # **What the paper gives to compare with.** Table 2 is in the paper's text and is quoted in full. Tables 1 and 4 are
@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import load_torch
 from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, paired_verdict, epochs_trained
-from capbook.book import compared_runs
+from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import glied_table2, GLIED_ABSTRACT_CIDER, GLIED_TABLE1_NOT_RUN, GLIED_TABLE4_CLAIMS

@@ -478,7 +478,7 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # The parameters are the run's (`capbook.runner.RunConfig`), then `model`, then the recurrent models' sizes
 # (`RecurrentConfig`, SCA-CNN's `order`) and the transformer's (CT). *capbook:* every baseline is trained under the
 # book's one protocol, as every row it is compared with (`nbs/02b_protocol`): validation CIDEr twice an epoch on
-# averaged weights, the rate halved on plateaus, stopped after three epochs without a better score, at most 15 epochs;
+# averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs;
 # then 2 self-critical epochs for Att2in and Up-Down. (The book used to give these rows 3 epochs, 10 for NIC and the
 # every-step LSTM, whose validation CIDEr was still far from converged after 3: NIC 42 / 24 / 36, the LSTM 17 / 31 /
 # 78; a baseline stopped while it is still learning would flatter every model compared with it. The protocol's
@@ -513,7 +513,7 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     model=lambda p: p.model,
     runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
-    epochs={"smoke": 1, "default": 15, "paper": 30},      # at most: the protocol stops on a plateau
+    epochs={"smoke": 1, "default": 15, "paper": 30},      # the protocol's budget: every epoch, the rate annealed to 0
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
            "default": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
            "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
@@ -537,7 +537,7 @@ BASELINE_NOTE = "capbook's baselines chapter (06_baselines): same data, features
 
 def baseline_records(profile: str, fingerprint: str | None = None) -> dict[str, dict]:
     "The book's baseline runs' results records at `profile`, by tag ('' is Up-Down, then 'att2in', 'nic', 'lstm', 'sca-cnn', 'ct'); stops unless each was trained on the data `fingerprint` (when given)."
-    from capbook.book import compared_runs
+    from capbook.results import compared_runs
     from capbook.core import CapbookError
     steps, recs = compared_runs(profile, {"b": ("06_baselines", None)})
     if fingerprint is not None:
@@ -575,7 +575,7 @@ scst_lr = 5e-05           # Adam's learning rate in self-critical training (Renn
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
 device = 'auto'           # auto | cpu | cuda | cuda:N
 precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
-recipe = 'protocol'       # protocol: the book's one training protocol | legacy: capbook's recipe before it (nbs/02b_protocol)
+recipe = 'protocol'       # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 emb_dim = None            # the LSTMs' word (and image) embedding; None: the profile's (Show-Attend-Tell's `WIDTHS`)
 hidden_dim = None         # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
@@ -619,6 +619,6 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # |---|---|---|
 # | SCA-CNN: the channel weights scaled by C (mean 1) | Chen et al.'s released code multiplies them by the channel count (`* 512`, `* 2048`); a bare softmax over 128 channels hands on 1/128 of a feature | the context is at a feature's scale (ratio 1.000, it was ≈ 1/128; tested); CIDEr 81.5 → 107.1, semantic F1 19.8 → 29.8, relation F1 7.8 → 18.7, attention mass on the named object 36.0 → 43.1 % |
 # | SCA-CNN on the last conv layer only | frozen, cached features (see the section above) | not measured |
-# | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's halving on plateaus (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the halving every compared row's | word/position scale ratio 21 → 1.8 (tested: within 2); CIDEr 125.4 → 113.7, semantic F1 34.6 → 31.6 in its 3 epochs, one of them warming up (within one seed's spread) |
+# | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the halving every compared row's | word/position scale ratio 21 → 1.8 (tested: within 2); CIDEr 125.4 → 113.7, semantic F1 34.6 → 31.6 in its 3 epochs, one of them warming up (within one seed's spread) |
 # | self-critical training (Att2in, Up-Down) keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | the stage can no longer return a model worse on validation than its start (tested) |
 # | 3 epochs for the attention baselines, 10 for NIC and LSTM, at the default profile | the book's CPU budget | compared rows still get different budgets: the protocol issue gives every row the same rule |

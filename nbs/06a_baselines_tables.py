@@ -18,7 +18,7 @@
 #
 # > Every model the book trains — the five papers' and their baselines — on the same test images, features and data: caption metrics against what the captions say (semantic F1) and where the models look (attention correctness), in one table and one figure.
 #
-# This notebook trains nothing: it reads the results records of the book's runs (`capbook.book.compared_runs`, which
+# This notebook trains nothing: it reads the results records of the book's runs (`capbook.results.compared_runs`, which
 # stops if any run was trained on other data) and sets them side by side. Every row is trained under the book's one
 # protocol (`nbs/02b_protocol`): until validation CIDEr stops improving, within the profile's maximum (15 epochs at
 # `default`), then 2 self-critical epochs where a row says so; the `epochs` column says how many each row had.
@@ -36,7 +36,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
-from capbook.book import compared_runs
+from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.viz import save_figure, save_table

@@ -2,7 +2,7 @@
 import contextlib, json, subprocess, sys
 from pathlib import Path
 import pytest
-from capbook.book import Step
+from capbook.results import Step
 from capbook.core import CapbookError
 
 BIN = Path(sys.executable).parent
@@ -98,7 +98,8 @@ def test_docs_command_rebuilds_the_site_a_reader_meets(book, site):
 
 
 def test_step_record_prefers_book_run_then_exact_hand_run(home):
-    from capbook.book import nb_defaults, step_record
+    from capbook.book import nb_defaults
+    from capbook.results import step_record
     from capbook.core import save_json
     runs = home / "runs" / "paper"                       # a profile no other test uses
     step = Step("02_show_attend_tell", {"profile": "paper", "attention": "hard"}, tag="hard")
@@ -136,14 +137,16 @@ def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
 
 
 def test_an_edit_made_while_a_step_runs_is_not_credited_to_it(home, monkeypatch):
-    "A step's key is the code it started with: the package edited while its kernel runs (on the old code) leaves it to run again."
+    "A step's key is the code it started with: the notebook edited while its kernel runs (on the old code) leaves it to run again."
     import papermill as pm
-    from capbook import book
+    from capbook import book, results
     code = ["v1"]
-    monkeypatch.setattr(book, "package_hash", lambda: code[0])
+    monkeypatch.setattr(results, "notebook_code", lambda path: {"cells": code[0], "layout": ""})
+    monkeypatch.setattr(results.Keys, "shared", property(lambda self: {}))       # the fingerprints: not what this test is about
+    monkeypatch.setattr(results.Keys, "all_models", lambda self: "models")
     monkeypatch.setattr(book, "warm_kernel", lambda cwd: None); monkeypatch.setattr(book, "kernel_manager", lambda: None)
     def execute(src, out, **kw):
-        Path(out).write_text(Path(src).read_text()); code[0] = "v2"        # someone edits capbook/ meanwhile
+        Path(out).write_text(Path(src).read_text()); code[0] = "v2"        # someone edits the notebook meanwhile
     monkeypatch.setattr(pm, "execute_notebook", execute)
     quiet = lambda s: None
     assert book.run_step(Step("00_core"), "smoke", force=True, log=quiet)[1]

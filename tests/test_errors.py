@@ -6,7 +6,8 @@ import nbformat
 import pytest
 import torch
 from capbook import core
-from capbook.book import Step, run_step
+from capbook.book import run_step
+from capbook.results import Step
 from capbook.core import CapbookError, load_json, save_json, save_torch
 
 BIN = Path(sys.executable).parent

@@ -67,3 +67,12 @@ def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
     from capbook.runner import chapters
     for nb, ch in chapters().items():
         assert set(nb_defaults(nb)) == {f.name for f in dataclasses.fields(ch.params)}, nb
+
+
+def test_no_notebook_source_holds_a_control_character():
+    "A backslash lost in an edit turns TeX's \\bar or \\frac into a backspace or a form feed, which the site shows as garbage."
+    import re
+    bad = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+    found = [f"{p.name}:{i + 1}" for p in sorted((Path(__file__).parent.parent / "nbs").glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines()) if bad.search(line)]
+    assert found == []

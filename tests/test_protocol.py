@@ -121,7 +121,8 @@ def fake_record(seed, cider, f1, stages=False):
 
 
 def test_a_row_over_seeds_averages_its_runs_and_shows_their_spread():
-    from capbook.runner import merge_seeds, seed_cells
+    from capbook.runner import seed_cells
+    from capbook.results import merge_seeds
     recs = [fake_record(s, c, f) for s, c, f in ((0, 1.0, 0.4), (1, 1.2, 0.5), (2, 0.8, 0.6))]
     row = merge_seeds(recs)
     assert row["metrics"]["CIDEr"] == pytest.approx(1.0) and row["metrics"]["semantic"]["all"]["f1"] == pytest.approx(0.5)
@@ -151,7 +152,8 @@ def test_verdicts_over_seeds_state_cider_and_semantic_f1():
 
 
 def test_the_plan_repeats_every_chapter_run_over_the_profile_seeds():
-    from capbook.book import plan, chapter_steps, replicas
+    from capbook.book import plan
+    from capbook.results import chapter_steps, replicas
     from capbook.runner import SEEDS, chapters
     steps = plan("default")
     chs = chapters()

@@ -187,15 +187,15 @@ def test_scaled_word_embedding_and_positional_encoding_are_of_one_scale():
 
 
 def test_every_transformer_warms_its_learning_rate_up():
-    "The spatial transformer, CT and GLIED warm up (declared in their registry entries), then decay on plateaus like every model."
+    "The spatial transformer, CT and GLIED warm up (declared in their registry entries), then follow the protocol's cosine like every model."
     from capbook.models import spec
     from capbook.train import TrainConfig, lr_factor
     for name in ("ssa", "ct", "glied"):
         cfg = TrainConfig(**spec(name).train)
-        assert cfg.check().warmup > 0
-        f = [lr_factor(cfg, s, s // 100, 100) for s in (1, 50, 100, 400, 1600)]
-        assert f[0] < f[1] < f[2] == 1.0 == f[3] == f[4]             # up to lr, and there until validation stalls
-        assert lr_factor(cfg, 400, 4, 100, decays=2) == cfg.lr_gamma ** 2 < 1
+        assert cfg.check().warmup > 0 and cfg.schedule == "cosine"
+        f = [lr_factor(cfg, s, s // 100, 100) for s in (1, 50, 100, 800, 1500)]
+        assert f[0] < f[1] < f[2] == 1.0 > f[3] > f[4] == 0.0        # up to lr over the first epoch, then down to 0 at the budget's end
+        assert abs(f[3] - 0.5) < 0.01                                # half way through the cosine: half the rate
 
 
 def test_spread_of_uniform_and_one_hot_attention():

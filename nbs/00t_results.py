@@ -1,0 +1,640 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # results
+#
+# > What a book step's numbers are computed from (its key), and whether the published book is what today's code makes.
+
+# %%
+#| default_exp results
+
+# %%
+#| export
+from __future__ import annotations
+import ast, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
+from functools import lru_cache
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Callable
+import numpy as np
+import torch
+from capbook.core import CapbookError, atomic_write, load_json, runs_dir, save_json, stable_hash
+
+# %% [markdown]
+# ## Keys that know when a number can change
+#
+# The book reruns a step when its **key** changes, and the published book is *current* when every item in `figures/`
+# was made by a step whose key is today's. A key that hashed the package's source would mark every table stale at a
+# docstring; one that hashed nothing would keep a table after its model changed. So a step's key is what its numbers
+# are computed from:
+#
+# - **its notebook's code** — the code cells it runs beyond the package's definitions, compared by their syntax tree
+#   (comments, docstrings and layout are prose and do not count). The cells a notebook exports to `capbook/` count by
+#   what they compute, below, so a rename or a reordering inside a model keeps every key;
+# - **its parameters and data** — the profile, the training seed, what the shapes generator draws and the encoder's
+#   recipe (`data_key`), and the arithmetic its runs train in (bfloat16 or float32, from the CPU's flags);
+# - **a numerical fingerprint of the code it runs** (`probe`): for the model a chapter run trains, a complete run of
+#   the one trainer under that run's own `TrainConfig` on a fixed tiny data set (one epoch of four-caption batches,
+#   validated twice by beam search and CIDEr as the run is, with its weight averaging, schedule and self-critical
+#   stage), then a beam decode of its test images — its losses, validation scores, final weights and captions; for
+#   every step, the **scorer** (the COCO metrics with Java's tokenizer and METEOR, the shapes semantic scores, the
+#   attention on the named object, CIDEr-D's reward), the **statistics** (per-image statistics, the seed t-test,
+#   Holm's correction, the claims' text) and the **drawing** of an attention figure and a table, on fixed inputs.
+#
+# Each fingerprint runs on one thread in float32, with every generator seeded, so it is bit-identical from run to run
+# and on every machine of one kind (same CPU instructions, same library builds), and takes seconds: the keys of the
+# whole default book are computed in about 20 s. On another kind of CPU float32's last bits may differ; a key that
+# differs there marks steps to rerun, never keeps a stale one.
+
+# %%
+#| export
+_EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    "`tree` with every docstring (a string expression opening a module, class or function body) removed."
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+def cell_digest(source: str) -> str:
+    "What a code cell computes, without its prose: its syntax tree without comments or docstrings; a cell that is not Python (an IPython magic) by its non-comment lines."
+    try: return ast.dump(_without_docstrings(ast.parse(source)))
+    except SyntaxError:
+        return "\n".join(l.rstrip() for l in source.splitlines() if l.strip() and not l.lstrip().startswith("#") or l.lstrip().startswith("#|"))
+
+def notebook_code(path: Path) -> dict:
+    "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
+    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
+    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+    layout = "".join("E" if _EXPORT.search(s) else "C" for s in src)
+    return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
+
+
+# %% [markdown]
+# A comment, a docstring or a reformatted line leaves a cell's digest as it was; a changed number does not:
+
+# %%
+assert cell_digest("x = 1  # one\n") == cell_digest("# set x\nx = 1\n")
+assert cell_digest('def f(a):\n    "Doc."\n    return a + 1\n') == cell_digest("def f(a):\n    return a + 1\n")
+assert cell_digest("x = 1\n") != cell_digest("x = 2\n")
+
+
+# %% [markdown]
+# ## The data a step reads
+#
+# A shapes data set is what its generator draws for the profile's sizes and seed (the folder's name already says so:
+# a hash of the first generated examples and the sizes), and its features are what the shapes encoder makes of it:
+# the key names the encoder by its recipe. Its training is deterministic on one kind of CPU but not bit-identical
+# across kinds (float32's last bits), so the default book's encoder is **shipped** with the book
+# (`data/encoders/shapes-default-s0.pt`, 320 KB): every machine encodes the images with the weights the published
+# runs were trained on, and the book's manifest names those weights (`current` checks them).
+
+# %%
+#| export
+def encoder_digest(profile: str, seed: int) -> str:
+    "The shapes encoder of (profile, seed) as a key sees it: its recipe (`capbook.encoders.SHAPES_CNN` and the seed; the images are the data key's)."
+    from capbook.encoders import SHAPES_CNN
+    return stable_hash([SHAPES_CNN, profile, seed], 12)
+
+def encoder_weights(profile: str = "default", seed: int = 0) -> str | None:
+    "The id of the cached (for the default book: shipped) shapes encoder's weights, None where there is none."
+    from capbook.encoders import shapes_encoder_path
+    from capbook.core import load_torch
+    path = shapes_encoder_path(profile, seed)
+    return load_torch(path, "shapes encoder").get("weights_id") if path.exists() else None
+
+def data_key(params: dict, encoder: str | None = None) -> str | None:
+    "What a chapter run with `params` reads: for the shapes data set, the generator's draws at the profile's sizes and the encoder's weights; for real data, the content of its input files (`capbook.prepare.inputs_digest`)."
+    from capbook.prepare import inputs_digest
+    from capbook import shapes
+    p = {"encoder": encoder, **params, "seed": params.get("data_seed", 0)}
+    if p.get("dataset", "shapes") == "shapes":
+        if p.get("profile") not in shapes.PROFILES: return None
+        return stable_hash([shapes.shapes_root(p["profile"], p["seed"]).name, encoder_digest(p["profile"], p["seed"])], 16)
+    return inputs_digest(**p)
+
+
+# %% [markdown]
+# ## The probe data set
+#
+# Fourteen images in the shapes language, drawn by the data set's own scene and caption generator from a fixed seed
+# (no pixels: each image's "features" are a fixed 3×3 grid of 16 numbers from NumPy's PCG64, which every platform draws
+# alike), two captions each: eight for training, three to validate, three to test. Every model of the book trains on
+# it in well under a second.
+
+# %%
+#| export
+PROBE_SEED = 20261126
+
+@lru_cache(None)
+def _probe_scenes(n: int) -> tuple:
+    from capbook.shapes import make_captions, sample_scene, scene_relations
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([PROBE_SEED, i])
+        objs = sample_scene(rng, 112)
+        out.append((objs, scene_relations(objs), make_captions(objs, rng)))
+    return tuple(out)
+
+def probe_data(splits: tuple[int, int, int] = (8, 3, 3), captions: int = 2, grid: tuple[int, int] = (3, 3), dim: int = 16,
+               max_len: int = 12):
+    "The fixed tiny data set every fingerprint trains and decodes on: a `Prepared` with shapes ground truth."
+    from capbook.data import CaptionData, Vocab
+    from capbook.prepare import Prepared
+    scenes, g = _probe_scenes(sum(splits)), np.random.default_rng(PROBE_SEED)
+    keys = [f"probe{i}.png" for i in range(sum(splits))]
+    feats = g.standard_normal((sum(splits), grid[0] * grid[1], dim)).astype(np.float32)
+    caps = [[list(c) for c in s[2][:captions]] for s in scenes]
+    vocab = Vocab.build([c for cs in caps[:splits[0]] for c in cs], 1)
+    cut = np.cumsum((0, *splits))
+    data = [CaptionData(feats[a:b], keys[a:b], caps[a:b], vocab, max_len, s) for s, a, b in zip(("train", "val", "test"), cut, cut[1:])]
+    gt = {"image_size": 112, "images": {k: {"objects": s[0], "relations": s[1]} for k, s in zip(keys, scenes)}}
+    return Prepared(*data, vocab, gt, "probe", "probe", (grid[0] * grid[1], dim), grid, 112, max_len, "probe", None)
+
+
+# %%
+_pp = probe_data()
+assert (_pp.train.n_images, _pp.val.n_images, _pp.test.n_images) == (8, 3, 3) and len(_pp.train) == 16
+assert np.array_equal(_pp.test.feats, probe_data().test.feats)            # the same draws every time
+print(_pp.train.refs[0][0])
+
+
+# %% [markdown]
+# ## Fingerprints
+#
+# `_probing` isolates a fingerprint: one thread, a scratch data folder (the attribute detector's and CIDEr's caches
+# go there), and Python's, NumPy's and torch's generators given back as they were. `_numbers` rounds every float to 9
+# significant digits (float32 carries about 7, so nothing float32 computes is hidden, and a key is a plain hash).
+
+# %%
+#| export
+@contextlib.contextmanager
+def _probing():
+    "One thread, a scratch data folder, every generator restored afterwards."
+    threads, env = torch.get_num_threads(), os.environ.get("CAPBOOK_DATA")
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    with tempfile.TemporaryDirectory(prefix="capbook-probe-") as tmp:
+        os.environ["CAPBOOK_DATA"] = tmp; torch.set_num_threads(1)
+        try: yield Path(tmp)
+        finally:
+            torch.set_num_threads(threads)
+            if env is None: os.environ.pop("CAPBOOK_DATA", None)
+            else: os.environ["CAPBOOK_DATA"] = env
+            random.setstate(states[0]); np.random.set_state(states[1]); torch.set_rng_state(states[2])
+
+def _numbers(x: Any, digits: int = 9) -> Any:
+    "`x` with every float rounded to `digits` significant digits (tensors and arrays as lists), for hashing."
+    if isinstance(x, torch.Tensor): x = x.detach().cpu().double().numpy()
+    if isinstance(x, np.ndarray): x = x.tolist()
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if not math.isfinite(x) or x == 0 else float(f"{x:.{digits - 1}e}")
+    if isinstance(x, dict): return {str(k): _numbers(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [_numbers(v, digits) for v in x]
+    if isinstance(x, (np.integer, np.bool_)): return x.item()
+    return x
+
+_quiet = lambda *a, **k: None
+
+
+# %% [markdown]
+# ### A chapter run's model and trainer
+#
+# `probe` trains the model a chapter run trains, with that run's resolved parameters (its sizes, attention, penalty,
+# gate, objective) and its `TrainConfig` — only the epochs (1), the batch (4 captions), the arithmetic (float32) and
+# the seed are the probe's — then decodes the test images with the run's beam and decoding options. What it returns
+# is every number the trainer records (losses and their terms, learning rates, validation scores), each weight
+# tensor's sum of squares and the test captions with their log-probabilities.
+
+# %%
+#| export
+def resolved(step) -> tuple[Any, Any, str]:
+    "A chapter step's declaration, its resolved parameters (the profile's sizes filled in) and the model it trains."
+    from capbook.runner import chapters
+    ch = chapters()[step.notebook]
+    p = ch.resolve(ch.params(**{k: v for k, v in step.params.items() if k not in ("run_dir", "seed")}))
+    if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
+    return ch, p, ch.model(p)
+
+def probe(step) -> dict:
+    "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."
+    from capbook.runner import decoding, model_hparams, scst_setup, train_config
+    from capbook.models import build
+    from capbook.train import fit
+    from capbook.decode import decode_split
+    from capbook.core import seed_everything
+    ch, p, name = resolved(step)
+    prep, hp = probe_data(), model_hparams(name, p)
+    with _probing() as tmp:
+        inputs = ch.inputs(prep, p, _quiet) if ch.inputs else {}
+        seed_everything(0)
+        model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
+        small = dict(epochs=1, batch_size=4, precision="fp32", device="cpu", progress=False, log_every=0, ckpt_every=0, seed=0)
+        cfg = dataclasses.replace(train_config(ch, p, name, prep.max_len), **small)
+        runs = [fit(model, prep, cfg, tmp / "xe", log=_quiet)]
+        if p.scst_epochs:                         # the self-critical stage, one epoch of it
+            scfg, objective = scst_setup(prep, dataclasses.replace(p, scst_epochs=1), cfg)
+            runs.append(fit(model, prep, dataclasses.replace(scfg, batch_size=4), tmp / "scst", log=_quiet, objective=objective))
+        caps = decode_split(model, prep.test, p.beam_size, prep.max_len, 100, "cpu", **decoding(p))
+    drop = lambda h: {k: drop(v) if isinstance(v, dict) else v for k, v in h.items() if not k.endswith("_s")}   # timings are not numbers of the code
+    return _numbers({"model": name, "history": [[drop(h) for h in r.history] for r in runs],
+                     "best": [[r.best_epoch, r.best_at] for r in runs], "inputs": drop(inputs),
+                     "weights": {k: float((w.double() ** 2).sum()) for k, w in model.state_dict().items() if w.is_floating_point()},
+                     "captions": [[c.tokens, c.logprob] for c in caps]})
+
+
+# %% [markdown]
+# ### The scorer, the statistics, the drawing
+#
+# One fixed set of candidate captions for the probe's test images — a reference, a reference cut short, a caption of
+# another image — scored by everything a run scores with; the per-image statistics and the verdicts of two made-up
+# rows of three seeds; an attention figure and a table drawn and read back as pixels and text.
+
+# %%
+#| export
+def _candidates(prep) -> tuple[dict, dict, list]:
+    keys, refs = prep.test.keys, prep.test.refs
+    words = [refs[0][1], refs[1][0][:5], refs[0][0]]
+    return {k: " ".join(w) for k, w in zip(keys, words)}, {k: [" ".join(r) for r in rs] for k, rs in zip(keys, refs)}, words
+
+def scorer_probe() -> dict:
+    "The numbers every scoring path gives on fixed captions: COCO metrics (Java's tokenizer and METEOR where Java is), semantic scores, attention on the named object, CIDEr-D's reward."
+    from capbook.metrics import CiderD, attention_correctness, coco_scores
+    from capbook.shapes import semantic_scores
+    from capbook.decode import Caption
+    prep = probe_data()
+    res, gts, words = _candidates(prep)
+    scores, notes = coco_scores(gts, res)
+    L = prep.feat_shape[0]
+    alphas = [torch.softmax(torch.linspace(-2, 2, L * len(w)).reshape(len(w), L), -1) for w in words]
+    caps = [Caption(prep.vocab.encode(w, 20)[1:-1], 0.0, a) for w, a in zip(words, alphas)]
+    cider = CiderD(prep.train.refs + prep.test.refs)
+    return _numbers({"coco": scores, "notes": sorted(notes),
+                     "semantic": semantic_scores(dict(zip(prep.test.keys, words)), dict(zip(prep.test.keys, prep.test.refs)), prep.gt["images"]),
+                     "attention": attention_correctness(caps, prep.test.keys, prep.gt, prep.vocab, prep.grid, prep.image_size),
+                     "cider_d": cider.score(words, prep.test.refs)})
+
+def stats_probe() -> dict:
+    "The numbers and words the tables' statistics give on fixed inputs: per-image statistics, seed t-tests, Holm's correction, a claims note, merged seeds."
+    from capbook.metrics import image_stats, seed_t_test
+    from capbook.runner import Claims
+    prep = probe_data()
+    _, _, words = _candidates(prep)
+    st = image_stats(list(prep.test.keys), words, prep.test.refs, prep.gt)
+    g = np.random.default_rng(PROBE_SEED)
+    seeds = lambda shift: [{k: v + shift + 0.05 * g.standard_normal(v.shape) for k, v in st.items()} for _ in range(3)]
+    a, b = seeds(0.1), seeds(0.0)
+    claims = Claims()
+    t = claims.test("a above b", a, b)
+    claims.test("b above a", b, a)
+    rec = lambda s, c: {"params": {"seed": s}, "metrics": {"CIDEr": c, "semantic": {"all": {"f1": c / 2}}}, "timings": {"train_s": 1.0 + s}}
+    return _numbers({"stats": st, "t": seed_t_test([x["CIDEr"] for x in a], "CIDEr", [x["CIDEr"] for x in b]),
+                     "text": t["text"], "note": claims.note(),
+                     "merged": {k: v for k, v in merge_seeds([rec(0, 1.0), rec(1, 1.2), rec(2, 0.9)]).items() if k != "seed_runs"}})
+
+def drawing_probe() -> dict:
+    "What the drawing paths make of fixed inputs: an attention figure's pixels (hashed) and a table's Markdown."
+    import matplotlib; matplotlib.use("Agg")
+    from PIL import Image
+    import pandas as pd
+    from capbook.shapes import render
+    from capbook.viz import attention_figure, save_table
+    prep = probe_data()
+    _, _, words = _candidates(prep)
+    with _probing() as tmp:
+        img = tmp / "probe.png"
+        render(_probe_scenes(14)[11][0], np.random.default_rng(PROBE_SEED), 112).save(img)
+        L, w = prep.feat_shape[0], words[0]
+        alpha = torch.softmax(torch.linspace(-2, 2, L * len(w)).reshape(len(w), L), -1)
+        attention_figure([{"label": "probe", "image": img, "words": w, "alpha": alpha, "grid": prep.grid}], tmp / "fig.png")
+        pixels = np.asarray(Image.open(tmp / "fig.png").convert("L"), dtype=np.uint8)
+        md = save_table(pd.DataFrame({"row": ["a", "b"], "CIDEr": [1.234, None], "p": [0.01234, 0.5]}), tmp / "table")
+    return {"figure": hashlib.sha256(pixels.tobytes()).hexdigest()[:16], "shape": list(pixels.shape), "table": md}
+
+
+# %% [markdown]
+# ## Step keys
+#
+# `Keys` computes the keys of the steps of one plan, each fingerprint once (the seeds of a row share their row's
+# probe; the scorer, statistics and drawing probes are shared by every step). A chapter run's key holds its own probe;
+# an assembly notebook's, the keys of the runs it tabulates; an engine chapter's (`00*`, whose examples exercise the
+# whole package), every model's probe.
+
+# %%
+#| export
+_FINGERPRINTS: dict = {}   # this process's fingerprints, by the package's source they were computed from
+
+class Keys:
+    "The keys of a plan's steps, the fingerprints computed once each (once per process and package source, unless `fresh`)."
+    def __init__(self, steps: list, upstream: Callable[[Any, list], list], made: Callable[[Any], str | None] | None = None,
+                 fresh: bool = False):
+        from capbook.core import package_hash
+        self.steps, self.upstream, self.made, self._keys = steps, upstream, made, {}
+        self._probes = {} if fresh else _FINGERPRINTS.setdefault(package_hash(), {})
+
+    @property
+    def shared(self) -> dict:
+        if "shared" not in self._probes:
+            with _probing(): self._probes["shared"] = {"scorer": scorer_probe(), "stats": stats_probe(), "drawing": drawing_probe()}
+        return self._probes["shared"]
+
+    def probe(self, step) -> str:
+        "The hash of a chapter step's probe, shared by its seeds."
+        row = stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
+        if row not in self._probes: self._probes[row] = stable_hash(probe(step), 16)
+        return self._probes[row]
+
+    def all_models(self) -> str:
+        from capbook.runner import chapters
+        chs = chapters()
+        return stable_hash(sorted({self.probe(s) for s in self.steps if s.notebook in chs}), 16)
+
+    def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None) -> str:
+        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here)."
+        from capbook.runner import chapters
+        from capbook.core import cpu_precision, get_device
+        from capbook.book import nbs_dir
+        if upstream_keys is None:
+            upstream_keys = {u.name: (self.made(u) if self.made else None) or self.get(u) for u in self.upstream(step, self.steps)}
+        ch = chapters().get(step.notebook)
+        part = {"nb": nb or notebook_code(nbs_dir() / f"{step.notebook}.ipynb"), "params": step.params,
+                "upstream": upstream_keys, "shared": stable_hash(self.shared, 16)}
+        if "profile" in step.params:
+            part["data"] = data_key(step.params, ch.encoder if ch else None)
+            try: part["precision"] = cpu_precision(step.params.get("precision", "auto"), get_device(step.params.get("device", "auto")))
+            except CapbookError: part["precision"] = step.params.get("precision")   # the run stops on it, in its notebook
+        if ch is not None: part["probe"] = self.probe(step)
+        elif step.notebook.startswith("00"): part["models"] = self.all_models()
+        return stable_hash(part, 16)
+
+    def get(self, step) -> str:
+        if step.name not in self._keys: self._keys[step.name] = self.key(step)
+        return self._keys[step.name]
+
+
+
+# %% [markdown]
+# ## One room for results
+#
+# Everything a table needs to find a row's numbers lives here, beside the keys: the plan's `Step` and its repeats over
+# seeds (`replicas`), every results record of a profile (`records`: the book's runs in `runs/<profile>/`, hand runs,
+# and the records the published book keeps in `figures/records/`), the record of one step (`step_record`), a table
+# row's seeds merged (`row_record`, `merge_seeds`) and the rows an assembly notebook compares (`compared_runs`).
+
+# %%
+#| export
+@dataclass
+class Step:
+    "One notebook run of the plan: notebook stem, parameters, and a tag for runs of the same notebook."
+    notebook: str
+    params: dict = field(default_factory=dict)
+    tag: str = ""
+    replica: int = 0                # a chapter run repeated with training seed `replica` (0: the row's own run)
+    @property
+    def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
+
+def replicas(profile: str, step: Step) -> list[Step]:
+    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
+    from capbook.runner import SEEDS, chapters
+    tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
+    n = SEEDS[profile]
+    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = max(n, ch.seeds.get(step.tag, 0))
+    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
+
+
+RECORDS = "records"      # the published book's folder of its runs' records (figures/records/<step>.json.gz)
+
+def records(profile: str, notebook: str | None = None) -> list[dict]:
+    "Every results record of a profile (book runs and ad-hoc runs in `runs/<profile>/`, then the published book's records of the steps that have no run folder here), optionally of one notebook."
+    from capbook.runner import out_dir
+    out, here = [], set()
+    for f in sorted((runs_dir() / profile).rglob("record.json")):
+        r = load_json(f, "results record"); r["_dir"] = str(f.parent); here.add(f.parent)
+        if notebook is None or r.get("notebook") == notebook: out.append(r)
+    for f in sorted((out_dir(profile) / RECORDS).glob("*.json.gz")):
+        d = runs_dir() / profile / f.name[:-len(".json.gz")]
+        if d in here or (notebook is not None and not f.name.startswith(notebook)): continue
+        r = read_record(f)
+        if notebook is None or r.get("notebook") == notebook: out.append({**r, "_dir": str(d), "_published": str(f)})
+    return out
+
+def read_record(path: Path) -> dict:
+    "A published record (gzipped JSON), or one line naming the file."
+    import gzip
+    try:
+        with gzip.open(path, "rt") as fh: return json.load(fh)
+    except (OSError, ValueError, EOFError) as e:
+        raise CapbookError(f"{path}: unreadable published record ({e.__class__.__name__}); delete it or publish the book again") from None
+
+def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
+    "Keep in `folder/records/` the record of every chapter run among `steps` that has one, with its test captions (words, by image: what the paired tests and intervals need), so a fresh clone reassembles a chapter's tables without retraining the others; {file relative to folder: step name}."
+    import gzip
+    from capbook.runner import chapters
+    from capbook.core import load_torch
+    chs, made = chapters(), {}
+    for s in steps:
+        d = runs_dir() / profile / s.name
+        if s.notebook not in chs or not (d / "record.json").exists(): continue
+        rec = load_json(d / "record.json", "results record")
+        rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]}
+                             for w, f in (("final", "test_captions.pt"), ("xe", "test_captions-xe.pt")) if (d / f).exists()
+                             for c in [load_torch(d / f, "test captions")]}
+        out = Path(folder) / RECORDS / f"{s.name}.json.gz"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rec, sort_keys=True)
+        def write(t: Path, text=text):
+            with open(t, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
+                fh.write(text.encode())           # no name or time stamp in the header: the same record, the same bytes
+        atomic_write(out, write)
+        made[f"{RECORDS}/{out.name}"] = s.name
+    return made
+
+def _tree(xs: list, f: Callable) -> Any:
+    "`f` over the numbers at the same place of nested dicts `xs` (keys all of them have); elsewhere the first's value."
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs): return f(xs)
+    if all(isinstance(x, dict) for x in xs): return {k: _tree([x[k] for x in xs], f) for k in xs[0] if all(k in x for x in xs)}
+    return xs[0]
+
+def merge_seeds(recs: list[dict]) -> dict:
+    "One table row's record from its runs over training seeds: metrics, each stage's metrics and timings averaged, `metrics_sd` the metrics' sample standard deviation, `seed_runs` the runs' own records."
+    mean = lambda xs: float(np.mean(xs))
+    sd = lambda xs: float(np.std(xs, ddof=1)) if len(xs) > 1 else None
+    out = {**recs[0], "seed_runs": recs, "seeds": [r["params"].get("seed") for r in recs],
+           "metrics": _tree([r["metrics"] for r in recs], mean), "metrics_sd": _tree([r["metrics"] for r in recs], sd),
+           "timings": _tree([r["timings"] for r in recs], mean)}
+    if "stages" in recs[0]:
+        out["stages"] = {k: {**st, "metrics": _tree([r["stages"][k]["metrics"] for r in recs], mean),
+                             "metrics_sd": _tree([r["stages"][k]["metrics"] for r in recs], sd),
+                             "train_s": mean([r["stages"][k]["train_s"] for r in recs])}
+                         for k, st in recs[0]["stages"].items()}
+    return out
+
+_NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
+
+def _as_run(params: dict, sizes: dict) -> dict:
+    "A run's parameters as it ran: a size left None is its profile's (`sizes`, the chapter's), and the ones that do not change what it measures dropped."
+    return {k: sizes[k] if v is None and k in sizes else v for k, v in params.items() if k not in _NOT_CONFIG}
+
+def step_record(profile: str, step: Step) -> dict:
+    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
+    from capbook.book import nb_defaults
+    from capbook.runner import chapters
+    ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
+    sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
+    want = _as_run({**defaults, **step.params}, sizes)
+    book = runs_dir() / profile / step.name
+    same = [r for r in records(profile, step.notebook) if _as_run({**defaults, **r["params"]}, sizes) == want]
+    same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
+    if not same:
+        raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
+                           f"run `capbook book --profile {profile}` first")
+    return same[-1]
+
+def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
+    "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
+    from capbook.book import plan
+    return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
+
+def row_record(profile: str, step: Step) -> dict:
+    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`merge_seeds`)."
+    return merge_seeds([step_record(profile, r) for r in replicas(profile, step)])
+
+def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
+    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
+    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
+             if tags is None or t in tags}
+    recs = {k: row_record(profile, s) for k, s in steps.items()}
+    first = next(iter(recs))
+    other = [s.name for k, s in steps.items()
+             if any(r["data"]["fingerprint"] != recs[first]["data"]["fingerprint"] for r in recs[k]["seed_runs"])]
+    if other:
+        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
+                           f"run `capbook book --profile {profile}` again")
+    return steps, recs
+
+
+# %% [markdown]
+# ## The published book, checked
+#
+# `capbook book` publishes each step's tables, figures and reader's copy to `figures/` and writes there the book's
+# **manifest**, `book.json`: which step made each file, the file's content hash, every step's key as it ran, and the
+# encoder weights the runs read. `current` recomputes today's keys (seconds, nothing trained) and says of every item
+# whether it is what today's code makes: *current*; *stale* (its step's key has changed: rerun it with `capbook book
+# --only <step>`); *edited* (changed by hand after publishing); *shows old text* (a reader's copy whose prose or
+# exported definitions have since changed in a way no number sees — a paragraph or a docstring, say: `capbook book`
+# refreshes the copy without rerunning anything); *unknown* (no step of today's book made it). `tests/test_book.py` fails on any item that is
+# not current, so no change lands that silently outdates the published book.
+
+# %%
+#| export
+MANIFEST = "book.json"
+
+def file_sha(path: Path) -> str:
+    "A file's content hash."
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+def published_files(folder: Path) -> list[Path]:
+    "What a book folder publishes: tables, figures, the reader's copies of the notebooks (their images are named by their content) and the runs' records."
+    folder = Path(folder)
+    top = [f for f in folder.glob("*") if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))]
+    return sorted(top) + sorted((folder / "notebooks").glob("*.ipynb")) + sorted((folder / RECORDS).glob("*.json.gz"))
+
+def _text(c) -> str: return "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+
+def _is_run(c) -> bool:
+    "A cell whose outputs are the run's: a code cell that is not an exported definition."
+    return c["cell_type"] == "code" and not _EXPORT.search(_text(c))
+
+def refresh_copy(nb: Any, source: Path) -> Any:
+    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring or a paragraph changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
+    import copy
+    if not Path(source).exists(): return nb
+    src = json.loads(Path(source).read_text())["cells"]
+    ran = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    if any(_is_run(c) and c.get("id") not in ran for c in src): return nb
+    cells = []
+    for c in src:
+        if _is_run(c):
+            i = ran[c["id"]]
+            cells.append(nb.cells[i])
+            if i + 1 < len(nb.cells) and "injected-parameters" in nb.cells[i + 1].get("metadata", {}).get("tags", []):
+                cells.append(nb.cells[i + 1])      # papermill's parameters, after the parameters cell
+        else:
+            new = copy.deepcopy(nb.cells[ran[c["id"]]]) if c.get("id") in ran else None
+            if new is None or new.cell_type != c["cell_type"]:
+                import nbformat
+                new = (nbformat.v4.new_markdown_cell if c["cell_type"] == "markdown" else
+                       nbformat.v4.new_raw_cell if c["cell_type"] == "raw" else nbformat.v4.new_code_cell)(_text(c))
+                if c.get("id"): new["id"] = c["id"]
+                new["metadata"] = c.get("metadata", {})
+            new.source = _text(c)
+            cells.append(new)
+    nb.cells = cells
+    return nb
+
+def copy_current(copy: Path, source: Path) -> bool:
+    "Whether a reader's copy shows its notebook's prose and exported code as they are today."
+    if not Path(source).exists(): return True
+    had = {c.get("id"): _text(c) for c in json.loads(Path(copy).read_text())["cells"]}
+    return all(had.get(c.get("id")) == _text(c) for c in json.loads(Path(source).read_text())["cells"] if not _is_run(c))
+
+def write_manifest(folder: Path, profile: str, made_by: dict[str, str], keys: dict[str, str], partial: bool = False) -> dict:
+    "Write `folder/book.json`: `made_by` {file relative to folder: step name} with each file's hash, `keys` {step: key as it ran}; `partial`: the entries of the steps not republished stay."
+    folder = Path(folder)
+    old = load_json(folder / MANIFEST) if partial and (folder / MANIFEST).exists() else {}
+    redone = set(made_by.values())
+    files = {f: e for f, e in old.get("files", {}).items() if e["step"] not in redone and (folder / f).exists()}
+    files |= {f: {"step": s, "sha256": file_sha(folder / f)} for f, s in made_by.items() if (folder / f).exists()}
+    m = {"profile": profile, "encoder": encoder_weights(profile, 0) if profile != "paper" else None,
+         "steps": {**old.get("steps", {}), **keys}, "files": dict(sorted(files.items()))}
+    save_json(folder / MANIFEST, m)
+    return m
+
+BOOK_STEP = "(the book)"    # the maker of what the book itself writes, its time table: a measurement of the runs, not a number of the code
+
+def _rehearsal_table_is_its_record(folder: Path) -> bool:
+    from capbook.rehearsal import rehearsal_table
+    rec = folder / "rehearsal_coco.json"
+    return rec.exists() and (folder / "table_rehearsal.md").read_text().rstrip("\n") == rehearsal_table(load_json(rec))
+
+# what commands other than the book publish: measurements of a machine, current when they are what their record says
+MEASUREMENTS = {"table_rehearsal.md": _rehearsal_table_is_its_record}
+
+def current(profile: str = "default", folder: Path | None = None) -> list[dict]:
+    "Every published item of the book at `profile` (in `folder`, default its output folder) with the step that made it and whether it is current under today's keys (see above)."
+    from capbook.book import nbs_dir, plan_keys
+    from capbook.runner import out_dir
+    folder = Path(folder or out_dir(profile))
+    m = load_json(folder / MANIFEST) if (folder / MANIFEST).exists() else {"files": {}, "steps": {}}
+    K = plan_keys(profile, made=False, fresh=True)
+    steps, rows = {s.name: s for s in K.steps}, []
+    weights = encoder_weights(profile, 0) if profile != "paper" else None
+    for f in published_files(folder):
+        rel = f.relative_to(folder).as_posix()
+        e = m["files"].get(rel)
+        if e is None and rel in MEASUREMENTS: status = "current" if MEASUREMENTS[rel](folder) else "edited"
+        elif e is not None and e["step"] == BOOK_STEP: status = "current" if e["sha256"] == file_sha(f) else "edited"
+        elif e is None or e["step"] not in steps: status = "unknown"
+        elif e["sha256"] != file_sha(f): status = "edited"
+        elif m["steps"].get(e["step"]) != K.get(steps[e["step"]]) or m.get("encoder") != weights: status = "stale"
+        elif rel.startswith("notebooks/") and not copy_current(f, nbs_dir() / f.name): status = "shows old text"
+        else: status = "current"
+        rows.append({"file": rel, "step": e["step"] if e else None, "status": status})
+    rows += [{"file": f, "step": e["step"], "status": "missing"} for f, e in m["files"].items() if not (folder / f).exists()]
+    return rows
