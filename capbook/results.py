@@ -16,9 +16,9 @@ from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, st
 # %% auto 0
 __all__ = ['PROBE_SEED', 'RECORDS', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS', 'cell_digest', 'notebook_code', 'encoder_digest',
            'encoder_weights', 'data_key', 'probe_data', 'resolved', 'probe', 'scorer_probe', 'stats_probe',
-           'drawing_probe', 'Keys', 'Step', 'replicas', 'records', 'read_record', 'publish_records', 'merge_seeds',
-           'step_record', 'chapter_steps', 'row_record', 'compared_runs', 'file_sha', 'published_files', 'refresh_copy',
-           'copy_current', 'write_manifest', 'current']
+           'drawing_probe', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record',
+           'publish_records', 'merge_seeds', 'step_record', 'chapter_steps', 'row_record', 'compared_runs', 'file_sha',
+           'published_files', 'refresh_copy', 'copy_current', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 _EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
@@ -221,26 +221,45 @@ def drawing_probe() -> dict:
     return {"figure": hashlib.sha256(pixels.tobytes()).hexdigest()[:16], "shape": list(pixels.shape), "table": md}
 
 # %% ../nbs/00t_results.ipynb
-_FINGERPRINTS: dict = {}   # this process's fingerprints, by the package's source they were computed from
+def fingerprint_cache() -> Path:
+    "Where fingerprints are kept between processes: by the package's source and the libraries that compute them (a changed line of `capbook/` starts a new file)."
+    import matplotlib, pycocoevalcap, sys
+    from capbook.core import data_dir, package_hash
+    env = stable_hash([sys.version, torch.__version__, np.__version__, matplotlib.__version__,
+                       getattr(pycocoevalcap, "__version__", None)], 8)
+    return data_dir() / "fingerprints" / f"{package_hash()}-{env}.json"
+
+_FINGERPRINTS: dict = {}   # this process's fingerprints, by the file that keeps them
 
 class Keys:
-    "The keys of a plan's steps, the fingerprints computed once each (once per process and package source, unless `fresh`)."
+    "The keys of a plan's steps, the fingerprints computed once each: once per package source, kept between processes (`fingerprint_cache`), unless `fresh`."
     def __init__(self, steps: list, upstream: Callable[[Any, list], list], made: Callable[[Any], str | None] | None = None,
                  fresh: bool = False):
-        from capbook.core import package_hash
         self.steps, self.upstream, self.made, self._keys = steps, upstream, made, {}
-        self._probes = {} if fresh else _FINGERPRINTS.setdefault(package_hash(), {})
+        self._file = None if fresh else fingerprint_cache()
+        self._probes = {} if fresh else _FINGERPRINTS.setdefault(str(self._file), {})
+        if self._file is not None and not self._probes and self._file.exists():
+            try: self._probes.update(load_json(self._file))
+            except CapbookError: pass             # a damaged cache is recomputed
+
+    def _keep(self, name: str, value: Any) -> Any:
+        self._probes[name] = value
+        if self._file is not None:
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            try: save_json(self._file, {**(load_json(self._file) if self._file.exists() else {}), name: value})
+            except (CapbookError, OSError): pass  # a cache that cannot be written is recomputed next time
+        return value
 
     @property
     def shared(self) -> dict:
         if "shared" not in self._probes:
-            with _probing(): self._probes["shared"] = {"scorer": scorer_probe(), "stats": stats_probe(), "drawing": drawing_probe()}
+            with _probing(): self._keep("shared", {"scorer": scorer_probe(), "stats": stats_probe(), "drawing": drawing_probe()})
         return self._probes["shared"]
 
     def probe(self, step) -> str:
         "The hash of a chapter step's probe, shared by its seeds."
         row = stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
-        if row not in self._probes: self._probes[row] = stable_hash(probe(step), 16)
+        if row not in self._probes: self._keep(row, stable_hash(probe(step), 16))
         return self._probes[row]
 
     def all_models(self) -> str:

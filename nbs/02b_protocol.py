@@ -81,8 +81,8 @@ pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [s["_dir"] for s in 
 
 # %%
 docs, legacy = _field_docs(TrainConfig), RECIPES["legacy"]
-fields = ["batch_order", "ema", "evals_per_epoch", "metric", "val_beam", "schedule", "lr", "lr_gamma", "lr_patience",
-          "patience", "epochs", "clip", "batch_size"]
+fields = ["batch_order", "ema", "evals_per_epoch", "metric", "val_beam", "schedule", "lr", "lr_step", "lr_gamma",
+          "patience", "epochs", "clip", "batch_size"]     # (lr_step and lr_gamma: the legacy recipe's step decay)
 proto = pd.DataFrame([{"setting": f, "protocol": getattr(TrainConfig, f), "legacy recipe": legacy.get(f, getattr(TrainConfig, f)),
                        "meaning": docs.get(f, "")} for f in fields])
 display(Markdown(save_table(proto, run.path("table_protocol_settings"), floatfmt="g")))

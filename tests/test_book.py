@@ -712,8 +712,9 @@ def _error_line(log: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smoke_data, tmp_path):
-    "CAPBOOK_HOME on a small tmpfs filled to the last byte during a run, during publishing and during the docs build: each stops with one line naming a path and the full disk, the published tables and the site stay as they were, no temporary file is left, and once space is back the same command completes."
+@pytest.mark.parametrize("phase", ["run", pytest.param("publishing", marks=pytest.mark.soak), pytest.param("docs", marks=pytest.mark.soak)])
+def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smoke_data, tmp_path, phase):
+    "CAPBOOK_HOME on a small tmpfs filled to the last byte during a run (`make test`), during publishing and during the docs build (`make soak`): each stops with one line naming a path and the full disk, the published tables and the site stay as they were, no temporary file is left, and once space is back the same command completes."
     import os
     with _tmpfs(tmp_path / "disk", "size=256m") as disk:
         env = {**os.environ, "CAPBOOK_HOME": str(disk), "CAPBOOK_DATA": str(smoke_data)}
@@ -723,9 +724,9 @@ def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smok
         assert capbook(tmp_path / "first.log", *book, "--only", "01_dataset") == 0, (tmp_path / "first.log").read_text()[-3000:]
         figs, site = disk / "runs" / "smoke" / "figures", disk / "runs" / "smoke" / "site" / "index.html"
         snapshot = lambda: ({f: f.read_bytes() for f in figs.rglob("*") if f.is_file()}, site.read_bytes())
-        for phase, cmd in [("run", [*book, "--no-docs", "--only", "02_show_attend_tell-none"]),
-                           ("publishing", [*book, "--no-docs", "--only", "01_dataset"]),
-                           ("docs", ["docs", "--profile", "smoke"])]:
+        for phase, cmd in [(ph, c) for ph, c in [("run", [*book, "--no-docs", "--only", "02_show_attend_tell-none"]),
+                                                 ("publishing", [*book, "--no-docs", "--only", "01_dataset"]),
+                                                 ("docs", ["docs", "--profile", "smoke"])] if ph == phase]:
             before = snapshot()
             filler = _fill(disk)
             log = tmp_path / f"{phase}-full.log"
