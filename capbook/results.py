@@ -259,7 +259,10 @@ class Keys:
     def probe(self, step) -> str:
         "The hash of a chapter step's probe, shared by its seeds."
         row = stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
-        if row not in self._probes: self._keep(row, stable_hash(probe(step), 16))
+        if row not in self._probes:
+            try: fp = probe(step)
+            except CapbookError as e: fp = f"invalid: {e}"    # a run with a bad parameter: its notebook stops on it, in one line
+            self._keep(row, stable_hash(fp, 16))
         return self._probes[row]
 
     def all_models(self) -> str:

@@ -15,12 +15,12 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
                           save_yaml, seed_everything, stable_hash, cpu_precision)
 
 # %% auto 0
-__all__ = ['PROFILES', 'RECIPES', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS', 'SEED_METRICS', 'check_profile', 'out_dir',
-           'Run', 'start_run', 'RunConfig', 'read_params', 'parameters_source', 'Chapter', 'register_chapter',
-           'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage', 'results_ids',
-           'save_test_captions', 'stage_stats', 'epochs_trained', 'interval_cells', 'seed_cells', 'paired_verdict',
-           'Claims', 'figure_pick', 'timed', 'self_critical', 'scst_setup', 'chapter_data', 'decoding', 'train_config',
-           'run_chapter']
+__all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'CHAPTERS', 'SEEDS', 'CI_METRICS', 'SEED_METRICS',
+           'check_profile', 'out_dir', 'Run', 'start_run', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
+           'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
+           'results_ids', 'save_test_captions', 'stage_stats', 'epochs_trained', 'interval_cells', 'seed_cells',
+           'paired_verdict', 'Claims', 'figure_pick', 'timed', 'self_critical', 'scst_setup', 'chapter_data',
+           'decoding', 'train_config', 'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -90,6 +90,8 @@ RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe
     # rate halved after one epoch without a better validation CIDEr, stopped after three
     "early-stop": {"schedule": "plateau", "lr_patience": 2, "patience": 6},
 }
+
+PROFILE_TRAIN = {"smoke": {"schedule": "step", "lr_step": 1000}}   # the smoke profile's one epoch is no budget to anneal over: a constant rate
 
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
                                 # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
@@ -453,7 +455,7 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     from capbook.models import spec
     from capbook.train import TrainConfig
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
-    recipe = RECIPES[getattr(p, "recipe", "protocol")]
+    recipe = {**PROFILE_TRAIN.get(p.profile, {}), **RECIPES[getattr(p, "recipe", "protocol")]}
     epochs = ch.epochs[p.profile]
     epochs = recipe.get("epochs", epochs) if p.profile == "default" else epochs
     return TrainConfig(**{**spec(name).train, **ch.train, **recipe, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),

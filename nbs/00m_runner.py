@@ -160,6 +160,8 @@ RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe
     "early-stop": {"schedule": "plateau", "lr_patience": 2, "patience": 6},
 }
 
+PROFILE_TRAIN = {"smoke": {"schedule": "step", "lr_step": 1000}}   # the smoke profile's one epoch is no budget to anneal over: a constant rate
+
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
                                 # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
 
@@ -579,7 +581,7 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     from capbook.models import spec
     from capbook.train import TrainConfig
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
-    recipe = RECIPES[getattr(p, "recipe", "protocol")]
+    recipe = {**PROFILE_TRAIN.get(p.profile, {}), **RECIPES[getattr(p, "recipe", "protocol")]}
     epochs = ch.epochs[p.profile]
     epochs = recipe.get("epochs", epochs) if p.profile == "default" else epochs
     return TrainConfig(**{**spec(name).train, **ch.train, **recipe, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),
