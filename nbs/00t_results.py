@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import ast, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
+import ast, base64, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
 from functools import lru_cache
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -474,6 +474,42 @@ def read_record(path: Path) -> dict:
     except (OSError, ValueError, EOFError) as e:
         raise CapbookError(f"{path}: unreadable published record ({e.__class__.__name__}); delete it or publish the book again") from None
 
+FIGURE_IMAGES = 16              # the first test images whose attention maps a published record keeps: the figures pick among them
+RUN_FILES = ("distilling.pt",)  # a run folder's small files an assembly notebook draws from, kept whole in its published record
+
+def kept_maps(alpha: torch.Tensor | None) -> dict | None:
+    "Attention maps (T, L) as a published record keeps them: float16 (3 significant digits, so a map's max/min survives), base64."
+    if alpha is None: return None
+    a = alpha.detach().float().cpu().to(torch.float16)
+    return {"shape": list(a.shape), "f16": base64.b64encode(a.numpy().tobytes()).decode()}
+
+def restored_maps(d: dict | None) -> torch.Tensor | None:
+    "The maps `kept_maps` kept: (T, L) float32."
+    if d is None: return None
+    return torch.from_numpy(np.frombuffer(base64.b64decode(d["f16"]), dtype=np.float16).copy()).reshape(d["shape"]).float()
+
+def run_captions(rec: dict, which: str = "final") -> dict:
+    "A run's test captions as the assembly notebooks read them (a row of seeds: its first run's): `keys` and `words` of every test image, `alpha`, the attention maps (T, L) of the first `FIGURE_IMAGES` as a published record keeps them (float16, so a figure is the same from a run folder and from the book; None where the model has no map), and `grid`; from the run folder, else from the published record."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    if f.exists():
+        c = load_torch(f, "test captions")
+        return {"keys": list(c["keys"]), "words": [list(w) for w in c["words"]], "grid": list(c["grid"]),
+                "alpha": [restored_maps(kept_maps(a)) for a in c["alpha"][:FIGURE_IMAGES]]}
+    if which not in rec.get("test_words", {}) or which not in rec.get("test_alpha", {}):
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+    w, a = rec["test_words"][which], rec["test_alpha"][which]
+    return {"keys": w["keys"], "words": w["words"], "grid": a["grid"], "alpha": [restored_maps(x) for x in a["maps"]]}
+
+def run_file(rec: dict, name: str, what: str) -> Any:
+    "One of a run's small files (`RUN_FILES`), loaded: from its run folder, else from the published record that keeps it."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / name
+    if f.exists() or name not in rec.get("files", {}): return load_torch(f, what)
+    import io
+    try: return torch.load(io.BytesIO(base64.b64decode(rec["files"][name])), map_location="cpu", weights_only=True)
+    except Exception as e: raise CapbookError(f"{rec['_published']}: unreadable {what} ({e.__class__.__name__})") from None
+
 def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
     "Keep in `folder/records/` the record of every chapter run among `steps` that has one, with its test captions (words, by image: what the paired tests and intervals need), so a fresh clone reassembles a chapter's tables without retraining the others; {file relative to folder: step name}."
     import gzip
@@ -484,9 +520,13 @@ def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
         d = runs_dir() / profile / s.name
         if s.notebook not in chs or not (d / "record.json").exists(): continue
         rec = load_json(d / "record.json", "results record")
-        rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]}
-                             for w, f in (("final", "test_captions.pt"), ("xe", "test_captions-xe.pt")) if (d / f).exists()
-                             for c in [load_torch(d / f, "test captions")]}
+        caps = {w: load_torch(d / f, "test captions")
+                for w, f in (("final", "test_captions.pt"), ("xe", "test_captions-xe.pt")) if (d / f).exists()}
+        rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]} for w, c in caps.items()}
+        if not s.replica:                             # a row's figures draw its first seed's maps
+            rec["test_alpha"] = {w: {"grid": list(c["grid"]), "maps": [kept_maps(a) for a in c["alpha"][:FIGURE_IMAGES]]}
+                                 for w, c in caps.items()}
+        rec["files"] = {f: base64.b64encode((d / f).read_bytes()).decode() for f in RUN_FILES if (d / f).exists()}
         out = Path(folder) / RECORDS / f"{s.name}.json.gz"
         out.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(rec, sort_keys=True)
@@ -559,6 +599,17 @@ def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | N
         raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
                            f"run `capbook book --profile {profile}` again")
     return steps, recs
+
+
+# %% [markdown]
+# A published record keeps the attention maps of the first `FIGURE_IMAGES` test images (of a row's first seed) in
+# float16: a figure drawn from it is the figure drawn from the run folder, since both go through the same rounding.
+
+# %%
+_a = torch.softmax(3 * torch.randn(5, 196, generator=torch.Generator().manual_seed(0)), -1)   # 5 words' maps on a 14x14 grid
+_b = restored_maps(kept_maps(_a))
+assert _b.shape == _a.shape and torch.allclose(_a, _b, rtol=2**-10, atol=1e-7)
+assert torch.allclose(restored_maps(kept_maps(_b)), _b) and kept_maps(None) is None
 
 
 # %% [markdown]

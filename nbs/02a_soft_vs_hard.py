@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.core import load_torch
 from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
-from capbook.results import chapter_steps, compared_runs, row_record
+from capbook.results import FIGURE_IMAGES, chapter_steps, compared_runs, row_record, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
@@ -48,12 +47,12 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 run = start_run("02a_soft_vs_hard", read_params(["profile", "run_dir"], globals()))
 steps = chapter_steps(profile, "02_show_attend_tell")
 recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds
-caps = {tag: load_torch(Path(r["_dir"]) / "test_captions.pt") for tag, r in recs.items()}
+caps = {tag: run_captions(r) for tag, r in recs.items()}   # test captions; attention of the first FIGURE_IMAGES
 p0 = recs[""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 images = prep.image_paths("test")
 stats = {tag: stage_stats(r, prep) for tag, r in recs.items()}      # per-image statistics of each run's test captions
-pd.DataFrame([{"run": s.name, "parameters": s.params, "record": r["_dir"], "finished": r["finished"]}
+pd.DataFrame([{"run": s.name, "parameters": s.params, "record": Path(r["_dir"]).name, "finished": r["finished"]}
               for s, r in zip(steps.values(), recs.values())])
 
 
@@ -152,7 +151,8 @@ if len(sem): display(Markdown(save_table(sem, run.path("table_sat_semantic"), fl
 # ## Figure 3: the same image through the soft and the hard model
 #
 # "Visualization of the attention for each generated word ... (top) 'soft' and (bottom) 'hard' attention". capbook picks
-# the image by rule, not by hand: the first test image for which both models' captions name at least two objects that
+# the image by rule, not by hand: among the first 24 test images (`capbook.results.FIGURE_IMAGES`, those whose
+# attention maps the published book keeps), the first for which both models' captions name at least two objects that
 # are in the image. The maps are upsampled and smoothed as in §5.4 (`capbook.viz.smooth_attention`); for the hard model
 # they show $\alpha_t$, the distribution over locations its expected context averages (and its argmax decoder would
 # take the peak of).
@@ -162,7 +162,7 @@ def named(words, key): return [m for m in object_mentions(words, prep.gt["images
 keys = caps[""]["keys"]
 pick = 0
 if prep.gt is not None:
-    pick = next((i for i, k in enumerate(keys) if len(named(caps[""]["words"][i], k)) >= 2
+    pick = next((i for i, k in enumerate(keys[:FIGURE_IMAGES]) if len(named(caps[""]["words"][i], k)) >= 2
                  and len(named(caps[sel]["words"][i], k)) >= 2), 0)
 fig3 = attention_figure([{"label": f"{name}-Attention", "image": images[pick], "words": caps[tag]["words"][pick],
                           "alpha": caps[tag]["alpha"][pick], "grid": prep.grid} for tag, name in [("", "Soft"), (sel, "Hard")]],
@@ -174,7 +174,7 @@ display(IPImage(filename=str(fig3)))
 # ## Figure 5: a mistake, and where the model looked
 #
 # The paper's Figure 5 shows mistakes whose attention "gives intuition into what the model saw". capbook finds one by
-# rule: the first test image whose soft-attention caption names an object that is not in the image (no object matches
+# rule: the first of those 24 test images whose soft-attention caption names an object that is not in the image (no object matches
 # the phrase's shape, colour and size), at a step where the attention peak falls on an object that *is* there. The
 # object the model looked at is read from the ground truth, so the figure's explanation is measured, not guessed.
 
@@ -192,7 +192,7 @@ def explain_mistake(words, alpha, key):
 
 mistake = None
 if prep.gt is not None:
-    mistake = next(((i, r) for i, k in enumerate(keys)
+    mistake = next(((i, r) for i, k in enumerate(keys[:FIGURE_IMAGES])
                     if (r := explain_mistake(caps[""]["words"][i], caps[""]["alpha"][i], k))), None)
 if mistake is None:
     display(Markdown("No test caption of the soft model names a missing object while looking at a real one: "

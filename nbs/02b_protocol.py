@@ -28,6 +28,7 @@
 
 # %%
 #| hide
+from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
@@ -51,7 +52,7 @@ early = row_record(profile, steps["early-stop"])    # the stopping rule checked 
 p0 = rows["protocol"]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 stats = {k: stage_stats(r, prep) for k, r in rows.items()}
-pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [s["_dir"] for s in r["seed_runs"]]} for k, r in rows.items()])
+pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [Path(s["_dir"]).name for s in r["seed_runs"]]} for k, r in rows.items()])
 
 # %% [markdown]
 # ## What moved the verdicts

@@ -28,9 +28,9 @@
 from pathlib import Path
 import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.core import CapbookError, load_torch
+from capbook.core import CapbookError
 from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
-from capbook.results import compared_runs
+from capbook.results import FIGURE_IMAGES, compared_runs, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import ssa_table1, SSA_TRAINING_TIME
@@ -44,11 +44,11 @@ run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 run = start_run("04a_ssa_tables", read_params(["profile", "run_dir"], globals()))
 steps, recs = compared_runs(profile, {"ssa": ("04_spatial_self_attention", None), "sat": ("02_show_attend_tell", ("", "hard")),
                                       "spca": ("03_spca", ("",))})
-caps = {k: load_torch(Path(r["_dir"]) / "test_captions.pt") for k, r in recs.items()}
+caps = {k: run_captions(r) for k, r in recs.items()}   # test captions; attention of the first FIGURE_IMAGES
 p0 = recs["ssa", ""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 stats = {k: stage_stats(r, prep) for k, r in recs.items()}    # per-image statistics of each run's test captions
-pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "record": recs[k]["_dir"], "data": recs[k]["data"]["fingerprint"]}
+pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "record": Path(recs[k]["_dir"]).name, "data": recs[k]["data"]["fingerprint"]}
               for k, s in steps.items()])
 
 # %% [markdown]
@@ -177,12 +177,12 @@ display(Markdown(
 # captions." The paper does not say which of the four decoder layers it shows or how the eight heads are combined;
 # capbook draws the **last decoder layer, averaged over the heads** (the weights whose output feeds the word
 # prediction), for both temperatures and for soft attention, on the first test image whose transformer caption names
-# at least two objects of the image (`capbook.runner.figure_pick`), upsampled and smoothed exactly as the
+# at least two objects of the image (`capbook.runner.figure_pick`, among the first 24, whose maps the book keeps), upsampled and smoothed exactly as the
 # Show-Attend-Tell figures (`capbook.viz.attention_figure`).
 
 # %%
 keys = caps["ssa", ""]["keys"]
-pick = figure_pick({"keys": keys, "words": caps["ssa", ""]["words"]}, prep.gt)
+pick = figure_pick({"keys": keys[:FIGURE_IMAGES], "words": caps["ssa", ""]["words"]}, prep.gt)
 rows = [(("ssa", ""), "Transformer, τ = √(d_len + d_attn)"), (("ssa", "tau-standard"), "Transformer, τ = √d_attn"),
         (("sat", ""), "Soft-Attention (LSTM)")]
 fig2 = attention_figure([{"label": label, "image": prep.image_paths("test")[pick], "words": caps[k]["words"][pick],

@@ -34,9 +34,8 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.core import load_torch
 from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, paired_verdict, epochs_trained
-from capbook.results import compared_runs
+from capbook.results import compared_runs, run_file
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import glied_table2, GLIED_ABSTRACT_CIDER, GLIED_TABLE1_NOT_RUN, GLIED_TABLE4_CLAIMS
@@ -284,7 +283,7 @@ display(Markdown(save_table(claims, run.path("table_glied_claims"), floatfmt=".1
 # local distilling, listed with their weights.
 
 # %%
-dd = load_torch(Path(recs["glied", ""]["_dir"]) / "distilling.pt", "Figure 3 data")
+dd = run_file(recs["glied", ""], "distilling.pt", "Figure 3 data")
 if "feat_mask" in prep.test.inputs:
     display(Markdown("The runs read bottom-up regions, whose boxes capbook does not keep: Figure 3 is drawn on grid features only."))
 else:

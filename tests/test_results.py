@@ -136,7 +136,10 @@ def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
     words = [r[0] for r in prep.test.refs]
     save_json(d / "record.json", {"notebook": "06_baselines", "params": step.params, "metrics": {"CIDEr": 1.0},
                                   "data": {"fingerprint": prep.fingerprint}, "finished": "2026-11-26 00:00:00"})
-    save_torch(d / "test_captions.pt", {"keys": list(prep.test.keys), "words": words, "alpha": [None] * 3, "tokens": [[]] * 3, "grid": [3, 3]})
+    alpha = [torch.softmax(torch.randn(len(w), 9), -1) for w in words[:2]] + [None]
+    save_torch(d / "test_captions.pt", {"keys": list(prep.test.keys), "words": words, "alpha": alpha, "tokens": [[]] * 3, "grid": [3, 3]})
+    save_torch(d / "distilling.pt", {"index": 2, "weights": torch.arange(4.0)})
+    here = R.run_captions(R.step_record("smoke", step))
     folder = tmp_path / "runs" / "smoke" / "figures"
     made = R.publish_records("smoke", [step], folder)
     assert made == {"records/06_baselines-nic.json.gz": step.name}
@@ -149,6 +152,11 @@ def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
     want = image_stats(list(prep.test.keys), words, prep.test.refs, prep.gt)
     got = stage_stats(rec, prep)
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+    kept = R.run_captions(rec)                   # the figures' captions and attention: the same as from the run folder
+    assert kept["words"] == here["words"] and kept["grid"] == [3, 3] and kept["alpha"][2] is None
+    assert all(torch.equal(a, b) for a, b in zip(kept["alpha"][:2], here["alpha"][:2]))
+    assert torch.allclose(kept["alpha"][0], alpha[0], rtol=2**-10, atol=1e-7)
+    assert torch.equal(R.run_file(rec, "distilling.pt", "Figure 3 data")["weights"], torch.arange(4.0))
 
 
 def test_fingerprints_are_kept_between_processes(tmp_path, monkeypatch):
