@@ -438,9 +438,11 @@ def lstm2d_spca(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
 # ## The chapter's runs
 #
 # One configuration per run: the decoder (`1d` or `2d`), and SPCA's structure, kernel and reduction. The book runs it
-# nine times — the 2D-latent-state baseline and its five structures (Table 2), kernels 1×1 and 5×5 (Table 3), and
-# the 1D-LSTM (Tables 1 and 4) — and the next chapter assembles them. `structure='none'` on the 2D decoder is Dai et
-# al.'s model without attention.
+# ten times — the 2D-latent-state baseline and its five structures (Table 2), kernels 1×1 and 5×5 (Table 3), the
+# 1D-LSTM with SPCA and with its own grid attention (Tables 1 and 4) — and the next chapter assembles them.
+# `structure='none'` on the 2D decoder is Dai et al.'s model without attention; `structure='grid'` on the 1D decoder is
+# "Soft-Attention\*", the paper's own run of Show-Attend-Tell's soft attention (`sat_soft`, the same decoder, sizes,
+# gate and penalty as 1D-LSTM + SPCA): trained here under SPCA's rate, so that the two rows differ only in the attention.
 #
 # The paper trains with Adam at $4\times10^{-4}$, "decayed by a factor of 0.5 every five epochs", and evaluates with
 # beam size 2. *capbook:* every row trains under the book's one protocol (`02b_protocol`): Adam at the paper's
@@ -457,6 +459,10 @@ def lstm2d_spca(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
 # measured **on the same words for every model** (`spca_measure`): each model reads the first reference caption of
 # every test image (teacher forcing, `capbook.decode.teacher_forced`), and attention correctness is computed on the
 # object words of these references. This removes the difference between the models' own captions from the comparison.
+# The run also keeps, for the next chapter, the maps' median max/min on those words, the maps of Figure 1's image
+# (`reference_pick`) and Table 1's decoding time (beam 3, 20 images a batch, as the paper's Table 1): the next chapter
+# then reads records only, and a fresh clone reassembles it from the published ones without any checkpoint. The time is
+# measured in the run's own process, beside whatever else the book runs (one thread each at `-j 2`).
 
 # %%
 #| export
@@ -467,7 +473,7 @@ class _Decoder:
 @dataclass
 class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
     "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
-    structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
+    structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1); 2d only: none (the 2D-latent-state baseline); 1d only: grid (Soft-Attention*)
     channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke and default 32; paper 256, Dai et al.'s)
     emb_dim: int | None = None  # 1d: word embedding size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     hidden_dim: int | None = None   # 1d: LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
@@ -475,17 +481,43 @@ class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
 
 def _check(p):
     check_choice("decoder", p.decoder, ["1d", "2d"])
-    check_choice("structure", p.structure, [*STRUCTURES, "none"] if p.decoder == "2d" else STRUCTURES)
+    check_choice("structure", p.structure, [*STRUCTURES, "none"] if p.decoder == "2d" else [*STRUCTURES, "grid"])
 
 def _model(p) -> str:
-    return "lstm1d_spca" if p.decoder == "1d" else "lstm2d" if p.structure == "none" else "lstm2d_spca"
+    if p.decoder == "1d": return "sat_soft" if p.structure == "grid" else "lstm1d_spca"
+    return "lstm2d" if p.structure == "none" else "lstm2d_spca"
 
 PAPER_BEAM = 2                  # SPCA's evaluation beam (§4.2)
+TIMED = {"beam": 3, "batch": 20, "repeats": 3}   # Table 1: "speed results based on beam size 3, batch size 20"
+
+def map_ratio(alpha: torch.Tensor) -> float:
+    "The median, over words, of a map's largest weight over its smallest: alpha (T, L). 1 is a flat map."
+    return float((alpha.max(-1).values / alpha.min(-1).values.clamp_min(1e-12)).median())
+
+def reference_pick(prep) -> int:
+    "Figure 1's image: the first test image whose first reference names at least two of its objects (0 without ground truth)."
+    from capbook.shapes import object_mentions
+    if prep.gt is None: return 0
+    return next((i for i, (k, refs) in enumerate(zip(prep.test.keys, prep.test.refs))
+                 if len([m for m in object_mentions(refs[0], prep.gt["images"][k]) if m[1]]) >= 2), 0)
 
 def spca_measure(r) -> dict:
-    "Attention correctness on every test image's first reference caption (teacher forcing: the same words for every model), and the test scores at the paper's beam beside the book's."
+    "What the next chapter compares, measured on the trained model: attention correctness on every test image's first reference caption (teacher forcing: the same words for every model), the maps' median max/min there and Figure 1's maps; Table 1's decoding time; and the test scores at the paper's beam beside the book's."
     from capbook.metrics import attention_on_references, evaluate
-    out = {"attention_on_references": attention_on_references(r.model, r.prep, "test", r.device)[1]} if r.prep.gt is not None else {}
+    from capbook.decode import ms_per_image
+    from capbook.results import kept_maps
+    out = {}
+    if r.prep.gt is not None:
+        tf, out["attention_on_references"] = attention_on_references(r.model, r.prep, "test", r.device)
+        if any(c.alpha is not None for c in tf):
+            i = reference_pick(r.prep)
+            out["references_map_ratio"] = map_ratio(torch.cat([c.alpha for c in tf if c.alpha is not None]))
+            out["references_figure"] = {"index": i, "key": r.prep.test.keys[i], "words": r.prep.vocab.decode(tf[i].tokens),
+                                        "grid": list(getattr(r.model, "att_grid", r.prep.grid)), "alpha": kept_maps(tf[i].alpha)}
+    import numpy as np
+    feats = torch.tensor(np.asarray(r.prep.test.feats[:]), dtype=torch.float32, device=r.device)
+    mean, std = ms_per_image(r.model, feats, TIMED["beam"], TIMED["batch"], r.prep.max_len, TIMED["repeats"])
+    out["decode_ms"] = {**TIMED, "device": r.device.type, "threads": torch.get_num_threads(), "mean": mean, "std": std}
     if r.params.beam_size != PAPER_BEAM:
         ev = evaluate(r.model, r.prep, "test", beam_size=PAPER_BEAM, device=r.device, **decoding(r.params))
         out["paper_beam"] = {"beam": PAPER_BEAM, "metrics": ev["metrics"], **({"semantic": ev["semantic"]} if "semantic" in ev else {})}
@@ -502,18 +534,19 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "base": {"structure": "none"}, "S": {"structure": "S"}, "C": {"structure": "C"},   # Table 2
           "C-S": {"structure": "C-S"}, "S-C": {"structure": "S-C"},
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
-          "1d": {"decoder": "1d"}},                                               # Tables 1 and 4
+          "1d": {"decoder": "1d"},                                                # Tables 1 and 4
+          "soft": {"decoder": "1d", "structure": "grid"}},                        # Soft-Attention*: the 1D decoder's own grid attention
     epochs={"smoke": 1, "default": 15, "paper": 30},   # the protocol's budget: every epoch, the rate annealed to 0
     sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
            for pr, c in {"smoke": 32, "default": 32, "paper": 256}.items()},   # c of the 2D state (16 was too few: see departures); the 1D decoder's widths
     train={},                                          # the protocol: SPCA's x0.5 every five epochs becomes its cosine (nbs/02b_protocol)
-    label=lambda p: f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
+    label=lambda p: "Soft-Attention* (grid)" if p.structure == "grid" else f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",
     measure=spca_measure,
     encoder="resnet101",
     tables={f"Table {n}": (lambda n=n: spca_table(n)) for n in (1, 2, 3, 4)},
     figures=("fig_spca_figure1.png", "fig_spca_figure4.png"),
-    compares=("02_show_attend_tell", "06_baselines"),   # Table 4's Soft/Hard-Attention rows and its baselines
+    compares=("02_show_attend_tell", "06_baselines"),   # Table 4's Hard-Attention row and its baselines
 ))
 
 # %% [markdown]
@@ -545,7 +578,7 @@ precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where the 
 recipe = 'protocol'       # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
 run_dir = None            # set by `capbook book`; None: runs/<profile>/adhoc/...
 decoder = '2d'            # 1d (Show-Attend-Tell's LSTM) | 2d (Dai et al.'s 2D-latent-state LSTM)
-structure = 'S||C'        # S | C | C-S | S-C | S||C (§4.3.1), or none (2d only: the 2D-latent-state baseline)
+structure = 'S||C'        # S | C | C-S | S-C | S||C (§4.3.1); 2d only: none (the 2D-latent-state baseline); 1d only: grid (Soft-Attention*)
 kernel = 3                # k of the spatial attention's convolutions (Eq. 11): a positive odd integer
 reduction = 8             # r of the channel attention (Eq. 12): 2C -> 2C/r -> C
 att_dim = None            # width of Conv1 in Eq. 11; None: 128 for 1d (Show-Attend-Tell's), the state channels for 2d

@@ -16,87 +16,81 @@
 # %% [markdown]
 # # SPCA: Tables 1–4, Figures 1 and 4, and whether convolutional attention localises better
 #
-# > SPCA's results, assembled from the nine runs of the previous chapter and Show-Attend-Tell's soft-attention run: parameters and decoding speed (Table 1), the five structures (Table 2), the kernel sizes (Table 3), the comparison with the other models (Table 4), grid and SPCA attention for the same words (Figures 1 and 4), and the paper's central claim tested with attention correctness.
+# > SPCA's results, assembled from the ten runs of the previous chapter: parameters and decoding speed (Table 1), the five structures (Table 2), the kernel sizes (Table 3), the comparison with the other models (Table 4), grid and SPCA attention for the same words (Figures 1 and 4), and the paper's central claim tested with attention correctness.
 #
-# The book runs `03_spca` nine times on the same data, seed and budget (the runs `capbook.spca` declares): the 2D-latent-state
-# LSTM without attention (the paper's baseline), with SPCA in each of the five structures (3×3 kernels) and with S‖C at
-# 1×1 and 5×5 kernels, and the 1D LSTM (Show-Attend-Tell's decoder) with S‖C. "Soft-Attention*" is the book's
-# Show-Attend-Tell soft-attention run, decoded here again with SPCA's beam size. Nothing is trained here: each run is
-# found through its results record (`capbook.results.step_record`), so a hand run such as
-# `papermill nbs/03_spca.ipynb out.ipynb -p kernel 5` — exactly the book's `k5` step — is picked up as well.
+# The book runs `03_spca` ten times on the same data and budget, each over the training seeds (the runs `capbook.spca`
+# declares): the 2D-latent-state LSTM without attention (the paper's baseline), with SPCA in each of the five
+# structures (3×3 kernels) and with S‖C at 1×1 and 5×5 kernels, and the 1D LSTM (Show-Attend-Tell's decoder) with
+# S‖C and with its own grid attention ("Soft-Attention\*", the paper's own run of soft attention). Nothing is trained
+# or decoded here: every number comes from the runs' results records (`capbook.results.step_record`; what each run
+# measured on its trained model is in `03_spca`), so a hand run such as `papermill nbs/03_spca.ipynb out.ipynb -p
+# kernel 5` — exactly the book's `k5` step — is picked up as well, and a fresh clone reassembles this chapter from the
+# records the book publishes.
 
 # %%
 #| hide
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.core import get_device, load_torch
 from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
-from capbook.results import chapter_steps, row_record
+from capbook.results import FIGURE_IMAGES, restored_maps, chapter_steps, row_record, run_captions
 from capbook.prepare import prepare
-from capbook.decode import ms_per_image
-from capbook.metrics import evaluate, attention_on_references, image_stats, results_row, semantic_table
+from capbook.metrics import results_row, semantic_table
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
-from capbook.train import load_trained
+from capbook.spca import map_ratio
 from capbook.viz import attention_figure, save_table
 from capbook.baselines import BASELINE_NOTE, baseline_records
 from capbook.runner import record_stage
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
-timing_repeats = 3      # Table 1: repeats of the timed decode (mean ± std)
-device = "auto"
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
-run = start_run("03a_spca_tables", read_params(["profile", "timing_repeats", "device", "run_dir"], globals()))
+run = start_run("03a_spca_tables", read_params(["profile", "run_dir"], globals()))
 steps = chapter_steps(profile, "03_spca")
 recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds
-soft_rec = row_record(profile, chapter_steps(profile, "02_show_attend_tell")[""])
 p0 = recs[""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
-dev = get_device(device)
-models = {tag: load_trained(r["_dir"], prep).to(dev) for tag, r in recs.items()}
-models["soft"] = load_trained(soft_rec["_dir"], prep).to(dev)
-beam = p0["beam_size"]
-ev_soft = evaluate(models["soft"], prep, "test", beam_size=beam, device=dev)     # Soft-Attention* at SPCA's rows' beam
 ST = {tag: stage_stats(r, prep) for tag, r in recs.items()}   # per-image statistics of the test captions, for the intervals
-ST["soft"] = image_stats(list(prep.test.keys), ev_soft["words"], prep.test.refs, prep.gt)
-pd.DataFrame([{"run": s.name, "parameters": s.params, "record": r["_dir"]} for s, r in zip(steps.values(), recs.values())]
-             + [{"run": "Soft-Attention*", "parameters": soft_rec["params"], "record": soft_rec["_dir"]}])
+def over_seeds(rec, f):                                       # the mean over a row's seeds of what `f` reads from each run's record
+    return float(np.mean([f(r) for r in rec["seed_runs"]]))
+pd.DataFrame([{"run": s.name, "parameters": s.params, "seeds": r["seeds"], "record": Path(r["_dir"]).name}
+              for s, r in zip(steps.values(), recs.values())])
 
 # %% [markdown]
 # ## The same words for every model
 #
 # Attention correctness on the models' own captions compares maps of different words. For the claim and the figures,
-# every model also reads the first reference caption of each test image (teacher forcing); the attention at the
-# references' object words is then compared across models. The 1D models attend over the 14×14 feature grid, the 2D
-# models over their 7×7 maps; attention mass is measured against the fraction of each cell an object covers, so it is
-# comparable across grids (uniform attention scores the objects' area either way).
+# every run also read the first reference caption of each test image (teacher forcing, `capbook.spca.spca_measure`);
+# the attention at the references' object words is then compared across models, averaged over each row's seeds. The
+# 1D models attend over the 14×14 feature grid, the 2D models over their 7×7 maps; attention mass is measured against
+# the fraction of each cell an object covers, so it is comparable across grids (uniform attention scores the objects'
+# area either way).
 
 # %%
-on_refs = {tag: attention_on_references(m, prep, "test", dev) for tag, m in models.items()}
-tf = {tag: caps for tag, (caps, _) in on_refs.items()}                       # teacher-forced captions with attention
-att_refs = {tag: sc for tag, (caps, sc) in on_refs.items() if sc.get("n")}   # models with a spatial map
-grids = {tag: getattr(m, "att_grid", prep.grid) for tag, m in models.items()}
-feats = torch.tensor(np.asarray(prep.test.feats[:]), dtype=torch.float32, device=dev)
+att_refs = {tag: {k: over_seeds(r, lambda s, k=k: s["attention_on_references"][k]) for k in ("mass", "hit", "mass_uniform", "n")}
+            for tag, r in recs.items() if r.get("attention_on_references", {}).get("n")}   # models with a spatial map
+fig_refs = {tag: r["references_figure"] for tag, r in recs.items() if "references_figure" in r}   # Figure 1: the first seed's maps
 
 # %% [markdown]
 # ## Table 1: parameters and decoding speed
 #
-# "Speed results based on beam size 3, batch size 20" — measured here with `capbook.decode.ms_per_image` over the
-# test split, on this machine's device (named below). The paper's rows are for its full-size models (ResNet-101
-# features, 512-wide layers) on a Titan X GPU. capbook's are the book's small models, so only the ratios between rows
-# carry over.
+# "Speed results based on beam size 3, batch size 20" — measured by each run on its trained model over the test split
+# (`capbook.decode.ms_per_image`, three repeats), on the device and threads named below, while the book ran another
+# run beside it: the mean over the row's seeds, and the standard deviation of the seeds' means. The paper's rows are for
+# its full-size models (ResNet-101 features, 512-wide layers) on a Titan X GPU. capbook's are the book's small models,
+# so only the ratios between rows carry over.
 
 # %%
 t1_models = [("Soft-Attention", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-latent state", "base"), ("2D-latent-LSTM + SPCA", "")]
 rows = []
 for name, tag in t1_models:
-    mean, std = ms_per_image(models[tag], feats, beam_size=3, batch_size=20, max_len=prep.max_len, repeats=timing_repeats)
-    rows.append({"model": name, "source": f"capbook (measured, {dev.type}, {torch.get_num_threads()} threads)",
-                 "params (M)": models[tag].n_params / 1e6, "ms/image": mean, "ms/image std": std})
+    ms = [s["decode_ms"]["mean"] for s in recs[tag]["seed_runs"]]; d = recs[tag]["decode_ms"]
+    rows.append({"model": name, "source": f"capbook (measured, {d['device']}, {d['threads']} thread{'s' * (d['threads'] > 1)})",
+                 "params (M)": recs[tag]["n_params"] / 1e6, "ms/image": float(np.mean(ms)),
+                 "ms/image std": float(np.std(ms, ddof=1)) if len(ms) > 1 else d["std"]})
 table1 = pd.concat([spca_table(1), pd.DataFrame(rows)], ignore_index=True)
 display(Markdown(save_table(table1, run.path("table_spca_table1"), floatfmt=".3g")))
 
@@ -146,8 +140,7 @@ display(Markdown(save_table(table3, run.path("table_spca_table3"), floatfmt=".2f
 # than structure-preserving convolutions.
 
 # %%
-soft_metrics = {**ev_soft["metrics"], **({"semantic": ev_soft["semantic"], "attention": ev_soft["attention"]} if "semantic" in ev_soft else {})}
-t4 = [{"model": "Soft-Attention*", **measured("soft", soft_rec, soft_metrics)},
+t4 = [{"model": "Soft-Attention*", **measured("soft")},
       {"model": "2D-latent state*", **measured("base")},
       {"model": "1D-LSTM + SPCA", **measured("1d")},
       {"model": "2D-latent-LSTM + SPCA", **measured("")}]
@@ -191,7 +184,7 @@ display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".3g
 # `capbook.metrics.semantic_table`).
 
 # %%
-sem = semantic_table({"Soft-Attention*": soft_metrics,
+sem = semantic_table({"Soft-Attention*": recs["soft"]["metrics"],
                       **{("2D-latent state (no attention)" if t == "base" else
                           f"{label(recs[t]['params']['structure'])}, {recs[t]['params']['kernel']}×{recs[t]['params']['kernel']}"
                           + (" (1D-LSTM)" if t == "1d" else "")): recs[t]["metrics"]
@@ -211,32 +204,41 @@ if len(sem): display(Markdown(save_table(sem, run.path("table_spca_semantic"), f
 # over its smallest: 1.0 is a perfectly flat map, and a map that picks out one object among 196 cells is far above it.
 
 # %%
-def ratio(alpha):                                         # median over words of the map's max/min: alpha (T, L)
-    return float((alpha.max(-1).values / alpha.min(-1).values.clamp_min(1e-12)).median())
 claim = []
 for name, tag in [("Soft-Attention (grid)", "soft"), ("1D-LSTM + SPCA (S‖C, 3×3)", "1d"), ("2D-LSTM + SPCA (S‖C, 1×1)", "k1"),
                   ("2D-LSTM + SPCA (S‖C, 3×3)", ""), ("2D-LSTM + SPCA (S‖C, 5×5)", "k5"), ("2D-LSTM + SPCA (S, 3×3)", "S"),
                   ("2D-LSTM + SPCA (C-S, 3×3)", "C-S"), ("2D-LSTM + SPCA (S-C, 3×3)", "S-C")]:
     if tag not in att_refs: continue
-    own = soft_metrics["attention"] if tag == "soft" else recs[tag]["metrics"]["attention"]
-    claim.append({"model": name, "map": f"{grids[tag][0]}×{grids[tag][1]}", "ref. mass": 100 * att_refs[tag]["mass"],
+    own, grid = recs[tag]["metrics"]["attention"], fig_refs[tag]["grid"]
+    claim.append({"model": name, "map": f"{grid[0]}×{grid[1]}", "ref. mass": 100 * att_refs[tag]["mass"],
                   "ref. hit": 100 * att_refs[tag]["hit"], "uniform mass": 100 * att_refs[tag]["mass_uniform"],
                   "own mass": 100 * own["mass"], "own hit": 100 * own["hit"],
-                  "map max/min": ratio(torch.cat([c.alpha for c in tf[tag] if c.alpha is not None])),
-                  "words": att_refs[tag]["n"]})
+                  "map max/min": over_seeds(recs[tag], lambda s: s["references_map_ratio"]), "words": int(att_refs[tag]["n"]),
+                  "seeds": len(recs[tag]["seed_runs"])})
 claim = pd.DataFrame(claim)
 if len(claim):
     display(Markdown(save_table(claim, run.path("table_spca_localisation"), floatfmt=".1f")))
     g, s1 = claim.iloc[0], claim.iloc[1]
-    verdict = "holds" if s1["ref. mass"] > g["ref. mass"] and s1["ref. hit"] >= g["ref. hit"] else "does not hold"
+    def welch(k):                                 # SPCA's (1d) seeds against grid attention's (soft) on one measure
+        from scipy.stats import ttest_ind
+        x, y = ([s["attention_on_references"][k] for s in recs[t]["seed_runs"]] for t in ("1d", "soft"))
+        return ("one seed", None) if min(len(x), len(y)) < 2 else (np.mean(x) - np.mean(y), float(ttest_ind(x, y, equal_var=False).pvalue))
+    tests = {k: welch(k) for k in ("mass", "hit")}
+    ps = [p for _, p in tests.values()]
+    if None in ps: verdict = "one seed: no verdict"
+    elif all(p < 0.05 for p in ps) and all(d > 0 for d, _ in tests.values()): verdict = "holds"
+    elif all(p < 0.05 for p in ps) and all(d < 0 for d, _ in tests.values()): verdict = "does not hold"
+    else: verdict = "cannot tell"
+    said = "; ".join(f"{k} {100 * d:+.1f} points, p {p:.3f}" for k, (d, p) in tests.items() if p is not None)
     display(Markdown(
-        f"**Answer, on this run:** on the same reference words, grid attention puts {g['ref. mass']:.1f} % of its mass on "
+        f"**Answer:** on the same reference words, grid attention puts {g['ref. mass']:.1f} % of its mass on "
         f"the named object (peak on it {g['ref. hit']:.1f} % of the time); SPCA on the same decoder puts "
         f"{s1['ref. mass']:.1f} % (peak {s1['ref. hit']:.1f} %); uniform attention would put {g['uniform mass']:.1f} %. "
         f"The median max/min of the maps is {g['map max/min']:.3f} for grid attention and {s1['map max/min']:.3f} for SPCA. "
-        f"The claim that convolutional attention localises more precisely than grid attention **{verdict}** here "
-        f"(one seed per model; mass and hit both have to be at least as good for it to hold; the attention measures are "
-        f"per word, not per image, and carry no bootstrap interval here)."))
+        f"The claim that convolutional attention localises more precisely than grid attention **{verdict}** "
+        f"(Welch's t over the rows' seeds, the seed the unit of replication: {said or 'one seed'}; it holds when both mass "
+        f"and hit are higher at 5 %, does not hold when both are lower; the per-word spread within a run, over "
+        f"{int(g['words']):,} words, is far below the seeds' and is not added)."))
 
 # %% [markdown]
 # **Reading the answer.** SPCA's $M^S$ is a sigmoid gate, not a distribution: nothing makes its cells compete. In the
@@ -246,47 +248,47 @@ if len(claim):
 # the trained model, a 1.4 % hit rate), and SPCA worked as channel attention on the whole map. *capbook:* the map now
 # multiplies $V$ rescaled to mean 1 over the map (`capbook.spca.mean_one`, see `03_spca`), so its overall level is no
 # free gain and only where it looks matters; on smoke data the 1D map's max/min is 5.0 after 60 steps (1.000 before).
-# Until the default book is regenerated, the numbers above are the first version's (README: stale tables).
 
 # %% [markdown]
 # ## Figures 1 and 4: grid attention and SPCA attention for the same words
 #
 # Figure 1 of the paper shows, for the same image and words, the grid-based map (top) and the SPCA map (bottom).
-# capbook picks the image by rule — the first test image whose first reference names at least two objects in it —
-# and shows every word of that reference for Soft-Attention, 1D-LSTM + SPCA and 2D-latent-LSTM + SPCA (teacher forcing,
-# so the words are the same). Figure 4 pairs the two models' own captions on the first four test images where the
-# captions differ: one row per image, with each model's attention at the first object word of its caption.
+# capbook picks the image by rule — the first test image whose first reference names at least two objects in it
+# (`capbook.spca.reference_pick`) — and shows every word of that reference for Soft-Attention, 1D-LSTM + SPCA and
+# 2D-latent-LSTM + SPCA (teacher forcing, so the words are the same; each row's first seed, as its run kept them).
+# Figure 4 pairs the two models' own captions on the first four test images where the captions differ (among the first
+# 16, whose maps the book keeps): one row per image, with each model's attention at the first object word of its caption.
 #
 # Every map is drawn contrast-stretched (its smallest weight black, its largest white), as the papers draw theirs. A
 # nearly flat map therefore still shows a pattern; the ratio of its largest to its smallest weight is printed with it
 # (Figure 1: the median over the words; Figure 4: that word's map), so the stretch can be read off.
 
 # %%
-key = prep.test.keys
-def named(words, k): return [m for m in object_mentions(words, prep.gt["images"][k]) if m[1]]
-pick = next((i for i in range(len(key)) if prep.gt is None or len(named(prep.vocab.decode(tf["soft"][i].tokens), key[i])) >= 2), 0)
-images = prep.image_paths("test")
-words = prep.vocab.decode(tf["soft"][pick].tokens)
-fig1 = attention_figure([{"label": f"{name} (max/min {ratio(tf[tag][pick].alpha):.4g})", "image": images[pick], "words": words,
-                          "alpha": tf[tag][pick].alpha, "grid": grids[tag]}
-                         for name, tag in [("grid (Soft-Attention)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]
-                         if tf[tag][pick].alpha is not None], run.path("fig_spca_figure1.png"))
-display(IPImage(filename=str(fig1)))
+key, images = prep.test.keys, prep.image_paths("test")
+names = [("grid (Soft-Attention)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]
+f1 = {tag: fig_refs[tag] | {"alpha": restored_maps(fig_refs[tag]["alpha"])} for _, tag in names if tag in fig_refs}
+if f1:
+    first = next(iter(f1.values()))
+    assert all(f["index"] == first["index"] and f["words"] == first["words"] for f in f1.values()), "Figure 1: one image, one caption"
+    fig1 = attention_figure([{"label": f"{name} (max/min {map_ratio(f1[tag]['alpha']):.4g})", "image": images[first["index"]],
+                              "words": first["words"], "alpha": f1[tag]["alpha"], "grid": tuple(f1[tag]["grid"])}
+                             for name, tag in names if tag in f1], run.path("fig_spca_figure1.png"))
+    display(IPImage(filename=str(fig1)))
 
 # %%
-spca_caps = load_torch(Path(recs["1d"]["_dir"]) / "test_captions.pt")
+soft_caps, spca_caps = run_captions(recs["soft"]), run_captions(recs["1d"])
 fig4_rows = []
-for i in range(len(key)):
-    ws, wp = ev_soft["words"][i], spca_caps["words"][i]
+for i in range(FIGURE_IMAGES):
+    ws, wp = soft_caps["words"][i], spca_caps["words"][i]
     if ws == wp or prep.gt is None: continue
     ms, mp = object_mentions(ws, prep.gt["images"][key[i]]), object_mentions(wp, prep.gt["images"][key[i]])
     if not ms or not mp: continue
-    a_s, a_p = ev_soft["captions"][i].alpha[ms[0][0]], spca_caps["alpha"][i][mp[0][0]]      # (L,) each, same 14x14 grid
+    a_s, a_p = soft_caps["alpha"][i][ms[0][0]], spca_caps["alpha"][i][mp[0][0]]      # (L,) each, same 14x14 grid
     fig4_rows.append({"label": f"grid: {' '.join(ws)} / SPCA: {' '.join(wp)}", "image": images[i],
-                      "words": [f"grid: {ws[ms[0][0]]}\nmax/min {ratio(a_s):.4g}", f"SPCA: {wp[mp[0][0]]}\nmax/min {ratio(a_p):.4g}"],
+                      "words": [f"grid: {ws[ms[0][0]]}\nmax/min {map_ratio(a_s[None]):.4g}", f"SPCA: {wp[mp[0][0]]}\nmax/min {map_ratio(a_p[None]):.4g}"],
                       "alpha": torch.stack([a_s, a_p]), "grid": prep.grid})
     if len(fig4_rows) == 4: break
-assert grids["1d"] == prep.grid, "Figure 4 draws both maps on one grid"
+assert soft_caps["grid"] == spca_caps["grid"] == list(prep.grid), "Figure 4 draws both maps on one grid"
 if fig4_rows:
     fig4 = attention_figure(fig4_rows, run.path("fig_spca_figure4.png"), panel=2.2)
     display(IPImage(filename=str(fig4)))
