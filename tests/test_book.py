@@ -125,10 +125,13 @@ def test_step_record_prefers_book_run_then_exact_hand_run(home):
     assert step_record("paper", step)["finished"] == "2026-03-01 00:00:00"   # widths given = the profile's widths left None
 
 
-def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home):
+def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home, monkeypatch):
     "A figure the new execution does not draw (a weak model may give it nothing to show) must not be published from the old one."
+    from capbook import results
     from capbook.book import run_step
     from capbook.core import runs_dir
+    monkeypatch.setattr(results.Keys, "shared", property(lambda self: {}))       # the fingerprints: not what this test is about
+    monkeypatch.setattr(results.Keys, "all_models", lambda self: "models")
     d = runs_dir() / "smoke" / "00_core"
     d.mkdir(parents=True, exist_ok=True)
     for f in ("fig_old.png", "old_plot.png", "table_old.md", "table_old.csv", "keep.json"): (d / f).write_text("old")

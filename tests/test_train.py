@@ -50,23 +50,30 @@ def test_sigkill_and_resume_gives_the_same_numbers(smoke, tmp_path):
     assert yaml.safe_load((tmp_path / "full" / "params.yaml").read_text())["train"]["precision"] == full["precision"]    # written, resolved
 
 
-def one_epoch(smoke, ckpt_dir):
-    "Train a fresh soft-attention model for one epoch into `ckpt_dir`; return it and its config for a second fit."
+def one_epoch(data, ckpt_dir, **kw):
+    "Train a fresh soft-attention model for one epoch of `data` into `ckpt_dir`; return it and its config for a second fit."
     torch.manual_seed(0)
-    m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
-    cfg = TrainConfig(epochs=1, lr=1e-3, ema=0.0, progress=False, max_len=smoke.max_len)   # the smoke book's rate, the live weights
-    fit(m, smoke, cfg, ckpt_dir, log=lambda s: None)
+    m = build("sat_soft", len(data.vocab), data.feat_shape[1], data.grid)
+    cfg = TrainConfig(epochs=1, lr=1e-3, ema=0.0, progress=False, max_len=data.max_len, **kw)   # the smoke book's rate, the live weights
+    fit(m, data, cfg, ckpt_dir, log=lambda s: None)
     return m, cfg
 
 
-def test_resume_with_another_vocabulary_is_an_error(smoke, tmp_path):
-    m, cfg = one_epoch(smoke, tmp_path / "ckpt")
+@pytest.fixture(scope="module")
+def tiny():
+    "The keys' fixed 14-image data set (`capbook.results.probe_data`): enough for the trainer's bookkeeping, in a second."
+    from capbook.results import probe_data
+    return probe_data()
+
+
+def test_resume_with_another_vocabulary_is_an_error(tiny, tmp_path):
+    m, cfg = one_epoch(tiny, tmp_path / "ckpt", batch_size=4)
     ck = load_torch(tmp_path / "ckpt" / "last.pt")
-    assert ck["finished"] and ck["vocab"] == smoke.vocab.itos
+    assert ck["finished"] and ck["vocab"] == tiny.vocab.itos
     ck["vocab"] = ck["vocab"][:-1] + ["zebra"]
     save_torch(tmp_path / "ckpt" / "last.pt", ck)
     with pytest.raises(CapbookError, match="different vocabulary"):
-        fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+        fit(m, tiny, cfg, tmp_path / "ckpt", log=lambda s: None)
 
 
 @pytest.mark.slow
@@ -82,12 +89,12 @@ def test_ddp_two_cpu_processes(smoke, tmp_path):
     assert abs(sum(float(p.detach().double().sum()) for p in m.parameters()) - out["param_checksum"]) < 1e-6
 
 
-def test_checkpoint_of_other_code_is_moved_aside_not_resumed(smoke, tmp_path):
-    m, cfg = one_epoch(smoke, tmp_path / "ckpt")
+def test_checkpoint_of_other_code_is_moved_aside_not_resumed(tiny, tmp_path):
+    m, cfg = one_epoch(tiny, tmp_path / "ckpt", batch_size=4)
     ck = load_torch(tmp_path / "ckpt" / "last.pt")
     ck["code"] = "0ldc0de"
     save_torch(tmp_path / "ckpt" / "last.pt", ck)
-    res = fit(m, smoke, cfg, tmp_path / "ckpt", log=lambda s: None)
+    res = fit(m, tiny, cfg, tmp_path / "ckpt", log=lambda s: None)
     assert res.resumed_from is None and len(res.history) == cfg.evals_per_epoch   # trained again (one epoch), not resumed
     assert load_torch(tmp_path / "ckpt.code-0ldc0de" / "last.pt")["code"] == "0ldc0de"   # nothing lost
 
