@@ -525,7 +525,7 @@ def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
         rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]} for w, c in caps.items()}
         if not s.replica:                             # a row's figures draw its first seed's maps
             rec["test_alpha"] = {w: {"grid": list(c["grid"]), "maps": [kept_maps(a) for a in c["alpha"][:FIGURE_IMAGES]]}
-                                 for w, c in caps.items()}
+                                 for w, c in caps.items() if w == "final"}   # the figures draw the final captions
         rec["files"] = {f: base64.b64encode((d / f).read_bytes()).decode() for f in RUN_FILES if (d / f).exists()}
         out = Path(folder) / RECORDS / f"{s.name}.json.gz"
         out.parent.mkdir(parents=True, exist_ok=True)

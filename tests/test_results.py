@@ -15,7 +15,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("keys")]
 NOT_YET_REGENERATED = {
     "03_spca": ("table_spca_", "fig_spca_", "notebooks/03_spca.", "notebooks/03a_spca_tables."),
     "04_spatial_self_attention": ("table_ssa_", "fig_ssa_", "notebooks/04_spatial_self_attention.", "notebooks/04a_ssa_tables."),
-    "05_glied": ("table_glied_", "fig_glied_", "notebooks/05_glied.", "notebooks/05a_glied_tables."),
     "06_baselines": ("table_baselines_", "fig_baseline", "notebooks/06_baselines.", "notebooks/06a_baselines_tables."),
 }
 
