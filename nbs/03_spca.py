@@ -496,10 +496,8 @@ def map_ratio(alpha: torch.Tensor) -> float:
 
 def reference_pick(prep) -> int:
     "Figure 1's image: the first test image whose first reference names at least two of its objects (0 without ground truth)."
-    from capbook.shapes import object_mentions
-    if prep.gt is None: return 0
-    return next((i for i, (k, refs) in enumerate(zip(prep.test.keys, prep.test.refs))
-                 if len([m for m in object_mentions(refs[0], prep.gt["images"][k]) if m[1]]) >= 2), 0)
+    from capbook.runner import figure_pick
+    return figure_pick({"keys": prep.test.keys, "words": [refs[0] for refs in prep.test.refs]}, prep.gt)
 
 def spca_measure(r) -> dict:
     "What the next chapter compares, measured on the trained model: attention correctness on every test image's first reference caption (teacher forcing: the same words for every model), the maps' median max/min there and Figure 1's maps; Table 1's decoding time; and the test scores at the paper's beam beside the book's."
