@@ -7,15 +7,16 @@ from __future__ import annotations
 import argparse, ast, atexit, contextlib, inspect, json, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from .core import (CapbookError, atomic_write, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from .core import (CapbookError, atomic_write, check_int, cpu_name, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash, cpu_precision, get_device)
 from .runner import PROFILES, check_profile, out_dir, chapters, parameters_source
 from .results import Step, replicas
 
 # %% auto 0
-__all__ = ['PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'TRAIN_DEFAULTS', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan',
-           'sync_parameters', 'api_modules', 'chapter_table', 'sync_readme', 'upstream_of', 'plan_keys',
-           'kernel_manager', 'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan',
+__all__ = ['FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'TRAIN_DEFAULTS', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan',
+           'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table', 'results_table', 'verdict_lines',
+           'book_time', 'fill_blocks', 'index_blocks', 'readme_text', 'readme_status', 'sync_readme', 'upstream_of',
+           'plan_keys', 'kernel_manager', 'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan',
            'select_steps', 'book_lock', 'run_book', 'write_kernel_config', 'train_cli', 'train_params', 'main']
 
 # %% ../nbs/00n_book.ipynb
@@ -82,29 +83,128 @@ def _summary(notebook: str) -> tuple[str, str]:
     text = " ".join(l[4:] for l in quote.group(0).splitlines()) if quote else ""
     return (title.group(1).strip() if title else notebook), text
 
-def chapter_table() -> str:
-    "The README's chapter table: every chapter notebook, its title and summary, and the paper it reproduces."
-    chs, rows = chapters(), ["| chapter | what it holds | paper |", "|---|---|---|"]
+def _paper_cell(ch) -> str:
+    "A chapter's paper as one short linked cell; a chapter of several papers names how many (they are linked on its page)."
+    if ch is None: return "—"
+    if ";" in ch.paper: return f"{len(ch.paper.split(';'))} papers"
+    m = re.match(r"(.+?) (\d{4}),", ch.paper)         # "Springenberg, Lakomkin, Weber and Wermter 2018, ..." -> "Springenberg et al. 2018"
+    if not m: return f"[{ch.paper.split(',')[0]}]({ch.url})"
+    first = re.split(r",| and ", m.group(1))[0].strip()
+    return f"[{first if first.endswith('et al.') or first == m.group(1) else first + ' et al.'} {m.group(2)}]({ch.url})"
+
+def chapter_status(rows: list[dict]) -> dict[str, bool]:
+    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-k5-seed1` belongs to notebook `03_spca`)."
+    status: dict[str, bool] = {}
+    for r in rows:
+        if r["step"]: nb = r["step"].split("-")[0]; status[nb] = status.get(nb, True) and r["status"] == "current"
+    return status
+
+def chapter_table(status: dict[str, bool] | None = None) -> str:
+    "The chapter table of the README and the site's first page: each chapter notebook, its title, the paper it reproduces, and (given `status`, `chapter_status`) whether its published results are the checkout's."
+    chs = chapters()
+    head = ["chapter", "what it holds", "paper"] + ["published results"] * (status is not None)
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for nb in notebooks():
         if nb == "index" or nb.startswith("00"): continue
-        title, text = _summary(nb)
         num = re.match(r"\d*", nb).group()               # an assembly chapter (02a) belongs to its paper's (02)
         ch = chs.get(nb) or next((c for k, c in chs.items() if num and re.match(r"\d*", k).group() == num), None)
-        paper = f"[{ch.paper.split(',')[0]}]({ch.url})" if ch else "—"
-        rows.append(f"| `{nb}` | **{title}**: {text} | {paper} |")
+        cells = [f"[`{nb}`]({nb}.ipynb)", _summary(nb)[0], _paper_cell(ch)]
+        if status is not None: cells.append("current" if status.get(nb) else "**not yet regenerated**")
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
-_README = re.compile(r"<!-- chapters -->\n.*?<!-- /chapters -->", re.S)
+def results_table(folder: Path) -> str:
+    "The README's results table: every model of the book (`06a_baselines_tables`' published table) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object."
+    import pandas as pd
+    csv = Path(folder) / "table_baselines_all.csv"
+    if not csv.exists(): raise CapbookError(f"{csv}: not found; the README's results table is made from it (run 06a_baselines_tables)")
+    df = pd.read_csv(csv)
+    if missing := [c for c in ("model", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI") if c not in df]:
+        raise CapbookError(f"{csv}: no column {', '.join(missing)}; regenerate it with today's 06a_baselines_tables")
+    num = lambda v, f=".1f": "—" if pd.isna(v) or v == "—" else format(float(v), f)
+    lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
+             "|---|---|---|---|---|---|"]
+    for _, r in df.iterrows():
+        lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
+                     f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
+    return "\n".join(lines)
 
-def sync_readme(path: Path | None = None, write: bool = True) -> bool:
-    "Rewrite the chapter table between the README's markers; whether it changed."
+def verdict_lines(folder: Path) -> str:
+    "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per table noted)."
+    import pandas as pd
+    from capbook.results import MANIFEST
+    folder = Path(folder)
+    made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
+    out = []
+    for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
+        df = pd.read_csv(f)
+        by = lambda v, df=df: [f"{c}{'' if h == 'survives' else ' (not after Holm)'}" for c, h in
+                               df.loc[df["verdict"] == v, ["claim", "Holm"]].itertuples(index=False)]
+        cannot, none = df["verdict"].str.startswith("cannot tell").sum(), df["verdict"].str.contains("no verdict").sum()
+        parts = [f"**holds**: {', '.join(by('holds'))}" if by("holds") else "",
+                 f"**does not hold**: {', '.join(by('does not hold'))}" if by("does not hold") else "",
+                 f"cannot tell: {cannot}" if cannot else "", f"no verdict (one seed): {none}" if none else ""]
+        nb = made.get(f.name, f.stem)
+        part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
+        what = f" ({part.replace('table', 'Table ')})" if part else ""
+        out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
+    return "\n".join(out)
+
+def book_time(folder: Path) -> str:
+    "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`."
+    import pandas as pd
+    csv = Path(folder) / "table_book_times.csv"
+    if not csv.exists(): return "**Time.** The default book has not been timed yet."
+    total = pd.read_csv(csv).set_index("step").loc["total (one after another)", "minutes"]
+    return (f"**Time.** The default book, every seed: {total / 60:.1f} hours of runs one after another, about "
+            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the 2-core CPU that made it "
+            "(`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
+
+_BLOCK = re.compile(r"<!-- (\w+) -->\n.*?<!-- /\1 -->", re.S)
+
+def fill_blocks(md: str, blocks: dict[str, str]) -> str:
+    "Put each generated block between its `<!-- name -->` and `<!-- /name -->` markers in `md` (what is there is replaced); unknown names stay as they are."
+    return _BLOCK.sub(lambda m: f"<!-- {m.group(1)} -->\n{blocks[m.group(1)]}\n<!-- /{m.group(1)} -->" if m.group(1) in blocks else m.group(0), md)
+
+FIGURE = ("fig_sat_figure3.png", "Where soft and hard attention look, word by word, on one test image (Show, Attend and Tell's Figure 3, regenerated)")
+
+def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = False) -> dict[str, str]:
+    "The generated parts of the README and the site's first page, from the published book in `folder`; `site`: the figure inline and, where part of the book has not run, a sentence instead of a failure."
+    import base64
+    folder = Path(folder)
+    def block(make):
+        try: return make()
+        except CapbookError as e:
+            if not site: raise
+            return f"*Not in this book yet: {e}*"
+    fig = folder / FIGURE[0]
+    src = (f"data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}" if site and fig.exists()
+           else f"figures/{FIGURE[0]}")
+    return {"chapters": chapter_table(status), "results": block(lambda: results_table(folder)), "verdicts": verdict_lines(folder),
+            "booktime": book_time(folder), "figure": f"![{FIGURE[1]}]({src})" if not site or fig.exists() else ""}
+
+def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:
+    "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing into `nbs/`."
+    import nbformat
+    folder = Path(folder or nbs_dir().parent / "figures")
+    nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
+    md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
+    return md.replace("](../figures/", "](figures/") + "\n"
+
+def readme_status(path: Path | None = None) -> dict[str, bool] | None:
+    "The chapters' status as the README states it (its chapter table's last column), or None where it states none."
     path = path or nbs_dir().parent / "README.md"
-    src = path.read_text()
-    m = _README.search(src)
-    if not m: raise CapbookError(f"{path}: no <!-- chapters --> ... <!-- /chapters --> markers for the chapter table")
-    new = src[:m.start()] + f"<!-- chapters -->\n{chapter_table()}\n<!-- /chapters -->" + src[m.end():]
-    if write and new != src: path.write_text(new)
-    return new != src
+    rows = re.findall(r"^\| \[`(\w+)`\].*\| (current|\*\*not yet regenerated\*\*) \|$", path.read_text() if path.exists() else "", re.M)
+    return {nb: s == "current" for nb, s in rows} or None
+
+def sync_readme(path: Path | None = None, write: bool = True, status: dict[str, bool] | None = None) -> bool:
+    "Rewrite README.md from the index notebook and the published book (`status`: the chapters' currency, default what the README states); whether it changed."
+    path = path or nbs_dir().parent / "README.md"
+    old = path.read_text() if path.exists() else ""
+    new = readme_text(status if status is not None else readme_status(path))
+    if write and new != old: atomic_write(path, lambda t: t.write_text(new))
+    return new != old
 
 # %% ../nbs/00n_book.ipynb
 def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
@@ -198,7 +298,7 @@ def warm_kernel(cwd: Path):
     return km
 
 def _published(f: Path) -> bool:
-    "Whether a file of a run folder is one the book publishes: a figure (.png) or a table (table_*.md, table_*.csv)."
+    "Whether a file of a run folder is one the book publishes: a figure (`.png`) or a table (`table_*.md`, `table_*.csv`)."
     return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None) -> tuple[Path, bool]:
@@ -253,7 +353,7 @@ def book_times(profile: str, steps: list[Step]):
     return df
 
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
-    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
+    "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
     from capbook.docs import keep_notebooks
     from capbook.results import BOOK_STEP, publish_records, write_manifest
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
@@ -267,7 +367,9 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     from capbook.viz import save_table
     times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
     if len(times):
-        save_table(times, dst / "table_book_times", floatfmt=".2f")
+        md = save_table(times, dst / "table_book_times", floatfmt=".2f")
+        atomic_write(dst / "table_book_times.md", lambda t: t.write_text(
+            md + f"\n\nMachine: {cpu_name()} (the one that published this table; each step's minutes are as it last ran).\n"))
         made_by |= {"table_book_times.md": BOOK_STEP, "table_book_times.csv": BOOK_STEP}
     made_by |= publish_records(profile, steps, dst)   # every chapter run's record, tagged runs' too: what a fresh clone reassembles from
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
@@ -286,12 +388,15 @@ def build_docs(profile: str = "default", log=print) -> Path:
     pages = sorted((p for p in kept.glob("*.ipynb") if p.stem in rank), key=lambda p: rank[p.stem])
     if not pages: raise CapbookError(f"{kept}: no kept notebooks of a {profile} book; run `capbook book --profile {profile}` first")
     t0 = time.time()
-    notes = {}
+    notes, status = {}, None
     if profile == "default":                      # the published book, regenerated in turns: say which pages today's code did not make
         from capbook.results import current
-        old = {Path(r["file"]).stem for r in current(profile) if r["file"].startswith("notebooks/") and r["status"] != "current"}
-        notes = {nb: STALE_NOTE for nb in old}
-    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes)
+        rows = current(profile)
+        old = {Path(r["file"]).stem for r in rows if r["file"].startswith("notebooks/") and r["status"] != "current"}
+        notes, status = {nb: STALE_NOTE for nb in old}, chapter_status(rows)
+    blocks = index_blocks(out_dir(profile), status, site=True)
+    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes,
+                      fill=lambda md: fill_blocks(md, blocks))
     log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
     return site
 
@@ -521,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     rh.add_argument("--stage", help=argparse.SUPPRESS)           # a child process running one stage
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
-    rd = sub.add_parser("readme", help="regenerate the README's chapter table")
+    rd = sub.add_parser("readme", help="regenerate README.md from the index notebook and the published book (which chapters are current: ~25 s)")
     rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
@@ -552,8 +657,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(changed) or "parameters cells are current")
             return int(a.check and bool(changed))
         elif a.cmd == "readme":
-            changed = sync_readme(write=not a.check)
-            print("README chapter table " + ("changed" if changed else "is current"))
+            from capbook.results import current
+            changed = sync_readme(write=not a.check, status=chapter_status(current("default", nbs_dir().parent / "figures")))
+            print("README.md " + ("changed" if changed else "is current"))
             return int(a.check and changed)
         elif a.cmd == "rehearse":
             from capbook.rehearsal import rehearse, rehearsal_table, stage_main

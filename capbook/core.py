@@ -15,8 +15,8 @@ __all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'CapbookError', 'save_traceback', 
            'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time',
            'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch',
            'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
-           'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_precision', 'progress', 'check_choice', 'check_int',
-           'check_float']
+           'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'cpu_precision', 'progress', 'check_choice',
+           'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -306,6 +306,13 @@ def cpu_bf16_kernels() -> bool:
     "Whether oneDNN has bfloat16 kernels for this CPU (x86 with AVX-512 BW/VL/DQ, or Arm with BF16), read from the CPU's feature flags: the same answer on a busy machine and an idle one."
     try: return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError): return False    # a torch built without oneDNN: float32
+
+def cpu_name() -> str:
+    "The CPU's model name and core count as the OS reports them (for the tables that say which machine measured them)."
+    import platform
+    try: name = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
+    except (OSError, StopIteration): name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
 
 PRECISION_CHOICES = ("auto", "fp32", "bf16")
 

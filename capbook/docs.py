@@ -6,6 +6,7 @@
 from __future__ import annotations
 import copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile
 from pathlib import Path
+from typing import Callable
 import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
@@ -245,8 +246,8 @@ def _read_notebook(path: Path) -> nbformat.NotebookNode:
     except Exception as e: raise CapbookError(f"{path}: unreadable notebook ({type(e).__name__}: {e})") from None
 
 def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None, notes: dict[str, str] | None = None) -> list[str]:
-    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named); returns the warnings about API modules left out."
+               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None) -> list[str]:
+    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named; `fill`: applied to every Markdown cell, e.g. the generated blocks of the first page); returns the warnings about API modules left out."
     notebooks = [Path(p) for p in notebooks]
     if not notebooks: raise CapbookError("build_site: no notebooks given")
     names = ["index" if i == 0 and intro_md is None else p.stem for i, p in enumerate(notebooks)]
@@ -256,6 +257,9 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
     if intro_md is not None: (src / "index.md").write_text(intro_md)
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
         nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"))
+        if fill:
+            for c in nb.cells:
+                if c.cell_type == "markdown": c.source = fill(c.source)
         if notes and p.stem in notes:
             at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)   # under the title cell
             nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
@@ -288,7 +292,7 @@ def _is_site(d: Path) -> bool:
     return not d.exists() or d.is_dir() and (not any(d.iterdir()) or (d / "index.html").exists())
 
 def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None, notes: dict[str, str] | None = None) -> Path:
+               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None) -> Path:
     "Build the HTML site of executed `notebooks` (in reading order) into `out_dir`, atomically; returns its `index.html`."
     out_dir = Path(out_dir).resolve()
     if not _is_site(out_dir): raise CapbookError(f"{out_dir}: not empty and not a docs site; refusing to replace it")
@@ -297,7 +301,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
     tmp = temp_dir(out_dir)
     try:
         src = tmp / "src"; src.mkdir()
-        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes)
+        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes, fill)
         cmd = [*_jupyter_book(), "build", str(src), "--path-output", str(tmp), "--builder", "html"]
         res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
         log = "".join(w + "\n" for w in warnings) + _ANSI.sub("", res.stdout + res.stderr)

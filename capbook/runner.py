@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 import numpy as np
 import torch
-from .core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
+from .core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, cpu_name, file_digests, get_device,
                           io_error, io_errors_as_lines, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
                           save_yaml, seed_everything, stable_hash, cpu_precision)
 
@@ -54,7 +54,7 @@ class Run:
                "timings": {**(timings or {}), "wall_s": time.time() - self.t0}, "n_params": n_params,
                "machine": {"python": platform.python_version(), "torch": torch.__version__,
                            "device": str(device or "cpu"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                           "threads": torch.get_num_threads(), "cpus": os.cpu_count()},
+                           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": cpu_name()},
                "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
         save_json(self.dir / "record.json", rec)
         return rec
@@ -399,6 +399,12 @@ class Claims:
                 + (": " + "; ".join(f"{k} ({self.tests[k]['verdict']})" for k in sig) if sig else "") + ".")
         if none: text += f" {len(none)} comparison{'s' * (len(none) != 1)} state{'s' * (len(none) == 1)} no verdict (one seed, or no captions kept)."
         return text
+
+    def table(self):
+        "The verdicts as a table (claim, verdict, p, Holm): what a tables chapter publishes as `table_*_verdicts` and the README's verdict lines read."
+        import pandas as pd
+        return pd.DataFrame([{"claim": k, "verdict": r["verdict"], "p": r.get("p"), "Holm": self.holm_cell(k)}
+                             for k, r in self.tests.items()], columns=["claim", "verdict", "p", "Holm"])
 
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."

@@ -17,7 +17,8 @@ from .core import atomic_write
 from .data import load_rgb
 
 # %% auto 0
-__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'soft_hard_figure', 'save_table', 'stage_tables']
+__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'soft_hard_figure', 'markdown_table', 'save_table',
+           'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -101,10 +102,14 @@ def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None,
     return Path(path)
 
 # %% ../nbs/00k_viz.ipynb
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".1f") -> str:
+    "`df` as a Markdown table, missing values as —."
+    return df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
+
 def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -> str:
-    "Write `df` to `<stem>.md` (missing values as —) and `<stem>.csv` atomically; return the Markdown."
+    "Write `df` to `<stem>.md` (`markdown_table`) and `<stem>.csv` atomically; return the Markdown."
     stem = Path(path_stem)
-    md = df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
+    md = markdown_table(df, floatfmt)
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md

@@ -439,6 +439,13 @@ def cpu_bf16_kernels() -> bool:
     try: return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError): return False    # a torch built without oneDNN: float32
 
+def cpu_name() -> str:
+    "The CPU's model name and core count as the OS reports them (for the tables that say which machine measured them)."
+    import platform
+    try: name = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
+    except (OSError, StopIteration): name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
+
 PRECISION_CHOICES = ("auto", "fp32", "bf16")
 
 def cpu_precision(precision: str, device: torch.device) -> str:

@@ -232,7 +232,7 @@ except CapbookError as e: assert str(e).startswith(f"{_d/'broken.jpg'}: cannot r
 # %%
 #| export
 class Vocab:
-    "Word ↔ id mapping with `<pad>`=0, `<start>`=1, `<end>`=2, `<unk>`=3."
+    "Word ↔ id mapping with `<pad>` = 0, `<start>` = 1, `<end>` = 2, `<unk>` = 3."
     SPECIALS = ("<pad>", "<start>", "<end>", "<unk>")
     pad, start, end, unk = 0, 1, 2, 3
 
@@ -344,7 +344,7 @@ def check_free_disk(path: str | Path, nbytes: int, what: str = "the feature stor
     return free
 
 def write_features(path: str | Path, n: int, shape: Sequence[int], batches: Iterable[Any], meta: dict) -> Path:
-    "Fill an (n, *shape) store from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe. A disk without room for it stops the write before anything changes."
+    "Fill a store of `n` items of `shape` from `batches` (arrays or tensors, in order), float16 unless a value needs float32, then its meta; crash-safe. A disk without room for it stops the write before anything changes."
     path = Path(path)
     check_free_disk(path, int(n) * int(np.prod(shape)) * 2, f"the feature store ({int(n):,} × {' × '.join(map(str, shape))} float16)")
     try: path.parent.mkdir(parents=True, exist_ok=True)

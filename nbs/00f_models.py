@@ -350,3 +350,33 @@ assert _m(_b)["logits"].shape == (2, 3, 7) and _m.config.emb_dim == 4 and hparam
 try: build("_toy", 7, 3, (2, 2), emb_dimm=4); raise AssertionError
 except CapbookError as e: assert "emb_dimm is unknown" in str(e)
 del REGISTRY["_toy"]
+
+# %% [markdown]
+# ## Using the engine from Python
+#
+# ```python
+# from capbook.prepare import prepare
+# from capbook.models import build, available
+# from capbook.train import TrainConfig, fit
+# from capbook.metrics import evaluate
+#
+# prep = prepare("shapes", "smoke")                       # data set -> frozen encoder -> memory-mapped features
+# model = build("sat_soft", len(prep.vocab), prep.feat_shape[1], prep.grid, hidden_dim=512)   # fields of SATConfig
+# fit(model, prep, TrainConfig(epochs=2, max_len=prep.max_len), "runs/mine/ckpt")           # with the model's objective
+# print(evaluate(model, prep, "test", beam_size=3)["metrics"])
+# ```
+#
+# The engine's extension points:
+#
+# - **A batch is a mapping** (`feats`, `caps`, `img`, `refs`, and any per-image input a split carries:
+#   `prep.train.with_inputs(attrs=array)`). A model lists what it reads in `inputs`; trainer, decoders and evaluator
+#   pass the batch through.
+# - **Objectives live outside the models** (`capbook.objectives`): `CrossEntropy`, `DoublyStochastic` (Show-Attend-Tell
+#   Eq. 9), `HardAttentionRule` (§4.1), `SelfCritical` (SCST with a CIDEr-D reward); `fit(..., objective=...)` trains any
+#   model with any of them in the one loop.
+# - **Decoding** (`capbook.decode`): `greedy`, batched `beam_search` and batched `sample`, through the same step
+#   interface; length normalisation, n-gram repeat blocking and an `Ensemble` of trained models work in both searches.
+# - **Training options** (`TrainConfig`): weight averaging (the protocol's default), label smoothing, scheduled sampling,
+#   warm-up and the learning-rate schedules, each off unless a chapter's paper uses it.
+# - **A new model** is a module plus `@register(name, Config, objective=..., train=...)`; `tests/test_engine.py` adds a
+#   model with an extra input and its own objective this way.

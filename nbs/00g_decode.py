@@ -397,7 +397,7 @@ class Samples:
     n: int = 1                      # samples per image: row r belongs to image r // n
 
     def captions(self, end: int = CaptionModel.end) -> list[Caption]:
-        "As `Caption`s (words before <end>, summed log-probability, attention of the emitted words)."
+        "As `Caption` objects (words before `<end>`, summed log-probability, attention of the emitted words)."
         lp = (self.logprobs * self.mask).sum(1).tolist()
         return [_finish(self.tokens[r], lp[r], None if self.alpha is None else self.alpha[r], end) for r in range(len(lp))]
 

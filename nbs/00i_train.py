@@ -320,7 +320,7 @@ def dist_info() -> tuple[int, int, int]:
 # depends on the machine, and by far. On an AVX machine without bfloat16 arithmetic oneDNN's bfloat16 products move
 # half the bytes: measured with `capbook bench --alternatives` (one thread, default sizes), bf16 trained the
 # transformers 1.8x as fast, NIC and LSTM 1.9x, the others 1.1–1.6x. On an AVX2 machine of the same 2-core kind
-# (issue 27's second session) the same autocast fell to a slow path: a 1024² product at 0.84 GFLOP/s against 38.7 in
+# the same autocast fell to a slow path: a 1024² product at 0.84 GFLOP/s against 38.7 in
 # float32, the 2D-LSTM + SPCA step 5 against 40 captions/s — a fixed `bf16` default made every run there several
 # times slower. The choice is read from the CPU's feature flags, not timed: timing both ways at each run's start (as
 # capbook once did) let a loaded machine flip a run to float32 and move its numbers, and the same command and seed

@@ -180,10 +180,14 @@ assert len(_fig.axes) == 4 and "s$ = 1" in _fig.axes[2].get_title()
 
 # %%
 #| export
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".1f") -> str:
+    "`df` as a Markdown table, missing values as —."
+    return df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
+
 def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -> str:
-    "Write `df` to `<stem>.md` (missing values as —) and `<stem>.csv` atomically; return the Markdown."
+    "Write `df` to `<stem>.md` (`markdown_table`) and `<stem>.csv` atomically; return the Markdown."
     stem = Path(path_stem)
-    md = df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
+    md = markdown_table(df, floatfmt)
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 import numpy as np
 import torch
-from capbook.core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, file_digests, get_device,
+from capbook.core import (CapbookError, atomic_write, check_choice, check_float, check_int, code_version, cpu_name, file_digests, get_device,
                           io_error, io_errors_as_lines, load_torch, package_hash, project_root, runs_dir, save_json, save_torch,
                           save_yaml, seed_everything, stable_hash, cpu_precision)
 
@@ -92,7 +92,7 @@ class Run:
                "timings": {**(timings or {}), "wall_s": time.time() - self.t0}, "n_params": n_params,
                "machine": {"python": platform.python_version(), "torch": torch.__version__,
                            "device": str(device or "cpu"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                           "threads": torch.get_num_threads(), "cpus": os.cpu_count()},
+                           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": cpu_name()},
                "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
         save_json(self.dir / "record.json", rec)
         return rec
@@ -526,6 +526,12 @@ class Claims:
         if none: text += f" {len(none)} comparison{'s' * (len(none) != 1)} state{'s' * (len(none) == 1)} no verdict (one seed, or no captions kept)."
         return text
 
+    def table(self):
+        "The verdicts as a table (claim, verdict, p, Holm): what a tables chapter publishes as `table_*_verdicts` and the README's verdict lines read."
+        import pandas as pd
+        return pd.DataFrame([{"claim": k, "verdict": r["verdict"], "p": r.get("p"), "Holm": self.holm_cell(k)}
+                             for k, r in self.tests.items()], columns=["claim", "verdict", "p", "Holm"])
+
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."
     if gt is None: return 0
@@ -663,6 +669,38 @@ assert _cl.test("clear", _row(0.4, 3), _base)["verdict"] == "holds"
 assert _cl.test("within the spread", _row(0.005, 3), _base)["verdict"] == "cannot tell"
 assert _cl.test("one seed", _row(0.4, 1), _base)["verdict"] == "one seed: no verdict"
 assert _cl.survivors() == {"clear": True, "within the spread": False}
+assert list(_cl.table()["Holm"]) == ["survives", "does not survive", "—"]      # what a tables chapter publishes
 assert "states 2 verdicts" in _cl.note() and "1 survives: clear (holds)" in _cl.note() and "1 comparison states no verdict" in _cl.note()
 assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(_base[:1])["CIDEr 95% CI"].endswith("images only")
 print(_cl.tests["clear"]["text"]); print(_cl.note())
+
+# %% [markdown]
+# ## Running one chapter by hand
+#
+# ```bash
+# .venv/bin/papermill nbs/02_show_attend_tell.ipynb out.ipynb -p epochs 2
+# .venv/bin/papermill nbs/02_show_attend_tell.ipynb out.ipynb -p attention hard -p lambda_r 1.0
+# .venv/bin/papermill nbs/03_spca.ipynb out.ipynb -p kernel 5
+# .venv/bin/papermill nbs/03_spca.ipynb out.ipynb -p decoder 1d -p structure C-S -p profile smoke
+# .venv/bin/papermill nbs/03_spca.ipynb out.ipynb -f runs/default/adhoc/03_spca-1a2b3c4d/params.yaml -p seed 1
+# ```
+#
+# A chapter creates what it needs (data set, encoder, features) when it is missing, cached under `data/`, and writes
+# to `runs/<profile>/adhoc/<notebook>-<hash of its parameters>/`, so a hand run never overwrites the book's. Its
+# `params.yaml` starts the same run again (it finds its training finished); a flag after `-f` overrides the file. A
+# misspelt or invalid parameter stops with one line naming it and what is allowed. A checkpoint resumes only the recipe
+# that wrote it (the same code, data, sizes and training configuration); any other change moves it aside and trains
+# anew. The assembly chapters (`02a_soft_vs_hard`, ...) read the book's own run of each step, or else a hand run whose
+# parameters are exactly the step's.
+#
+# **Watching a run.** Every training run writes TensorBoard event files in its `ckpt/tb` (`ckpt-scst/tb` for the
+# self-critical stage): each training term, the learning rate, and every validation's scores and caption churn.
+# `.venv/bin/tensorboard --logdir runs/` shows every run side by side, live. On a terminal, long steps show a progress
+# bar; in notebooks, the site and CI logs they stay quiet.
+#
+# **Real data.** Put `dataset_coco.json` (or `dataset_flickr8k.json`, `dataset_flickr30k.json`, Karpathy's splits) and
+# the images in one folder and run with `-p dataset coco -p data_path /path/to/folder -p profile paper` (a GPU is used
+# when present). Each chapter then uses its paper's encoder (VGG-16 cut at conv5_3 for Show-Attend-Tell, ResNet-101 for
+# SPCA) with torchvision's ImageNet weights, downloaded or placed in `~/.cache/torch/hub/checkpoints/`; `-p weights
+# /path/file.pth` uses another state-dict file. Features and runs are keyed by content: a replaced image, caption or
+# weights file gives new features and a new run, never the old result.

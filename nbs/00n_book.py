@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse, ast, atexit, contextlib, inspect, json, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import (CapbookError, atomic_write, check_int, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash, cpu_precision, get_device)
 from capbook.runner import PROFILES, check_profile, out_dir, chapters, parameters_source
 from capbook.results import Step, replicas
@@ -97,9 +97,13 @@ assert len(chapter_steps("smoke", "02_show_attend_tell")) == 8 and len(chapter_s
 #
 # A chapter's `parameters` cell is generated from its parameters dataclass (`capbook.runner.parameters_source`):
 # `sync_parameters` rewrites the cell in each chapter's py:percent source, and `make sync` runs it. The modules of
-# the API reference are the `default_exp` of each notebook, in reading order. The README's chapter table (between
-# its `<!-- chapters -->` markers) is made from each chapter notebook's title and summary and the paper a chapter
-# declares; `capbook readme` rewrites it and a test checks it is current.
+# the API reference are the `default_exp` of each notebook, in reading order. README.md is the index notebook's text
+# with its generated blocks filled in (nbdev's way): between `<!-- chapters -->` markers the chapter table (each
+# chapter notebook's title, the paper its chapter declares, and whether its published results are current under the
+# checkout's keys, `capbook.results.current`), between `<!-- results -->` the all-models table of the published book,
+# between `<!-- verdicts -->` each tables chapter's verdicts, between `<!-- booktime -->` the book's measured time.
+# `capbook readme` rewrites it; tests check it is what the published book says; the site's first page gets the same
+# blocks when it is built.
 
 # %%
 #| export
@@ -135,29 +139,136 @@ def _summary(notebook: str) -> tuple[str, str]:
     text = " ".join(l[4:] for l in quote.group(0).splitlines()) if quote else ""
     return (title.group(1).strip() if title else notebook), text
 
-def chapter_table() -> str:
-    "The README's chapter table: every chapter notebook, its title and summary, and the paper it reproduces."
-    chs, rows = chapters(), ["| chapter | what it holds | paper |", "|---|---|---|"]
+def _paper_cell(ch) -> str:
+    "A chapter's paper as one short linked cell; a chapter of several papers names how many (they are linked on its page)."
+    if ch is None: return "—"
+    if ";" in ch.paper: return f"{len(ch.paper.split(';'))} papers"
+    m = re.match(r"(.+?) (\d{4}),", ch.paper)         # "Springenberg, Lakomkin, Weber and Wermter 2018, ..." -> "Springenberg et al. 2018"
+    if not m: return f"[{ch.paper.split(',')[0]}]({ch.url})"
+    first = re.split(r",| and ", m.group(1))[0].strip()
+    return f"[{first if first.endswith('et al.') or first == m.group(1) else first + ' et al.'} {m.group(2)}]({ch.url})"
+
+def chapter_status(rows: list[dict]) -> dict[str, bool]:
+    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-k5-seed1` belongs to notebook `03_spca`)."
+    status: dict[str, bool] = {}
+    for r in rows:
+        if r["step"]: nb = r["step"].split("-")[0]; status[nb] = status.get(nb, True) and r["status"] == "current"
+    return status
+
+def chapter_table(status: dict[str, bool] | None = None) -> str:
+    "The chapter table of the README and the site's first page: each chapter notebook, its title, the paper it reproduces, and (given `status`, `chapter_status`) whether its published results are the checkout's."
+    chs = chapters()
+    head = ["chapter", "what it holds", "paper"] + ["published results"] * (status is not None)
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for nb in notebooks():
         if nb == "index" or nb.startswith("00"): continue
-        title, text = _summary(nb)
         num = re.match(r"\d*", nb).group()               # an assembly chapter (02a) belongs to its paper's (02)
         ch = chs.get(nb) or next((c for k, c in chs.items() if num and re.match(r"\d*", k).group() == num), None)
-        paper = f"[{ch.paper.split(',')[0]}]({ch.url})" if ch else "—"
-        rows.append(f"| `{nb}` | **{title}**: {text} | {paper} |")
+        cells = [f"[`{nb}`]({nb}.ipynb)", _summary(nb)[0], _paper_cell(ch)]
+        if status is not None: cells.append("current" if status.get(nb) else "**not yet regenerated**")
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
-_README = re.compile(r"<!-- chapters -->\n.*?<!-- /chapters -->", re.S)
+def results_table(folder: Path) -> str:
+    "The README's results table: every model of the book (`06a_baselines_tables`' published table) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object."
+    import pandas as pd
+    csv = Path(folder) / "table_baselines_all.csv"
+    if not csv.exists(): raise CapbookError(f"{csv}: not found; the README's results table is made from it (run 06a_baselines_tables)")
+    df = pd.read_csv(csv)
+    if missing := [c for c in ("model", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI") if c not in df]:
+        raise CapbookError(f"{csv}: no column {', '.join(missing)}; regenerate it with today's 06a_baselines_tables")
+    num = lambda v, f=".1f": "—" if pd.isna(v) or v == "—" else format(float(v), f)
+    lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
+             "|---|---|---|---|---|---|"]
+    for _, r in df.iterrows():
+        lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
+                     f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
+    return "\n".join(lines)
 
-def sync_readme(path: Path | None = None, write: bool = True) -> bool:
-    "Rewrite the chapter table between the README's markers; whether it changed."
+def verdict_lines(folder: Path) -> str:
+    "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per table noted)."
+    import pandas as pd
+    from capbook.results import MANIFEST
+    folder = Path(folder)
+    made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
+    out = []
+    for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
+        df = pd.read_csv(f)
+        by = lambda v, df=df: [f"{c}{'' if h == 'survives' else ' (not after Holm)'}" for c, h in
+                               df.loc[df["verdict"] == v, ["claim", "Holm"]].itertuples(index=False)]
+        cannot, none = df["verdict"].str.startswith("cannot tell").sum(), df["verdict"].str.contains("no verdict").sum()
+        parts = [f"**holds**: {', '.join(by('holds'))}" if by("holds") else "",
+                 f"**does not hold**: {', '.join(by('does not hold'))}" if by("does not hold") else "",
+                 f"cannot tell: {cannot}" if cannot else "", f"no verdict (one seed): {none}" if none else ""]
+        nb = made.get(f.name, f.stem)
+        part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
+        what = f" ({part.replace('table', 'Table ')})" if part else ""
+        out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
+    return "\n".join(out)
+
+def book_time(folder: Path) -> str:
+    "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`."
+    import pandas as pd
+    csv = Path(folder) / "table_book_times.csv"
+    if not csv.exists(): return "**Time.** The default book has not been timed yet."
+    total = pd.read_csv(csv).set_index("step").loc["total (one after another)", "minutes"]
+    return (f"**Time.** The default book, every seed: {total / 60:.1f} hours of runs one after another, about "
+            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the 2-core CPU that made it "
+            "(`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
+
+_BLOCK = re.compile(r"<!-- (\w+) -->\n.*?<!-- /\1 -->", re.S)
+
+def fill_blocks(md: str, blocks: dict[str, str]) -> str:
+    "Put each generated block between its `<!-- name -->` and `<!-- /name -->` markers in `md` (what is there is replaced); unknown names stay as they are."
+    return _BLOCK.sub(lambda m: f"<!-- {m.group(1)} -->\n{blocks[m.group(1)]}\n<!-- /{m.group(1)} -->" if m.group(1) in blocks else m.group(0), md)
+
+FIGURE = ("fig_sat_figure3.png", "Where soft and hard attention look, word by word, on one test image (Show, Attend and Tell's Figure 3, regenerated)")
+
+def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = False) -> dict[str, str]:
+    "The generated parts of the README and the site's first page, from the published book in `folder`; `site`: the figure inline and, where part of the book has not run, a sentence instead of a failure."
+    import base64
+    folder = Path(folder)
+    def block(make):
+        try: return make()
+        except CapbookError as e:
+            if not site: raise
+            return f"*Not in this book yet: {e}*"
+    fig = folder / FIGURE[0]
+    src = (f"data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}" if site and fig.exists()
+           else f"figures/{FIGURE[0]}")
+    return {"chapters": chapter_table(status), "results": block(lambda: results_table(folder)), "verdicts": verdict_lines(folder),
+            "booktime": book_time(folder), "figure": f"![{FIGURE[1]}]({src})" if not site or fig.exists() else ""}
+
+def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:
+    "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing into `nbs/`."
+    import nbformat
+    folder = Path(folder or nbs_dir().parent / "figures")
+    nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
+    md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
+    return md.replace("](../figures/", "](figures/") + "\n"
+
+def readme_status(path: Path | None = None) -> dict[str, bool] | None:
+    "The chapters' status as the README states it (its chapter table's last column), or None where it states none."
     path = path or nbs_dir().parent / "README.md"
-    src = path.read_text()
-    m = _README.search(src)
-    if not m: raise CapbookError(f"{path}: no <!-- chapters --> ... <!-- /chapters --> markers for the chapter table")
-    new = src[:m.start()] + f"<!-- chapters -->\n{chapter_table()}\n<!-- /chapters -->" + src[m.end():]
-    if write and new != src: path.write_text(new)
-    return new != src
+    rows = re.findall(r"^\| \[`(\w+)`\].*\| (current|\*\*not yet regenerated\*\*) \|$", path.read_text() if path.exists() else "", re.M)
+    return {nb: s == "current" for nb, s in rows} or None
+
+def sync_readme(path: Path | None = None, write: bool = True, status: dict[str, bool] | None = None) -> bool:
+    "Rewrite README.md from the index notebook and the published book (`status`: the chapters' currency, default what the README states); whether it changed."
+    path = path or nbs_dir().parent / "README.md"
+    old = path.read_text() if path.exists() else ""
+    new = readme_text(status if status is not None else readme_status(path))
+    if write and new != old: atomic_write(path, lambda t: t.write_text(new))
+    return new != old
+
+
+# %%
+_md = "a\n<!-- results -->\nold\n<!-- /results -->\nb <!-- other -->"
+assert fill_blocks(_md, {"results": "new"}) == "a\n<!-- results -->\nnew\n<!-- /results -->\nb <!-- other -->"
+assert chapter_status([{"step": "03_spca-k5-seed1", "status": "current"}, {"step": "03_spca", "status": "stale"},
+                       {"step": "02a_soft_vs_hard", "status": "current"}, {"step": None, "status": "unknown"}]) == {"03_spca": False, "02a_soft_vs_hard": True}
+print("\n".join(chapter_table({"02_show_attend_tell": True}).splitlines()[:4]))
 
 
 # %% [markdown]
@@ -313,7 +424,7 @@ def warm_kernel(cwd: Path):
     return km
 
 def _published(f: Path) -> bool:
-    "Whether a file of a run folder is one the book publishes: a figure (.png) or a table (table_*.md, table_*.csv)."
+    "Whether a file of a run folder is one the book publishes: a figure (`.png`) or a table (`table_*.md`, `table_*.csv`)."
     return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None) -> tuple[Path, bool]:
@@ -368,7 +479,7 @@ def book_times(profile: str, steps: list[Step]):
     return df
 
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
-    "Copy the tables (table_*.md/.csv) and figures (*.png) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
+    "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
     from capbook.docs import keep_notebooks
     from capbook.results import BOOK_STEP, publish_records, write_manifest
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
@@ -382,7 +493,9 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     from capbook.viz import save_table
     times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
     if len(times):
-        save_table(times, dst / "table_book_times", floatfmt=".2f")
+        md = save_table(times, dst / "table_book_times", floatfmt=".2f")
+        atomic_write(dst / "table_book_times.md", lambda t: t.write_text(
+            md + f"\n\nMachine: {cpu_name()} (the one that published this table; each step's minutes are as it last ran).\n"))
         made_by |= {"table_book_times.md": BOOK_STEP, "table_book_times.csv": BOOK_STEP}
     made_by |= publish_records(profile, steps, dst)   # every chapter run's record, tagged runs' too: what a fresh clone reassembles from
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
@@ -401,12 +514,15 @@ def build_docs(profile: str = "default", log=print) -> Path:
     pages = sorted((p for p in kept.glob("*.ipynb") if p.stem in rank), key=lambda p: rank[p.stem])
     if not pages: raise CapbookError(f"{kept}: no kept notebooks of a {profile} book; run `capbook book --profile {profile}` first")
     t0 = time.time()
-    notes = {}
+    notes, status = {}, None
     if profile == "default":                      # the published book, regenerated in turns: say which pages today's code did not make
         from capbook.results import current
-        old = {Path(r["file"]).stem for r in current(profile) if r["file"].startswith("notebooks/") and r["status"] != "current"}
-        notes = {nb: STALE_NOTE for nb in old}
-    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes)
+        rows = current(profile)
+        old = {Path(r["file"]).stem for r in rows if r["file"].startswith("notebooks/") and r["status"] != "current"}
+        notes, status = {nb: STALE_NOTE for nb in old}, chapter_status(rows)
+    blocks = index_blocks(out_dir(profile), status, site=True)
+    site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes,
+                      fill=lambda md: fill_blocks(md, blocks))
     log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
     return site
 
@@ -695,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     rh.add_argument("--stage", help=argparse.SUPPRESS)           # a child process running one stage
     pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
     pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
-    rd = sub.add_parser("readme", help="regenerate the README's chapter table")
+    rd = sub.add_parser("readme", help="regenerate README.md from the index notebook and the published book (which chapters are current: ~25 s)")
     rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
@@ -726,8 +842,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(changed) or "parameters cells are current")
             return int(a.check and bool(changed))
         elif a.cmd == "readme":
-            changed = sync_readme(write=not a.check)
-            print("README chapter table " + ("changed" if changed else "is current"))
+            from capbook.results import current
+            changed = sync_readme(write=not a.check, status=chapter_status(current("default", nbs_dir().parent / "figures")))
+            print("README.md " + ("changed" if changed else "is current"))
             return int(a.check and changed)
         elif a.cmd == "rehearse":
             from capbook.rehearsal import rehearse, rehearsal_table, stage_main
@@ -748,3 +865,59 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:                            # the environment: read-only or full disk, a file as a folder
         print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
     return 0
+
+# %% [markdown]
+# ## The book's commands
+#
+# `make book` is `capbook book --profile default -j 2`: two notebooks side by side, each kernel on one core; a chapter's
+# runs read no other run, and an assembly chapter starts once the runs it tabulates are done. What it writes:
+#
+# - `figures/`: the default profile's tables (`table_*.md`, `table_*.csv`) and figures (`*.png`); `figures/records/`,
+#   every run's small results record (what a fresh clone reassembles the tables from); `figures/notebooks/`, the reader's
+#   copy of every executed chapter (images as files in `img/`, named by content); `figures/book.json`, which step made
+#   each file and under which key. A smoke book publishes to `runs/smoke/figures/` and never touches `figures/`.
+# - `runs/<profile>/<step>/`: each executed notebook, its results record `record.json`, `params.yaml` and checkpoints;
+#   `runs/<profile>/site/index.html`: the docs site (it works offline; `make docs` rebuilds it from `figures/notebooks/`).
+#
+# A step whose key is unchanged (`capbook.results`: its notebook's code, parameters, data and the numerical fingerprint
+# of the code it runs) is skipped; `--force` reruns everything. `make book ONLY="03_spca 03a_spca_tables"` (`capbook
+# book --only PATTERN...`) regenerates part of the book — a chapter's every run and seed, one step
+# (`03_spca-k5-seed1`) or a shell pattern (`'02_show_attend_tell-hard*'`) — and publishes only that part. Where the
+# book's time goes, step by step, is `figures/table_book_times.md`. `capbook --help` lists the other commands:
+# `caption`, `score`, `bench`, `train` (also under `torchrun` for DistributedDataParallel), `rehearse`, `params` and
+# `readme`.
+#
+# ## What survives what
+#
+# Each row is a test in `tests/test_book.py` that injects the fault into a real smoke-profile book or run.
+#
+# | fault | what you see | what a rerun does | test |
+# |---|---|---|---|
+# | `capbook book -j 2` killed (even `kill -9`) at any moment: building data, training, scoring, publishing, building the site | nothing left running: its workers get SIGTERM from the kernel when the book dies, their notebook kernels follow; no half-written file (every write lands beside its target and is renamed into place) | skips the finished steps, resumes the interrupted runs from their checkpoints, and ends with the uninterrupted book's tables and figures, bit for bit | `test_a_killed_book_leaves_no_process_behind`, `test_a_book_killed_in_every_phase_ends_with_the_same_figures` (and, in `make soak`, `test_soak_a_whole_book_killed_at_random_moments_ends_with_the_same_figures`) |
+# | a notebook's kernel killed (as the out-of-memory killer does) | one line: `<step>: its notebook's kernel died (out of memory, or killed)`; the other steps under way finish | runs only the killed step | `test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes` |
+# | a step's worker process killed | one line naming the step; the steps under way finish | runs what did not finish | `test_a_dead_worker_stops_the_book_with_one_line` |
+# | the shared METEOR (Java) process killed mid-book | nothing: the run scores through a fresh METEOR process, the same score | — | `test_a_killed_meteor_process_is_replaced_and_scores_stay_exact` |
+# | METEOR cannot score at all (Java present) | the run stops in one line (`METEOR failed while scoring …`); no table is silently without METEOR. Without Java, every record notes METEOR as unavailable | scores it once METEOR works; training is kept | `test_a_meteor_that_cannot_score_stops_the_run_instead_of_a_silent_gap` |
+# | a second `capbook book` on the same home and profile | it stops at once in one line naming the first (its pid, its start); the first is untouched | skips what the first finished | `test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes` |
+# | `CAPBOOK_HOME` on a read-only filesystem | one line, e.g. `capbook: <home>/runs/smoke/adhoc/…: cannot create the run folder (the folder is read-only); nothing already written was changed` | completes once the home is writable | `test_a_read_only_home_is_one_line` |
+# | the disk full during a run (`make test`), during publishing, during the site's build (`make soak`) | one line naming the path and `no space left on the device`; the published tables, the reader's copies and the site unchanged | completes once space is back | `test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes` |
+#
+# An invalid parameter, an unwritable or full disk, a file where a folder should be, or a missing GPU for `-p device
+# cuda` stops with one line naming the parameter or path and what is allowed (`capbook:` in a notebook, `error:` and
+# exit status 2 on the command line); the full traceback is kept in `runs/errors/`, in a file the line names.
+#
+# ## Contributing
+#
+# Notebooks are the source: edit `nbs/NAME.py` (each notebook's py:percent twin) or the notebook in JupyterLab, then
+# `make sync` (jupytext sync, `nbdev_export`, the derived parameters cells and README, `nbdev_clean`). `capbook/` is
+# generated and never edited by hand. A new model is a module plus `@register(name, Config, objective=..., train=...)`
+# (`capbook.models`); a new chapter is a notebook plus `register_chapter(Chapter(...))` in its module: the plan, the site,
+# the notebook tests and the README pick both up.
+#
+# Before each commit, `make test-fast` (the linter and every test not marked slow); `make hooks` installs the same
+# checks as git pre-commit hooks. `make test` is what CI runs: the whole suite on two pytest-xdist workers, including a
+# smoke book that the slow tests share, the site opened in headless Chromium, and the injected faults above. `make
+# soak` runs what `make test` leaves out: whole smoke books killed at random moments, and the COCO rehearsal at a larger
+# scale. The suite fails if `capbook/` is not what `nbdev_export` makes of `nbs/`, if a notebook pair is out of sync,
+# if README is not what the index notebook and the published book make, or if any published table, figure or page is
+# not what the checkout's code makes.

@@ -32,8 +32,8 @@
 # (here: grammar) reference scored against the other four. A dataset on which every model scores near the ceiling could
 # not tell the papers' models apart.
 #
-# **The book's one default scale** (*capbook:* chosen in issue 27 so that every compared row can be trained until its
-# validation stops improving, over three seeds, on a 2-core CPU): 1,500 training images (7,500 captions), 500
+# **The book's one default scale** (*capbook:* chosen so that every compared row can be trained through
+# the protocol's whole budget, over three seeds, on a 2-core CPU): 1,500 training images (7,500 captions), 500
 # validation and 1,000 test images; every model at one width — Show-Attend-Tell's decoder and every recurrent baseline
 # with 64-dimensional word embeddings and attention and a 128-unit LSTM, the transformers (spatial transformer, CT)
 # and GLIED at d = 64 with one 64-dimensional head (the paper's d_attn) and a 128-wide (GLIED 256) feed-forward layer,

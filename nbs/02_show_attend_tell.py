@@ -26,7 +26,7 @@
 # its previous hidden state, a weight $\alpha_{ti}$ for every location. The two attention mechanisms differ only in
 # what they do with these weights: **soft** attention feeds the LSTM the weighted average of the annotation vectors,
 # **hard** attention one annotation vector, whose location is *sampled* from the weights. The section
-# [Soft and hard attention, worked on one image](#soft-and-hard-attention-worked-on-one-image) below makes this
+# *Soft and hard attention, worked on one image* below makes this
 # concrete on a 2×2 split of one image's feature map, after the explainer that accompanies the book
 # (Jonathan Hui, [*Soft & hard attention*](https://jhui.github.io/2017/03/15/Soft-and-hard-attention/), 2017).
 #
@@ -518,7 +518,7 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 #
 # | what | why | measured effect |
 # |---|---|---|
-# | the hard model trains with the gate β, as the soft one; the doubly stochastic penalty (λ = 1) on soft attention only (issue 27: it had been on for hard too) | the released code offers the gate to either model; the penalty handicapped hard attention | hard attention's validation CIDEr, seeds 0 and 1: with λ = 1 best 0.75 and 0.64 (3.5 and 2.5 epochs), with λ = 0 1.11 and 0.87 after 9 epochs, still rising; attention mass on the named object with λ = 1: 5.5%, below uniform (8.0%) |
+# | the hard model trains with the gate β, as the soft one; the doubly stochastic penalty (λ = 1) on soft attention only | the released code offers the gate to either model; the penalty handicapped hard attention | hard attention's validation CIDEr, seeds 0 and 1: with λ = 1 best 0.75 and 0.64 (3.5 and 2.5 epochs), with λ = 0 1.11 and 0.87 after 9 epochs, still rising; attention mass on the named object with λ = 1: 5.5%, below uniform (8.0%) |
 # | the hard model decodes with the expected context | the released decoder (`generate_caps`, sampling off) does | previous book: 124.8 CIDEr (expected) against 110.9 (argmax); the argmax row stays beside it |
 # | both of the above, one run | — | hard attention with gate and penalty: CIDEr 101.8 (expected context) and 107.5 (argmax), semantic F1 24.6 and 28.1, against 124.8 and 110.9 before — the order of the two contexts flipped between two runs, and validation CIDEr went 0.26, 0.73, 0.68, 0.76, 1.04, 0.18 over the six epochs: one run cannot tell these settings apart |
 # | λ_r = 0.1 by default, λ_r = 1 run beside it and selected on validation | the paper's values are not reported | the next chapter shows both runs |

@@ -253,3 +253,4 @@ display(Markdown("\n".join([
         f"{g['other_words']:.3f} at the others: the paper's observation "
         f"{'holds' if g['object_words'] > g['other_words'] else 'does not hold'} here."]
        if g and g["object_words"] is not None and g["other_words"] is not None else [])) + "\n\n" + claims.note()))
+_ = save_table(claims.table(), run.path("table_sat_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary

@@ -70,7 +70,7 @@ pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [Path(s["_dir"]).nam
 #    the templates need to flip; a moving average of the weights moves only as far as the weights move on average, and
 #    annealing the rate settles it.
 # 3. **Budgets and rules that differed.** Each chapter had its own epochs (3 to 6), metric (BLEU-4 or CIDEr) and
-#    schedule; the protocol gives every compared row the same rule, and trains each until validation stops improving.
+#    schedule; the protocol gives every compared row the same budget and rule, and trains each through its whole budget.
 # 4. **One seed.** Whatever remains is the seed's; every row a verdict rests on is trained with three, and the verdict's
 #    test treats the seed as the unit of replication (`capbook.metrics.seed_t_test`, below).
 #

@@ -178,6 +178,7 @@ claims = pd.DataFrame([{"claim": c, **{k: t.get(k) for k in ("value", "lo", "hi"
                         "Holm": judged.holm_cell(c)} for c, t in tests])
 claims = claims.rename(columns={"value": "Δ CIDEr", "lo": "95% CI low", "hi": "95% CI high"})
 display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".3g") + "\n\n" + judged.note()))
+_ = save_table(judged.table(), run.path("table_spca_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
 
 # %% [markdown]
 # The semantic F1s of Tables 2–4 split into precision and recall per category (shapes only; see

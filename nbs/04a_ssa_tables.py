@@ -126,6 +126,7 @@ display(Markdown(
     f"(\"beneficial\" read as a higher CIDEr, on the same test images): "
     f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'])}.\n\n"
     + judged.note()))
+_ = save_table(judged.table(), run.path("table_ssa_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
 
 
 # %% [markdown]

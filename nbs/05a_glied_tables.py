@@ -121,6 +121,7 @@ display(Markdown(
     f"after self-critical training {v((g, 'scst'), (('base', ''), 'scst'))}.\n"
     f"- GLIED above SCST (Att2in): under cross-entropy {v((g, 'xe'), (('base', 'att2in'), 'xe'))}; after self-critical "
     f"training {v((g, 'scst'), (('base', 'att2in'), 'scst'))}.\n\n" + judged.note()))
+_ = save_table(judged.table(), run.path("table_glied_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
 
 # %% [markdown]
 # What self-critical training does to what the captions *say*: the semantic F1s of the relations and counts before and
@@ -263,6 +264,7 @@ def verdict(row):
 claims = pd.DataFrame([verdict(r) for r, _ in order[1:]])
 claims["Holm"] = [table4_claims.holm_cell(r) for r in claims["row"]]
 display(Markdown(save_table(claims, run.path("table_glied_claims"), floatfmt=".1f") + "\n\n" + table4_claims.note()))
+_ = save_table(table4_claims.table(), run.path("table_glied_table4_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
 
 # %% [markdown]
 # *capbook:* how a claim is read as a test. "Overall improvement" is a higher CIDEr; "higher Relations and Count" a

@@ -452,7 +452,7 @@ def updown(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
 # *capbook: its batches.* CT trains on image-ordered batches (the five captions of each image together, the
 # `batch_order` of its registry entry), as the book's other transformers do and as self-critical.pytorch batches every
 # model (`seq_per_img` 5): each image's keys and values of the six blocks are computed once per batch and read by its
-# captions (the attention's grouped path), instead of once per caption. With the book's other speed-ups of issue 26,
+# captions (the attention's grouped path), instead of once per caption. With the book's other speed-ups,
 # CT's training went from 195 to 266 captions per second at the default sizes (`capbook bench`, one thread, best of
 # three rounds); the recurrent baselines keep length-bucketed batches (Show-Attend-Tell §4.3's bucketing).
 

@@ -87,3 +87,10 @@ def smoke(home):
     "The smoke-profile shapes data (dataset, frozen encoder, features), opened from the shared data folder."
     from capbook.prepare import prepare
     return prepare("shapes", "smoke")
+
+
+def notebook_markdown(name: str) -> str:
+    "The Markdown cells of `nbs/<name>.ipynb`, joined: where the site's prose and its generated blocks live."
+    import nbformat
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "nbs" / f"{name}.ipynb", as_version=4)
+    return "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")

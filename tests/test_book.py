@@ -357,7 +357,7 @@ def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
     try:
         steps = [s for s in B.plan("smoke") if s.notebook == "04_toy"]
         assert [(s.tag, s.params) for s in steps] == [("", {"profile": "smoke"}), ("big", {"profile": "smoke", "batch_size": 128})]
-        assert "| `04_toy` | **Toy: a chapter added for a test" in B.chapter_table() and "[Toy et al. 2026](https://arxiv.org/abs/0000.00000)" in B.chapter_table()
+        assert "| [`04_toy`](04_toy.ipynb) | Toy: a chapter added for a test" in B.chapter_table() and "[Toy et al. 2026](https://arxiv.org/abs/0000.00000)" in B.chapter_table()
     finally:
         CHAPTERS.pop("04_toy")
 
@@ -743,11 +743,11 @@ def test_a_full_disk_is_one_line_changes_nothing_and_the_next_run_completes(smok
 
 
 def test_every_row_of_what_survives_what_is_a_test():
-    "README's fault table: every row names its test(s), and each is a test of this file."
+    "The site's fault table (`nbs/00n_book`): every row names its test(s), and each is a test of this file."
     import re
+    from conftest import notebook_markdown
     root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text()
-    table = readme.split("**What survives what**", 1)[1].split("\n\n", 2)[1]
+    table = notebook_markdown("00n_book").split("## What survives what", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
     rows = [l for l in table.splitlines() if l.startswith("| ") and not l.startswith("| fault")]
     here = (root / "tests" / "test_book.py").read_text()
     assert len(rows) >= 8

@@ -204,7 +204,7 @@ def test_partial_keep_replaces_only_its_notebooks(tmp_path):
 
 @pytest.mark.slow
 def test_repository_book_site(tmp_path):
-    "What a fresh clone reads: the site built from the default book kept in figures/notebooks/, every chapter opened in Chromium (its tables and images there, no error, machine path or tool chatter), two pages photographed."
+    "What a fresh clone reads: the site built from the default book kept in figures/notebooks/ without one Sphinx warning, its first page with the README's generated blocks, every chapter opened in Chromium (its tables and images there, no error, machine path or tool chatter), two pages photographed."
     from pathlib import Path
     from capbook.book import api_modules, notebooks
     from sitecheck import check_site
@@ -212,7 +212,13 @@ def test_repository_book_site(tmp_path):
     rank = {nb: i for i, nb in enumerate(notebooks())}
     pages = sorted(kept.glob("*.ipynb"), key=lambda p: rank.get(p.stem, len(rank)))
     assert [p.stem for p in pages] == notebooks(), "figures/notebooks/ must hold every notebook of the book: run `make book`"
-    index = build_site(pages, tmp_path / "site", api_modules=api_modules())
+    from capbook.book import fill_blocks, index_blocks
+    blocks = index_blocks(kept.parent, None, site=True)                       # the first page's generated blocks, as `capbook docs` fills them
+    index = build_site(pages, tmp_path / "site", api_modules=api_modules(), fill=lambda md: fill_blocks(md, blocks))
+    log = (tmp_path / "site.build.log").read_text()
+    assert "build succeeded." in log and "WARNING" not in log, [l for l in log.splitlines() if "WARNING" in l]   # zero Sphinx warnings
+    front = (index.parent / "index.html").read_text()
+    assert "data:image/png;base64," in front and "CIDEr, mean ± sd" in front
     seen = check_site(index, kept)
     for name in notebooks():
         if name[:2].isdigit() and not name.startswith("00"):

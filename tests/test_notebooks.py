@@ -54,10 +54,35 @@ def test_every_notebook_is_in_the_plan_and_runnable_ones_have_one_parameters_cel
         assert [s.tag for s in steps if s.notebook == name] == list(ch.runs), name
 
 
-def test_derived_parameters_cells_and_readme_table_are_current():
+def test_derived_parameters_cells_and_readme_are_current():
+    "README.md is the index notebook's text with its blocks generated from figures/ (the chapters' currency as the README states it: the currency test checks that); the parameters cells are their dataclasses'."
     from capbook.book import sync_parameters, sync_readme
     assert sync_parameters(write=False) == [], "a parameters cell differs from its dataclass: run make sync"
-    assert not sync_readme(write=False), "the README chapter table is stale: run make sync"
+    assert not sync_readme(write=False), "README.md is not what the index notebook and figures/ make: run capbook readme"
+
+
+def test_readme_is_a_front_door():
+    "README: at most 10,000 characters, its first command within its first 40 lines, every chapter's currency stated, and no history (issue numbers, commit hashes, sessions): that goes to CHANGELOG.md."
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(text) <= 10_000, len(text)
+    first = next(i for i, l in enumerate(lines) if l.startswith("make "))
+    assert first < 40, first
+    assert "| current |" in text or "not yet regenerated" in text
+    assert not HISTORY.search(text), HISTORY.search(text)
+
+
+HISTORY = __import__("re").compile(r"\bissues? #?\d+\b|\bcommit `?[0-9a-f]{7,}\b|`[0-9a-f]{7}`|\bthis session\b|\bsessions?\b", __import__("re").I)
+
+
+def test_no_history_on_the_site():
+    "The site speaks to readers: no notebook's Markdown names an issue, a commit or a session (history goes to CHANGELOG.md)."
+    import nbformat
+    found = []
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        for c in nbformat.read(nb, as_version=4).cells:
+            if c.cell_type == "markdown" and (m := HISTORY.search(c.source)): found.append(f"{nb.name}: {m.group(0)!r}")
+    assert not found, found
 
 
 def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():

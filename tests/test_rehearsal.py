@@ -47,11 +47,11 @@ def test_encoder_projection_and_table():
     assert "| mobilenet_v3_small | 112 px | 4 × 4 × 576 |" in table and "2.27 GB" in table
 
 
-def test_readme_table_is_the_measured_one():
-    "README's rehearsal table is rehearsal_table of the measurements kept in figures/, not typed in."
+def test_the_sites_table_is_the_measured_one():
+    "The rehearsal page's table (`nbs/00s_rehearsal`) is rehearsal_table of the measurements kept in figures/, not typed in."
+    from conftest import notebook_markdown
     root = Path(__file__).resolve().parent.parent
     res = json.loads((root / "figures" / "rehearsal_coco.json").read_text())
     assert res["scale"] == 1.0 and res["stages"]["read"]["images"] == 123_287       # the full scale ran
-    readme = (root / "README.md").read_text()
-    block = readme.split("<!-- rehearsal -->\n", 1)[1].split("\n<!-- /rehearsal -->", 1)[0]
+    block = notebook_markdown("00s_rehearsal").split("<!-- rehearsal -->\n", 1)[1].split("\n<!-- /rehearsal -->", 1)[0]
     assert block == rehearsal_table(res) == (root / "figures" / "table_rehearsal.md").read_text().rstrip("\n")

@@ -121,6 +121,9 @@ def test_every_published_item_is_current(monkeypatch):
         f"not current: rerun them with `capbook book --profile default --no-docs --only {' '.join(stale)}`"
     assert {ch for ch, rs in waiting.items() if all(r["status"] == "current" for r in rs)} == set(), "regenerated: take it off the list"
     assert sum(r["status"] == "current" for r in rows) >= 20          # the index, the data chapter, the engine: never vacuous
+    from capbook.book import chapter_status, readme_status
+    stated, now = readme_status(root / "README.md"), chapter_status(rows)
+    assert stated == {nb: now.get(nb, False) for nb in stated}, "README states another currency than figures/ has: run capbook readme"
 
 
 def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
