@@ -292,7 +292,7 @@ def chapter_times(notebooks: list[str], profile: str = "default", device: str = 
             "model": r["model"], "precision": r["precision"], "n_params": r["n_params"],
             "wall_s": round(time.perf_counter() - t0, 1), **{k: round(t[k], 1) for k in ("data_s", "train_s", "val_s", "test_s") if k in t},
             "train_captions_per_s": round(t["train_captions_per_s"], 1), "epochs_trained": epochs_trained(r["history"]),
-            "best_at": r["best_at"], "CIDEr": round(100 * r["metrics"]["CIDEr"], 1), "run": str(ctx.run.dir)}
+            "best_at": r["best_at"], "CIDEr": round(100 * r["metrics"]["CIDEr"], 1), "run": ctx.run.dir.name}
         log(f"{nb:22s} {row['model']:12s} {row['wall_s']:7.1f} s ({row['train_s']:.0f} s training, {row['val_s']:.0f} s validating, "
             f"{row['test_s']:.0f} s test) for {row['epochs_trained']:g} epochs, best at {row['best_at']:g}; "
             f"{row['train_captions_per_s']:.0f} captions/s; test CIDEr {row['CIDEr']:.1f}  [{dev}, {row['precision']}]")

@@ -11,8 +11,9 @@ import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
 # %% auto 0
-__all__ = ['nbdev_directives', 'sanitize_markdown', 'prepare_notebook', 'machine_paths', 'reader_notebook', 'slim_notebook',
-           'inflate_notebook', 'keep_notebooks', 'write_book', 'build_site', 'chromium_dom', 'chromium_screenshot']
+__all__ = ['nbdev_directives', 'sanitize_markdown', 'prepare_notebook', 'machine_paths', 'without_machine_paths',
+           'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks', 'write_book', 'build_site',
+           'chromium_dom', 'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb
 _DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -40,12 +41,22 @@ def sanitize_markdown(md: str) -> str:
     return "\n".join(lines)
 
 def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    "An output as the site shows it; None for a widget view (its state is not kept)."
+    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`."
     data = out.get("data", {})
     if _WIDGET_VIEW in data: return None
     if "text/markdown" in data:
         data["text/markdown"] = sanitize_markdown(data["text/markdown"])
+    if out.get("output_type") == "stream":
+        out["text"] = _quiet(out["text"])
+        if not out["text"]: return None
     return out
+
+_EQUATION = re.compile(r"^\s*#.*[=≈∝]", re.M)        # a comment line stating an equation: the code under it is the paper's
+
+def _builds_only(cell: nbformat.NotebookNode) -> bool:
+    "Whether a code cell only builds what it shows (a table, a figure) — folded on the site — rather than state the paper's equations or the book's example code: it shows an image or a Markdown table and defines nothing."
+    shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown"))
+    return shows and not _EQUATION.search(cell.source) and not re.search(r"^(def|class) ", cell.source, re.M)
 
 def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils."
@@ -62,6 +73,7 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             if _off(dirs.get("output", "")): tags.append("remove-output")
             if not _off(dirs.get("code-fold", "false")): tags.append("hide-input")
             cell.outputs = [o for o in map(_clean_output, cell.outputs) if o is not None]
+            if _builds_only(cell): tags.append("hide-input")          # a cell that only draws a table or figure: folded
             if not cell.source.strip() and not cell.outputs: continue
         cells.append(cell)
     nb.cells = cells
@@ -69,7 +81,8 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 # %% ../nbs/00o_docs.ipynb
 _CHATTER = re.compile(r"PTBTokenizer tokenized|tokens per second|it/s\]|s/it\]|\d+%\|"        # tokenizer, tqdm bars
-                      r"|TqdmWarning|from \.autonotebook import|^\s*$")
+                      r"|TqdmWarning|from \.autonotebook import|^\s*$"
+                      r"|: moved to .*, training from scratch$|^resumed from \S+ at epoch")       # the checkpoint's bookkeeping
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")                 # a Python warning; its source line follows
 
 def _quiet(text: str) -> str:
@@ -92,6 +105,10 @@ def machine_paths() -> list[tuple[str, str]]:
 def _relative(text: str, paths: list[tuple[str, str]]) -> str:
     for a, b in paths: text = text.replace(a + "/", "" if b == "." else b + "/").replace(a, b)
     return text
+
+def without_machine_paths(text: str) -> str:
+    "`text` with this machine's paths (`machine_paths`) made relative: what a published file may say."
+    return _relative(text, machine_paths())
 
 def _injected_note(source: str) -> str:
     "papermill's injected parameters as one line of markdown (the run folder left out)."

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # book
 #
-# > The papermill runner that regenerates the book from the notebooks and the chapters' declarations, and the `capbook` command line.
+# > The papermill runner that regenerates the book from the notebooks and the chapters' declarations.
 
 # %%
 #| default_exp book
@@ -24,12 +24,12 @@
 # %%
 #| export
 from __future__ import annotations
-import argparse, ast, atexit, contextlib, inspect, json, os, re, shutil, sys, tempfile, time, uuid
+import ast, atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, error_line, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
-                          save_json, stable_hash, cpu_precision, get_device)
-from capbook.runner import PROFILES, check_profile, out_dir, chapters, parameters_source
+from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+                          save_json, stable_hash)
+from capbook.runner import check_profile, out_dir, chapters, parameters_source
 from capbook.results import Step, replicas
 
 
@@ -704,167 +704,6 @@ _f = _ns["c"].IPKernelApp.logging_config["filters"]["capbook_tcp"]["()"]()
 assert not _f.filter(logging.makeLogRecord({"msg": "Kernel is running over TCP without encryption. All ..."}))
 assert _f.filter(logging.makeLogRecord({"msg": "any other warning"}))
 
-
-# %% [markdown]
-# ## Command line
-#
-# `capbook book --profile smoke|default` regenerates the book; `capbook bench` prints the benchmark (`capbook.bench`); `capbook train`
-# trains one registered model on a dataset outside any notebook (the tests use it to kill and resume a run, and to run
-# it under `torchrun`); its parameters come from flags or a YAML file (`--config`), and the run folder's `params.yaml`
-# holds them all resolved, so `capbook train --config <run>/params.yaml` is the same run again (it finds its training
-# finished). A `CapbookError` ends the command with its one line on stderr and exit status 2.
-
-# %%
-#| export
-def train_cli(model: str = "sat_soft", profile: str = "smoke", run_dir: str | None = None, epochs: int = 2, ckpt_every: int = 0,
-              batch_size: int = 64, seed: int = 0, train: dict | None = None, hparams: dict | None = None) -> dict:
-    "Train a registered model on shapes at `profile` into `run_dir/ckpt`, with `train` (TrainConfig fields) and `hparams` (model sizes) over the defaults; write `run_dir/params.yaml`, every parameter resolved; return the fit summary."
-    import dataclasses
-    from capbook.prepare import prepare
-    from capbook.models import build, hparams as model_sizes
-    from capbook.train import TrainConfig, fit
-    from capbook.core import save_yaml, seed_everything
-    from capbook.models import spec
-    spec(model); check_profile(profile)                        # every argument is checked before any work
-    if not run_dir: raise CapbookError("parameter run_dir is missing: give --run-dir or run_dir in the --config file")
-    for name, v in (("train", train), ("hparams", hparams)):
-        if v is not None and not isinstance(v, dict): raise CapbookError(f"parameter {name}={v!r} is invalid: expected a mapping of names to values")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    for k in (train or {}):
-        if k not in fields: raise CapbookError(f"parameter train.{k} is unknown: TrainConfig's fields are {', '.join(sorted(fields))}")
-    cfg = TrainConfig(**{"progress": False, "patience": max(epochs, 1), **(train or {}),
-                         "epochs": epochs, "batch_size": batch_size, "seed": seed, "ckpt_every": ckpt_every}).check()
-    cfg.precision = cpu_precision(cfg.precision, get_device(cfg.device))    # 'auto' as this machine resolves it, into params.yaml
-    try: (Path(run_dir) / "ckpt").mkdir(parents=True, exist_ok=True)
-    except OSError as e: raise io_error(Path(run_dir) / "ckpt", e, "create the run folder") from None
-    prep = prepare("shapes", profile, seed=0)
-    seed_everything(seed)
-    m = build(model, len(prep.vocab), prep.feat_shape[1], prep.grid, **(hparams or {}))
-    cfg.max_len = prep.max_len
-    if int(os.environ.get("RANK", 0)) == 0:
-        save_yaml(Path(run_dir) / "params.yaml", {"model": model, "profile": profile, "run_dir": str(run_dir), "epochs": epochs,
-                                                 "ckpt_every": ckpt_every, "batch_size": batch_size, "seed": seed,
-                                                 "train": dataclasses.asdict(cfg), "hparams": model_sizes(m)},
-                  f"capbook train: every parameter of the run in this folder, resolved.\nThe same run again: capbook train --config {Path(run_dir) / 'params.yaml'}")
-    res = fit(m, prep, cfg, Path(run_dir) / "ckpt", log=lambda s: print(s, file=sys.stderr))
-    checksum = float(sum(p.detach().double().sum() for p in m.parameters()))
-    return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
-            "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from, "precision": res.precision}
-
-TRAIN_DEFAULTS = {k: v.default for k, v in inspect.signature(train_cli).parameters.items()}   # `capbook train`'s parameters, declared once: train_cli's
-
-def train_params(config: str | None, flags: dict) -> dict:
-    "`capbook train`'s parameters: the defaults, then the `--config` YAML file's, then the flags given; an unknown key in the file stops in one line."
-    from capbook.core import load_yaml
-    conf = load_yaml(config) if config else {}
-    for k in conf:
-        if k not in TRAIN_DEFAULTS:
-            raise CapbookError(f"{config}: unknown parameter {k!r}: allowed are {', '.join(TRAIN_DEFAULTS)}")
-    return {**TRAIN_DEFAULTS, **conf, **{k: v for k, v in flags.items() if v is not None}}
-
-def main(argv: list[str] | None = None) -> int:
-    "The `capbook` command: `book`, `docs`, `caption`, `score`, `bench`, `train`, `rehearse`, `params` and `readme` subcommands."
-    ap = argparse.ArgumentParser(prog="capbook", description="capbook: the attention-captioning reproduction book")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("book", help="regenerate the book (notebooks, tables, figures, docs site)")
-    b.add_argument("--profile", default="default", choices=PROFILES)
-    b.add_argument("--force", action="store_true", help="rerun notebooks even if unchanged")
-    b.add_argument("--no-docs", action="store_true", help="skip building the docs site")
-    b.add_argument("-j", "--jobs", type=int, default=1, help="notebooks run side by side (each with its share of the cores)")
-    b.add_argument("--only", nargs="+", metavar="PATTERN", help="only these notebooks or steps (shell patterns; "
-                   "e.g. 03_spca 03a_spca_tables): the other chapters' published tables and copies stay")
-    be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
-    be.add_argument("--profile", default="default", choices=PROFILES)
-    be.add_argument("--family", help="comma-separated model names (default: every registered model)")
-    be.add_argument("--batches", type=int, default=12, help="timed training batches per family")
-    be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    be.add_argument("--alternatives", action="store_true", help="also time each family in fp32 and bf16, and at twice the batch")
-    be.add_argument("--chapters", nargs="+", metavar="NOTEBOOK", help="instead: time complete chapter runs as the book makes them "
-                    "(e.g. 02_show_attend_tell 03_spca): training to the protocol's stop, test decoding, measurements")
-    t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
-    t.add_argument("--config", metavar="YAML", help="parameters from this file (a run folder's params.yaml repeats that run); "
-                   "flags given override it; keys: " + ", ".join(TRAIN_DEFAULTS))
-    t.add_argument("--model"); t.add_argument("--profile", choices=PROFILES)
-    t.add_argument("--run-dir"); t.add_argument("--epochs", type=int)
-    t.add_argument("--ckpt-every", type=int); t.add_argument("--batch-size", type=int)
-    t.add_argument("--seed", type=int)
-    d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training)")
-    d.add_argument("--profile", default="default", choices=PROFILES)
-    d.add_argument("--open", action="store_true", help="open the site in the default browser")
-    c = sub.add_parser("caption", help="caption your own images with a trained model of the book")
-    c.add_argument("photos", nargs="+", metavar="PHOTO", help="image files (any format the loader reads)")
-    c.add_argument("--model", default="02_show_attend_tell", help="a run of the book (a plan step, e.g. 06_baselines-att2in)")
-    c.add_argument("--run-dir", help="a run folder instead (e.g. runs/default/adhoc/03_spca-1a2b3c4d)")
-    c.add_argument("--profile", default="default", choices=PROFILES, help="the book whose runs --model names")
-    c.add_argument("--beam", type=int, default=3, help="beam size")
-    c.add_argument("--attention", metavar="PNG", help="write the per-word attention figure here")
-    c.add_argument("--device", default="auto")
-    c.add_argument("--json", metavar="RESULTS", help="also write the captions here as a COCO results file (image_id: the file name)")
-    sc = sub.add_parser("score", help="score a COCO results file (capbook's or a peer's) with the book's evaluator")
-    sc.add_argument("results", metavar="RESULTS.json", help='[{"image_id": ..., "caption": ...}, ...]')
-    sc.add_argument("--references", required=True, metavar="KARPATHY.json", help="a Karpathy split file (dataset_coco.json, ...)")
-    sc.add_argument("--split", choices=["train", "val", "test"], help="insist that the results caption exactly this split's images")
-    rh = sub.add_parser("rehearse", help="run the real-data path on a generated data set of COCO's size: time and memory per stage")
-    rh.add_argument("--scale", type=float, default=1.0, help="fraction of COCO's 123,287 images (1: all)")
-    rh.add_argument("--root", help="where the data set, features and run go (default: data/rehearsal-<scale>)")
-    rh.add_argument("--stages", nargs="+", metavar="STAGE", help="only these stages (generate read extract open train evaluate project)")
-    rh.add_argument("--stage", help=argparse.SUPPRESS)           # a child process running one stage
-    pa = sub.add_parser("params", help="regenerate the chapters' parameters cells from their dataclasses")
-    pa.add_argument("--check", action="store_true", help="only report the files that would change (exit 1 if any)")
-    rd = sub.add_parser("readme", help="regenerate README.md from the index notebook and the published book (which chapters are current: ~25 s)")
-    rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
-    a = ap.parse_args(argv)
-    try:
-        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only)
-        elif a.cmd == "docs":
-            with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
-            if a.open:
-                import webbrowser
-                webbrowser.open(site.as_uri())
-        elif a.cmd == "caption":
-            from capbook.caption import attention_png, caption_photos, find_run
-            check_int("beam", a.beam, lo=1)
-            run = find_run(a.model, a.run_dir, a.profile)
-            caps = caption_photos(a.photos, run, a.beam, a.device)
-            for cap in caps: print(f"{cap['photo']}: {cap['caption']}")
-            if a.attention: print(f"attention -> {attention_png(caps, a.attention, a.run_dir or a.model)}")
-            if a.json:
-                from capbook.metrics import write_results
-                print(f"captions -> {write_results(a.json, [Path(c['photo']).name for c in caps], [c['caption'] for c in caps])}")
-        elif a.cmd == "score":
-            from capbook.metrics import score_results
-            out = score_results(a.results, a.references, a.split)
-            print(f"{a.results}: {out['images']} images scored against {a.references}" + (f" (split {a.split})" if a.split else ""))
-            for k, v in out["metrics"].items(): print(f"{k:8s} {v:.4f}")
-            for k, v in out["notes"].items(): print(f"{k}: {v}")
-        elif a.cmd == "params":
-            changed = sync_parameters(write=not a.check)
-            print("\n".join(changed) or "parameters cells are current")
-            return int(a.check and bool(changed))
-        elif a.cmd == "readme":
-            from capbook.results import current
-            changed = sync_readme(write=not a.check, status=chapter_status(current("default", nbs_dir().parent / "figures")))
-            print("README.md " + ("changed" if changed else "is current"))
-            return int(a.check and changed)
-        elif a.cmd == "rehearse":
-            from capbook.rehearsal import rehearse, rehearsal_table, stage_main
-            if a.stage: print(json.dumps(stage_main(a.stage, a.root, a.scale)), flush=True)
-            else: print(rehearsal_table(rehearse(a.root, a.scale, a.stages)))
-        elif a.cmd == "bench":
-            from capbook.bench import bench, chapter_times
-            if a.chapters:
-                print(json.dumps(chapter_times(a.chapters, a.profile, a.device, log=lambda s: print(s, flush=True)))); return 0
-            print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
-                                   compare=a.alternatives, log=lambda s: print(s, flush=True))))
-        else:
-            out = train_cli(**train_params(a.config, {k: getattr(a, k) for k in ("model", "profile", "run_dir", "epochs", "ckpt_every",
-                                                                                  "batch_size", "seed")}))
-            if int(os.environ.get("RANK", 0)) == 0: print(json.dumps(out))
-    except CapbookError as e:
-        print(error_line(e, "error"), file=sys.stderr); return 2
-    except OSError as e:                            # the environment: read-only or full disk, a file as a folder
-        print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
-    return 0
 
 # %% [markdown]
 # ## The book's commands

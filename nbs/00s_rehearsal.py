@@ -304,7 +304,7 @@ def rehearse(root: str | Path | None = None, scale: float = 1.0, stages: list[st
     for s in stages:
         log(f"rehearsal stage {s} (scale {scale:g}) ...")
         t0 = time.time()
-        p = subprocess.Popen([sys.executable, "-c", "from capbook.book import main; raise SystemExit(main())", "rehearse",
+        p = subprocess.Popen([sys.executable, "-c", "from capbook.cli import main; raise SystemExit(main())", "rehearse",
                               "--stage", s, "--root", str(root), "--scale", repr(scale)],
                              stdout=subprocess.PIPE, stderr=None, text=True, env=env)
         text = p.stdout.read()

@@ -90,6 +90,6 @@
 # The paper's words are quoted, with the section or equation they come from; capbook's own remarks start with
 # *capbook:* — a choice where the paper is silent, a departure, a reading of a measured result. Each equation sits on
 # its own comment line above the statement that computes it, with tensor shapes. Each exported definition is followed
-# by a small example that doubles as a test. The engine's notebooks (`00_core` to `00t_results`) come first in the
+# by a small example that doubles as a test. The engine's notebooks (`00_core` to `00u_cli`) come first in the
 # repository, one module of `capbook/` each, each importing only the ones before it; the paper chapters (`01` to `06a`)
 # follow, one prefix per paper.

@@ -48,7 +48,7 @@ def test_cli_bad_arguments_are_one_line(tmp_path, monkeypatch, capsys, args, mes
         p = cli("train", "--run-dir", tmp_path / "run", *args, home=tmp_path / "home")
         code, err = p.returncode, p.stderr
     else:
-        from capbook.book import main
+        from capbook.cli import main
         monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path / "home"))
         code, err = main(["train", "--run-dir", str(tmp_path / "run"), *args]), capsys.readouterr().err
     assert code == 2 and err.startswith("error: ")
@@ -57,7 +57,7 @@ def test_cli_bad_arguments_are_one_line(tmp_path, monkeypatch, capsys, args, mes
 
 
 def test_cli_file_as_run_dir_is_one_line(tmp_path, monkeypatch, capsys):
-    from capbook.book import main                                   # in-process: the command's own path is tested above
+    from capbook.cli import main                                   # in-process: the command's own path is tested above
     (tmp_path / "run").write_text("a file, not a folder")
     monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path / "home"))
     assert main(["train", "--run-dir", str(tmp_path / "run")]) == 2

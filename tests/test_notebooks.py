@@ -101,3 +101,14 @@ def test_no_notebook_source_holds_a_control_character():
     found = [f"{p.name}:{i + 1}" for p in sorted((Path(__file__).parent.parent / "nbs").glob("*.py"))
              for i, line in enumerate(p.read_text().splitlines()) if bad.search(line)]
     assert found == []
+
+
+def test_no_machine_path_in_the_published_book():
+    "Nothing in figures/ names a path of the machine that made it (the reader's copies, the tables, the measurements)."
+    import re
+    pat = re.compile(rb"(?<![\w.])/(?:root|home|tmp|work|Users)/")
+    import gzip
+    read = lambda f: gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
+    found = [f.relative_to(ROOT).as_posix() for f in sorted((ROOT / "figures").rglob("*"))
+             if f.is_file() and f.suffix in (".json", ".md", ".csv", ".ipynb", ".gz") and pat.search(read(f))]
+    assert not found, found
