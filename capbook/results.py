@@ -14,12 +14,12 @@ import torch
 from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, stable_hash
 
 # %% auto 0
-__all__ = ['PROBE_SEED', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS', 'cell_digest',
-           'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved', 'probe',
-           'scorer_probe', 'stats_probe', 'drawing_probe', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records',
-           'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds',
-           'step_record', 'chapter_steps', 'row_record', 'compared_runs', 'file_sha', 'published_files', 'refresh_copy',
-           'copy_current', 'write_manifest', 'current']
+__all__ = ['PROBE_SEED', 'HELPER_PROBES', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS',
+           'cell_digest', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
+           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'helpers_used', 'fingerprint_cache',
+           'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps', 'restored_maps', 'run_captions',
+           'run_file', 'publish_records', 'merge_seeds', 'step_record', 'chapter_steps', 'row_record', 'compared_runs',
+           'file_sha', 'published_files', 'refresh_copy', 'copy_current', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 _EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
@@ -221,6 +221,25 @@ def drawing_probe() -> dict:
         md = save_table(pd.DataFrame({"row": ["a", "b"], "CIDEr": [1.234, None], "p": [0.01234, 0.5]}), tmp / "table")
     return {"figure": hashlib.sha256(pixels.tobytes()).hexdigest()[:16], "shape": list(pixels.shape), "table": md}
 
+def labels_probe() -> list:
+    "Where `capbook.viz.label_points` puts the labels of a fixed crowded scatter: each label's text and offset in points."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from capbook.viz import label_points
+    fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
+    x, y = [1, 1.05, 1.1, 2, 3, 3], [1, 1.02, 0.98, 1.5, 2, 2]
+    ax.scatter(x, y); ax.set_xlim(0, 4); ax.set_ylim(0, 3)
+    out = [[t.get_text(), *[round(float(v), 3) for v in t.xyann]] for t in label_points(ax, x, y, list("abcdef"))]
+    plt.close(fig)
+    return out
+
+HELPER_PROBES = {"label_points": labels_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+
+def helpers_used(path: Path) -> list[str]:
+    "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
+    code = " ".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
+    return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
+
 # %% ../nbs/00t_results.ipynb
 def fingerprint_cache() -> Path:
     "Where fingerprints are kept between processes: by the package's source and the libraries that compute them (a changed line of `capbook/` starts a new file)."
@@ -257,6 +276,12 @@ class Keys:
             with _probing(): self._keep("shared", {"scorer": scorer_probe(), "stats": stats_probe(), "drawing": drawing_probe()})
         return self._probes["shared"]
 
+    def helper(self, name: str) -> str:
+        "The hash of a drawing helper's probe (`HELPER_PROBES`)."
+        if f"helper {name}" not in self._probes:
+            with _probing(): self._keep(f"helper {name}", stable_hash(HELPER_PROBES[name](), 16))
+        return self._probes[f"helper {name}"]
+
     def probe(self, step) -> str:
         "The hash of a chapter step's probe, shared by its seeds."
         row = stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
@@ -287,6 +312,7 @@ class Keys:
             except CapbookError: part["precision"] = step.params.get("precision")   # the run stops on it, in its notebook
         if ch is not None: part["probe"] = self.probe(step)
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
+        for h in helpers_used(nbs_dir() / f"{step.notebook}.ipynb"): part[f"helper {h}"] = self.helper(h)
         return stable_hash(part, 16)
 
     def get(self, step) -> str:

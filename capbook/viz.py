@@ -17,8 +17,8 @@ from .core import atomic_write
 from .data import load_rgb
 
 # %% auto 0
-__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'soft_hard_figure', 'markdown_table', 'save_table',
-           'stage_tables']
+__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'label_points', 'soft_hard_figure', 'markdown_table',
+           'save_table', 'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -66,6 +66,36 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     def w(t):
         buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight"); t.write_bytes(buf.getvalue())
     return atomic_write(path, w)
+
+# %% ../nbs/00k_viz.ipynb
+_OFFSETS = [(4, 4), (4, -10), (-4, 4), (-4, -10), (4, 12), (-4, 12), (4, -18), (-4, -18), (10, -3), (-10, -3), (4, 20), (-4, -26)]
+
+def label_points(ax, xs, ys, labels, fontsize: float = 7) -> list:
+    "Name each point (x, y) of `ax` with its label where it overlaps nothing already drawn (see above); returns the text artists."
+    fig = ax.figure
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    groups: dict = {}
+    for x, y, lab in zip(xs, ys, labels): groups.setdefault((round(float(x), 6), round(float(y), 6)), []).append(str(lab))
+    frame = ax.get_window_extent(r)
+    taken = [ax.transData.transform((x, y)) for (x, y) in groups]
+    boxes, out = [], []
+    for (x, y), labs in sorted(groups.items(), key=lambda g: -g[0][1]):
+        text = " = ".join(labs)
+        first = best = None
+        for dx, dy in _OFFSETS:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                            ha="left" if dx >= 0 else "right")
+            bb = t.get_window_extent(r).expanded(1.02, 1.1)
+            clash = (any(bb.overlaps(b) for b in boxes) or any(bb.contains(px, py) for px, py in taken)
+                     or bb.x0 < frame.x0 or bb.x1 > frame.x1 or bb.y0 < frame.y0 or bb.y1 > frame.y1)
+            if not clash: best = t; break
+            if first is None: first = t                   # nowhere free: the first place, drawn anyway
+            else: t.remove()
+        if best is None: best = first
+        elif first is not None: first.remove()
+        boxes.append(best.get_window_extent(r)); out.append(best)
+    return out
 
 # %% ../nbs/00k_viz.ipynb
 def _region_boxes(n_rows: int, n_cols: int, H: int, W: int):

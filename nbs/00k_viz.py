@@ -124,6 +124,60 @@ assert _sm[:32, :32].mean() > 0.5 > _sm[32:, 32:].mean() and _sm[:32, :32].mean(
 
 
 # %% [markdown]
+# ## Scatter plots whose labels do not overlap
+#
+# The book's comparison figures put a dozen named models on one plane, several of them close together. `label_points`
+# names each point with a label placed greedily: the first of a few offsets around the point whose text box overlaps no
+# label already placed, no point and the axes' edge; points at the same place share one label.
+
+# %%
+#| export
+_OFFSETS = [(4, 4), (4, -10), (-4, 4), (-4, -10), (4, 12), (-4, 12), (4, -18), (-4, -18), (10, -3), (-10, -3), (4, 20), (-4, -26)]
+
+def label_points(ax, xs, ys, labels, fontsize: float = 7) -> list:
+    "Name each point (x, y) of `ax` with its label where it overlaps nothing already drawn (see above); returns the text artists."
+    fig = ax.figure
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    groups: dict = {}
+    for x, y, lab in zip(xs, ys, labels): groups.setdefault((round(float(x), 6), round(float(y), 6)), []).append(str(lab))
+    frame = ax.get_window_extent(r)
+    taken = [ax.transData.transform((x, y)) for (x, y) in groups]
+    boxes, out = [], []
+    for (x, y), labs in sorted(groups.items(), key=lambda g: -g[0][1]):
+        text = " = ".join(labs)
+        first = best = None
+        for dx, dy in _OFFSETS:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                            ha="left" if dx >= 0 else "right")
+            bb = t.get_window_extent(r).expanded(1.02, 1.1)
+            clash = (any(bb.overlaps(b) for b in boxes) or any(bb.contains(px, py) for px, py in taken)
+                     or bb.x0 < frame.x0 or bb.x1 > frame.x1 or bb.y0 < frame.y0 or bb.y1 > frame.y1)
+            if not clash: best = t; break
+            if first is None: first = t                   # nowhere free: the first place, drawn anyway
+            else: t.remove()
+        if best is None: best = first
+        elif first is not None: first.remove()
+        boxes.append(best.get_window_extent(r)); out.append(best)
+    return out
+
+
+# %% [markdown]
+# Five points, three of them crowded, one pair at the same place: every label is drawn once, and none overlaps another.
+
+# %%
+_fig, _ax = plt.subplots(figsize=(4, 3))
+_x, _y = [1, 1.05, 1.1, 3, 3], [1, 1.02, 0.98, 2, 2]
+_ax.scatter(_x, _y); _ax.set_xlim(0, 4); _ax.set_ylim(0, 3)
+_t = label_points(_ax, _x, _y, ["alpha model", "beta model", "gamma model", "delta", "delta + SCST"])
+_r = _fig.canvas.get_renderer()
+_bb = [t.get_window_extent(_r) for t in _t]
+assert len(_t) == len(_ax.texts) == 4 and "delta = delta + SCST" in [t.get_text() for t in _t]
+assert not any(a.overlaps(b) for i, a in enumerate(_bb) for b in _bb[i + 1:])
+plt.close(_fig)
+
+
+# %% [markdown]
 # ## Soft vs hard attention on a 2×2 split (the explainer's worked example)
 #
 # `soft_hard_figure` draws the result of `capbook.sat.worked_example` the way the explainer pictures it: the image cut

@@ -337,6 +337,25 @@ def drawing_probe() -> dict:
         md = save_table(pd.DataFrame({"row": ["a", "b"], "CIDEr": [1.234, None], "p": [0.01234, 0.5]}), tmp / "table")
     return {"figure": hashlib.sha256(pixels.tobytes()).hexdigest()[:16], "shape": list(pixels.shape), "table": md}
 
+def labels_probe() -> list:
+    "Where `capbook.viz.label_points` puts the labels of a fixed crowded scatter: each label's text and offset in points."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from capbook.viz import label_points
+    fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
+    x, y = [1, 1.05, 1.1, 2, 3, 3], [1, 1.02, 0.98, 1.5, 2, 2]
+    ax.scatter(x, y); ax.set_xlim(0, 4); ax.set_ylim(0, 3)
+    out = [[t.get_text(), *[round(float(v), 3) for v in t.xyann]] for t in label_points(ax, x, y, list("abcdef"))]
+    plt.close(fig)
+    return out
+
+HELPER_PROBES = {"label_points": labels_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+
+def helpers_used(path: Path) -> list[str]:
+    "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
+    code = " ".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
+    return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
+
 
 # %% [markdown]
 # ## Step keys
@@ -344,7 +363,9 @@ def drawing_probe() -> dict:
 # `Keys` computes the keys of the steps of one plan, each fingerprint once (the seeds of a row share their row's
 # probe; the scorer, statistics and drawing probes are shared by every step). A chapter run's key holds its own probe;
 # an assembly notebook's, the keys of the runs it tabulates; an engine chapter's (`00*`, whose examples exercise the
-# whole package), every model's probe.
+# whole package), every model's probe. A notebook that calls one of the drawing helpers outside the shared drawing
+# probe (`HELPER_PROBES`: today `capbook.viz.label_points`, which places a scatter plot's labels) has that helper's
+# probe in its key too, so a changed placement redraws exactly the figures that use it.
 
 # %%
 #| export
@@ -383,6 +404,12 @@ class Keys:
             with _probing(): self._keep("shared", {"scorer": scorer_probe(), "stats": stats_probe(), "drawing": drawing_probe()})
         return self._probes["shared"]
 
+    def helper(self, name: str) -> str:
+        "The hash of a drawing helper's probe (`HELPER_PROBES`)."
+        if f"helper {name}" not in self._probes:
+            with _probing(): self._keep(f"helper {name}", stable_hash(HELPER_PROBES[name](), 16))
+        return self._probes[f"helper {name}"]
+
     def probe(self, step) -> str:
         "The hash of a chapter step's probe, shared by its seeds."
         row = stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
@@ -413,12 +440,23 @@ class Keys:
             except CapbookError: part["precision"] = step.params.get("precision")   # the run stops on it, in its notebook
         if ch is not None: part["probe"] = self.probe(step)
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
+        for h in helpers_used(nbs_dir() / f"{step.notebook}.ipynb"): part[f"helper {h}"] = self.helper(h)
         return stable_hash(part, 16)
 
     def get(self, step) -> str:
         if step.name not in self._keys: self._keys[step.name] = self.key(step)
         return self._keys[step.name]
 
+
+
+# %% [markdown]
+# The all-models chapter places its scatter plot's labels with `label_points`, so its key holds that helper's probe;
+# Show-Attend-Tell's tables do not:
+
+# %%
+from capbook.book import nbs_dir as _nbs
+assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "02a_soft_vs_hard.ipynb") == []
+labels_probe()
 
 
 # %% [markdown]

@@ -40,7 +40,7 @@ from capbook.runner import start_run, read_params, record_stage, stage_stats, in
 from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
-from capbook.viz import markdown_table, save_figure, save_table
+from capbook.viz import label_points, markdown_table, save_figure, save_table
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -118,16 +118,18 @@ families = list(dict.fromkeys(T["family"]))
 marks = dict(zip(families, "osD^vP"))
 has_sem = "F1 all" in T
 panels = ([("F1 all", "semantic F1 (all categories)")] if has_sem else []) + [("att. mass", "attention mass on the named object")]
-fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+fig, axes = plt.subplots(len(panels), 1, figsize=(9, 5.2 * len(panels)), squeeze=False)          # one panel a row: room for the names
+axes = axes.T
 for ax, (col, xlabel) in zip(axes[0], panels):
     if col not in T: ax.set_visible(False); continue
     for fam in families:
         sub = T[(T["family"] == fam) & T[col].notna()]
         ax.scatter(sub[col], sub["CIDEr"], marker=marks[fam], s=46, label=fam)
-        for name, r in sub.iterrows():
-            ax.annotate(name, (r[col], r["CIDEr"]), fontsize=6.5, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(xlabel); ax.set_ylabel("CIDEr"); ax.grid(alpha=.3)
-axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    shown = T[T[col].notna()]
+    ax.margins(0.12)
+    label_points(ax, shown[col], shown["CIDEr"], shown.index, fontsize=6.5)
+axes[0][0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"Every model of the book on the same test images ({data['dataset']}, {profile} profile)", fontsize=10)
 fig.tight_layout()
 fig_path = save_figure(fig, run.path("fig_baselines_comparison.png"))
