@@ -55,7 +55,7 @@ _EQUATION = re.compile(r"^\s*#.*[=≈∝]", re.M)        # a comment line statin
 
 def _builds_only(cell: nbformat.NotebookNode) -> bool:
     "Whether a code cell only builds what it shows (a table, a figure) — folded on the site — rather than state the paper's equations or the book's example code: it shows an image or a Markdown table and defines nothing."
-    shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown"))
+    shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown", "text/html"))
     return shows and not _EQUATION.search(cell.source) and not re.search(r"^(def|class) ", cell.source, re.M)
 
 def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -73,7 +73,7 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             if _off(dirs.get("output", "")): tags.append("remove-output")
             if not _off(dirs.get("code-fold", "false")): tags.append("hide-input")
             cell.outputs = [o for o in map(_clean_output, cell.outputs) if o is not None]
-            if _builds_only(cell): tags.append("hide-input")          # a cell that only draws a table or figure: folded
+            if _builds_only(cell) and not {"remove-input", "hide-input"} & set(tags): tags.append("hide-input")   # only draws a table or figure: folded
             if not cell.source.strip() and not cell.outputs: continue
         cells.append(cell)
     nb.cells = cells

@@ -7,7 +7,7 @@ from capbook.docs import chromium_dom
 
 # an absolute path on a build machine: /work/…, /home/…, /root/…, /tmp/…, /Users/…, /mnt/…, /var/folders/…
 MACHINE_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:work|home|root|tmp|Users|mnt|var/folders|opt/conda)/[\w.-]")
-CHATTER = ("PTBTokenizer tokenized", "tokens per second", "it/s]", "TqdmWarning", "run_dir = ")
+CHATTER = ("PTBTokenizer tokenized", "tokens per second", "it/s]", "TqdmWarning", "run_dir = ", "training from scratch", "resumed from")
 _CODE_INPUT = re.compile(r'<div class="highlight-ipython3 notranslate">.*?</pre>', re.S)   # the code itself may name paths
 _MD_TABLE = re.compile(r"^\|.*\|[ \t]*\n\|[ \t]*:?-", re.M)
 

@@ -83,6 +83,7 @@ def test_directives_parsed():
     assert not any("#|" in s or "HIDDEN" in s for s in srcs) and "def attend(e, dim=-1):" in srcs[2]
     tags = {c.source: c.metadata.get("tags", []) for c in nb.cells}
     assert tags["ECHO_OFF_SOURCE_MARK"] == ["remove-input"] and tags["print('noise')"] == ["remove-output"]
+    assert tags["results_table"] == ["hide-input"] and tags["def attend(e, dim=-1):\n    return e.softmax(dim)"] == []   # a cell that only shows a table is folded, the paper's code is not
     show_doc = next(c for c in nb.cells if c.source == "show_doc(attend)")
     assert show_doc.outputs[0].data["text/markdown"].startswith("### attend")
 
