@@ -266,7 +266,7 @@ _md = "a\n<!-- results -->\nold\n<!-- /results -->\nb <!-- other -->"
 assert fill_blocks(_md, {"results": "new"}) == "a\n<!-- results -->\nnew\n<!-- /results -->\nb <!-- other -->"
 assert chapter_status([{"step": "03_spca-k5-seed1", "status": "current"}, {"step": "03_spca", "status": "stale"},
                        {"step": "02a_soft_vs_hard", "status": "current"}, {"step": None, "status": "unknown"}]) == {"03_spca": False, "02a_soft_vs_hard": True}
-print("\n".join(chapter_table({"02_show_attend_tell": True}).splitlines()[:4]))
+print("\n".join(_book.chapter_table({"02_show_attend_tell": True}).splitlines()[:4]))      # the installed module's notebooks
 
 
 # %% [markdown]

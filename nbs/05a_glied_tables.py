@@ -110,7 +110,9 @@ display(Markdown(save_table(table1, run.path("table_glied_table1"), floatfmt=".2
 # %%
 g, b = ("glied", ""), ("glied", "base")
 judged = Claims()                                          # this section's verdicts, corrected together
-v = lambda a, b_: judged.text(f"{a} above {b_}", ST[a], ST[b_])   # the claim "a scores a higher CIDEr than b"
+NAMES = {g: "GLIED", b: "GLIED base", ("base", ""): "Up-Down", ("base", "att2in"): "Att2in"}
+name = lambda k: NAMES[k[0]] + (" + SCST" if k[1] == "scst" else "")
+v = lambda a, b_: judged.text(f"{name(a)} above {name(b_)}", ST[a], ST[b_])   # the claim "a scores a higher CIDEr than b"
 display(Markdown(
     "On this run of the book (each claim on the same test images, Student's t over the rows' seeds with the images' "
     "variance added; one seed: no verdict):\n\n"
