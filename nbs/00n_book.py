@@ -211,8 +211,11 @@ def book_time(folder: Path) -> str:
     import pandas as pd
     csv = Path(folder) / "table_book_times.csv"
     if not csv.exists(): return "**Time.** The default book has not been timed yet."
-    total = pd.read_csv(csv).set_index("step").loc["total (one after another)", "minutes"]
-    return (f"**Time.** The default book, every seed: {total / 60:.1f} hours of runs one after another, about "
+    df = pd.read_csv(csv).set_index("step")
+    total, steps = df.loc["total (one after another)", "minutes"], [s.name for s in plan("default")]
+    left = [s for s in steps if s not in df.index]
+    which = "every seed" if not left else f"the {len(steps) - len(left)} of its {len(steps)} steps timed so far"
+    return (f"**Time.** The default book, {which}: {total / 60:.1f} hours of runs one after another, about "
             f"{total / 120:.1f} hours of `make book` (two runs side by side) on the 2-core CPU that made it "
             "(`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
 

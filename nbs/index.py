@@ -30,7 +30,7 @@
 #
 # ## Quick start
 #
-# You need Python 3.10 or newer, Java 17 (METEOR and the PTB tokenizer) and make. `make test` also needs Chromium for
+# You need Python 3.11 or newer, Java 17 (METEOR and the PTB tokenizer) and make. `make test` also needs Chromium for
 # the docs-site test and installs Debian's `chromium` with apt-get (as root or through sudo). Every command creates
 # `.venv/` and installs capbook into it first (about 3 minutes, once).
 #
