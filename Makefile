@@ -52,7 +52,7 @@ test-fast: lint
 
 # The full-strength fault and scale runs: whole smoke books killed at random, the rehearsal at a larger scale.
 soak: lint browser
-	$(BIN)/python -m pytest -q -n 2 -m soak
+	CAPBOOK_EVERY=1 $(BIN)/python -m pytest -q -n 2 -m "soak or sampled"
 
 # nbdev's habits as git pre-commit hooks: clean notebooks, export, lint (.pre-commit-config.yaml).
 hooks: venv

@@ -191,7 +191,7 @@ def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> s
     nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
     md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
-    return md.replace("](../figures/", "](figures/") + "\n"
+    return md + "\n"
 
 def readme_status(path: Path | None = None) -> dict[str, bool] | None:
     "The chapters' status as the README states it (its chapter table's last column), or None where it states none."
