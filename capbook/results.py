@@ -16,10 +16,10 @@ from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, st
 # %% auto 0
 __all__ = ['PROBE_SEED', 'HELPER_PROBES', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS',
            'cell_digest', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
-           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'helpers_used', 'fingerprint_cache',
-           'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps', 'restored_maps', 'run_captions',
-           'run_file', 'publish_records', 'merge_seeds', 'step_record', 'chapter_steps', 'row_record', 'compared_runs',
-           'file_sha', 'published_files', 'refresh_copy', 'copy_current', 'write_manifest', 'current']
+           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe', 'helpers_used',
+           'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps', 'restored_maps',
+           'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record', 'chapter_steps', 'row_record',
+           'compared_runs', 'file_sha', 'published_files', 'refresh_copy', 'copy_current', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 _EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
@@ -233,7 +233,19 @@ def labels_probe() -> list:
     plt.close(fig)
     return out
 
-HELPER_PROBES = {"label_points": labels_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+def rows_probe() -> str:
+    "What `capbook.viz.attention_rows` draws of a fixed caption of seven words: its pixels, hashed."
+    import matplotlib; matplotlib.use("Agg")
+    from PIL import Image
+    from capbook.viz import attention_rows
+    img = np.zeros((32, 32, 3), np.uint8); img[4:12, 4:12] = 200
+    alpha = torch.softmax(torch.linspace(-2, 2, 7 * 4).reshape(7, 4), -1)
+    with _probing() as tmp:
+        attention_rows([{"label": "probe", "image": img, "words": list("abcdefg"), "alpha": alpha, "grid": (2, 2)}], tmp / "rows.png")
+        pixels = np.asarray(Image.open(tmp / "rows.png").convert("L"), dtype=np.uint8)
+    return hashlib.sha256(pixels.tobytes()).hexdigest()[:16] + f"-{pixels.shape}"
+
+HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."

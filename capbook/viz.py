@@ -17,8 +17,8 @@ from .core import atomic_write
 from .data import load_rgb
 
 # %% auto 0
-__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'label_points', 'soft_hard_figure', 'markdown_table',
-           'save_table', 'stage_tables']
+__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'attention_rows', 'label_points', 'soft_hard_figure',
+           'markdown_table', 'save_table', 'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -66,6 +66,17 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     def w(t):
         buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight"); t.write_bytes(buf.getvalue())
     return atomic_write(path, w)
+
+# %% ../nbs/00k_viz.ipynb
+def attention_rows(rows: list[dict], path: str | Path | None = None, per_line: int = 4, max_words: int = 16, panel: float = 2.2):
+    "`attention_figure` with each row's first `max_words` words wrapped onto lines of `per_line` panels (its label, then '(continued)')."
+    lines = []
+    for r in rows:
+        words = list(r["words"])[:max_words]
+        for i in range(0, max(len(words), 1), per_line):
+            lines.append({**r, "label": r["label"] if i == 0 else f"{r['label']} (continued)",
+                          "words": words[i:i + per_line], "alpha": r["alpha"][i:i + per_line]})
+    return attention_figure(lines, path, max_words=per_line, panel=panel)
 
 # %% ../nbs/00k_viz.ipynb
 _OFFSETS = [(4, 4), (4, -10), (-4, 4), (-4, -10), (4, 12), (-4, 12), (4, -18), (-4, -18), (10, -3), (-10, -3), (4, 20), (-4, -26)]

@@ -124,6 +124,33 @@ assert _sm[:32, :32].mean() > 0.5 > _sm[32:, 32:].mean() and _sm[:32, :32].mean(
 
 
 # %% [markdown]
+# ## Attention figures legible at page width
+#
+# `attention_figure` puts a caption's words on one line: twelve words make thirteen panels, about 55 pixels each on
+# a page. `attention_rows` wraps each row's words onto lines of at most `per_line` panels after the image (four: about
+# 150 pixels each at the site's page width), the image repeated at the head of each line.
+
+# %%
+#| export
+def attention_rows(rows: list[dict], path: str | Path | None = None, per_line: int = 4, max_words: int = 16, panel: float = 2.2):
+    "`attention_figure` with each row's first `max_words` words wrapped onto lines of `per_line` panels (its label, then '(continued)')."
+    lines = []
+    for r in rows:
+        words = list(r["words"])[:max_words]
+        for i in range(0, max(len(words), 1), per_line):
+            lines.append({**r, "label": r["label"] if i == 0 else f"{r['label']} (continued)",
+                          "words": words[i:i + per_line], "alpha": r["alpha"][i:i + per_line]})
+    return attention_figure(lines, path, max_words=per_line, panel=panel)
+
+
+# %%
+_f = attention_rows([{"label": "a square", "image": _img, "words": ["a", "square", "on", "grey", "ground"], "alpha": torch.cat([_alpha] * 3)[:5],
+                      "grid": (2, 2)}])
+assert len(_f.axes) == 10 and [a.get_title() for a in _f.axes if a.get_title()][-2:] == ["a square (continued)", "ground"]
+plt.close(_f)
+
+
+# %% [markdown]
 # ## Scatter plots whose labels do not overlap
 #
 # The book's comparison figures put a dozen named models on one plane, several of them close together. `label_points`

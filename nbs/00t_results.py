@@ -349,7 +349,19 @@ def labels_probe() -> list:
     plt.close(fig)
     return out
 
-HELPER_PROBES = {"label_points": labels_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+def rows_probe() -> str:
+    "What `capbook.viz.attention_rows` draws of a fixed caption of seven words: its pixels, hashed."
+    import matplotlib; matplotlib.use("Agg")
+    from PIL import Image
+    from capbook.viz import attention_rows
+    img = np.zeros((32, 32, 3), np.uint8); img[4:12, 4:12] = 200
+    alpha = torch.softmax(torch.linspace(-2, 2, 7 * 4).reshape(7, 4), -1)
+    with _probing() as tmp:
+        attention_rows([{"label": "probe", "image": img, "words": list("abcdefg"), "alpha": alpha, "grid": (2, 2)}], tmp / "rows.png")
+        pixels = np.asarray(Image.open(tmp / "rows.png").convert("L"), dtype=np.uint8)
+    return hashlib.sha256(pixels.tobytes()).hexdigest()[:16] + f"-{pixels.shape}"
+
+HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
@@ -364,8 +376,9 @@ def helpers_used(path: Path) -> list[str]:
 # probe; the scorer, statistics and drawing probes are shared by every step). A chapter run's key holds its own probe;
 # an assembly notebook's, the keys of the runs it tabulates; an engine chapter's (`00*`, whose examples exercise the
 # whole package), every model's probe. A notebook that calls one of the drawing helpers outside the shared drawing
-# probe (`HELPER_PROBES`: today `capbook.viz.label_points`, which places a scatter plot's labels) has that helper's
-# probe in its key too, so a changed placement redraws exactly the figures that use it.
+# probe (`HELPER_PROBES`: `capbook.viz.label_points`, which places a scatter plot's labels, and
+# `capbook.viz.attention_rows`, which wraps an attention figure's words) has that helper's probe in its key too, so a
+# changed placement redraws exactly the figures that use it.
 
 # %%
 #| export
@@ -451,12 +464,12 @@ class Keys:
 
 # %% [markdown]
 # The all-models chapter places its scatter plot's labels with `label_points`, so its key holds that helper's probe;
-# Show-Attend-Tell's tables do not:
+# GLIED's chapter calls neither helper:
 
 # %%
 from capbook.book import nbs_dir as _nbs
-assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "02a_soft_vs_hard.ipynb") == []
-labels_probe()
+assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "05_glied.ipynb") == []
+labels_probe(), rows_probe()
 
 
 # %% [markdown]

@@ -39,7 +39,7 @@ from capbook.metrics import results_row, semantic_table
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.spca import map_ratio
-from capbook.viz import attention_figure, save_table
+from capbook.viz import attention_figure, attention_rows, save_table
 from capbook.baselines import BASELINE_NOTE, baseline_records
 from capbook.runner import record_stage
 
@@ -271,7 +271,7 @@ f1 = {tag: fig_refs[tag] | {"alpha": restored_maps(fig_refs[tag]["alpha"])} for 
 if f1:
     first = next(iter(f1.values()))
     assert all(f["index"] == first["index"] and f["words"] == first["words"] for f in f1.values()), "Figure 1: one image, one caption"
-    fig1 = attention_figure([{"label": f"{name} (max/min {map_ratio(f1[tag]['alpha']):.4g})", "image": images[first["index"]],
+    fig1 = attention_rows([{"label": f"{name} (max/min {map_ratio(f1[tag]['alpha']):.4g})", "image": images[first["index"]],
                               "words": first["words"], "alpha": f1[tag]["alpha"], "grid": tuple(f1[tag]["grid"])}
                              for name, tag in names if tag in f1], run.path("fig_spca_figure1.png"))
     display(IPImage(filename=str(fig1)))
