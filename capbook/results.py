@@ -16,10 +16,11 @@ from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, st
 # %% auto 0
 __all__ = ['PROBE_SEED', 'HELPER_PROBES', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS',
            'cell_digest', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
-           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe', 'helpers_used',
-           'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps', 'restored_maps',
-           'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record', 'chapter_steps', 'row_record',
-           'compared_runs', 'file_sha', 'published_files', 'refresh_copy', 'copy_current', 'write_manifest', 'current']
+           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe', 'show_probe',
+           'helpers_used', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps',
+           'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record',
+           'chapter_steps', 'row_record', 'compared_runs', 'file_sha', 'published_files', 'refresh_copy',
+           'copy_current', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 _EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
@@ -245,7 +246,14 @@ def rows_probe() -> str:
         pixels = np.asarray(Image.open(tmp / "rows.png").convert("L"), dtype=np.uint8)
     return hashlib.sha256(pixels.tobytes()).hexdigest()[:16] + f"-{pixels.shape}"
 
-HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+def show_probe() -> str:
+    "The Markdown `capbook.viz.show_table` shows of a fixed wide table."
+    import pandas as pd
+    from capbook.viz import show_table
+    df = pd.DataFrame({"model": ["a", "b"], **{f"m{i}": [1.0, 2.5] for i in range(12)}, "CIDEr": [None, 90.0], "empty": [None, None]})
+    with _probing() as tmp: return show_table(df, tmp / "t")
+
+HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "show_table": show_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."

@@ -361,7 +361,14 @@ def rows_probe() -> str:
         pixels = np.asarray(Image.open(tmp / "rows.png").convert("L"), dtype=np.uint8)
     return hashlib.sha256(pixels.tobytes()).hexdigest()[:16] + f"-{pixels.shape}"
 
-HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+def show_probe() -> str:
+    "The Markdown `capbook.viz.show_table` shows of a fixed wide table."
+    import pandas as pd
+    from capbook.viz import show_table
+    df = pd.DataFrame({"model": ["a", "b"], **{f"m{i}": [1.0, 2.5] for i in range(12)}, "CIDEr": [None, 90.0], "empty": [None, None]})
+    with _probing() as tmp: return show_table(df, tmp / "t")
+
+HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "show_table": show_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
@@ -376,9 +383,10 @@ def helpers_used(path: Path) -> list[str]:
 # probe; the scorer, statistics and drawing probes are shared by every step). A chapter run's key holds its own probe;
 # an assembly notebook's, the keys of the runs it tabulates; an engine chapter's (`00*`, whose examples exercise the
 # whole package), every model's probe. A notebook that calls one of the drawing helpers outside the shared drawing
-# probe (`HELPER_PROBES`: `capbook.viz.label_points`, which places a scatter plot's labels, and
-# `capbook.viz.attention_rows`, which wraps an attention figure's words) has that helper's probe in its key too, so a
-# changed placement redraws exactly the figures that use it.
+# probe (`HELPER_PROBES`: `capbook.viz.label_points`, which places a scatter plot's labels,
+# `capbook.viz.attention_rows`, which wraps an attention figure's words, and `capbook.viz.show_table`, which splits a
+# wide table on its page) has that helper's probe in its key too, so a changed layout redraws exactly the pages that
+# use it.
 
 # %%
 #| export
@@ -469,7 +477,7 @@ class Keys:
 # %%
 from capbook.book import nbs_dir as _nbs
 assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "05_glied.ipynb") == []
-labels_probe(), rows_probe()
+labels_probe(), rows_probe(), show_probe()[:80]
 
 
 # %% [markdown]

@@ -36,7 +36,7 @@ from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
 from capbook.shapes import object_mentions, parse_caption
-from capbook.viz import attention_rows, save_figure, save_table
+from capbook.viz import attention_rows, save_figure, save_table, show_table
 from capbook.baselines import BASELINE_NOTE
 
 # %% tags=["parameters"]
@@ -107,7 +107,7 @@ ours.append({**row("Google NIC", nic["metrics"], nic, stage_stats(nic, prep)), "
 table1 = pd.concat([sat_table1(), pd.DataFrame(ours)], ignore_index=True)
 cols = ["dataset", "model", "source", "BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR"]
 table1 = table1[cols + [c for c in table1.columns if c not in cols + ["note"]] + ["note"]]
-display(Markdown(save_table(table1, run.path("table_sat_table1"), floatfmt=".2f")))
+display(Markdown(show_table(table1, run.path("table_sat_table1"), floatfmt=".2f")))
 
 # %%
 T = pd.DataFrame(ours).set_index("model")
