@@ -303,7 +303,7 @@ class Chapter:
     sizes: dict[str, dict] = field(default_factory=dict)   # profile -> values of the parameters a run leaves None
     compares: tuple[str, ...] = ()              # other chapters whose runs its assembly notebook tabulates
     inputs: Callable[[Any, Any, Callable], dict] | None = None   # (prep, params, log) -> adds per-image inputs; a record entry
-    seeds: dict[str, int] = field(default_factory=dict)   # tag -> seeds where a profile repeats runs, if more than SEEDS (a headline claim in the 3-seed test's reach)
+    seeds: dict[str, int] = field(default_factory=dict)   # tag -> seeds in place of SEEDS where a profile repeats runs: more for a headline claim in the 3-seed test's reach, 1 for a row no verdict rests on
 
     def resolve(self, p: Any) -> Any:
         "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`), and a learning rate left None the profile's (`PROFILE_LR`)."

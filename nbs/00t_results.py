@@ -505,7 +505,7 @@ def replicas(profile: str, step: Step) -> list[Step]:
     from capbook.runner import SEEDS, chapters
     tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
     n = SEEDS[profile]
-    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = max(n, ch.seeds.get(step.tag, 0))
+    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = ch.seeds.get(step.tag, n)   # a row with no verdict: 1
     return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
 
 

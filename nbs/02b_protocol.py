@@ -194,6 +194,17 @@ display(Markdown(f"Seed by seed, the protocol's test CIDEr minus the early-stop 
                  f"protocol's training time. Does the protocol's row (all its seeds) score higher than the early-stop row's? {v['text']}."))
 
 # %% [markdown]
+# **The budget's length, from the curves.** Whether 15 epochs are enough is read off every row's own validation
+# curve, not fixed by a count: the all-models chapter (`06a_baselines_tables`, "Did every row train to a flat
+# curve?") gives, for each row and seed, the evaluation it kept and what its last three epochs gained. On the book's
+# runs most seeds keep an evaluation before the last and gain nothing or lose in the last three epochs (the rate is then
+# below 10 % of its peak); a row whose every seed still gains there is named in that chapter, since a longer budget is
+# what it would need. *capbook:* the budget stays one number for every compared row, because a row given more epochs
+# than its rival would no longer be compared like for like; and the SPCA chapter, the book's slowest, carries three
+# seeds only on the rows its verdicts rest on (its chapter says which), which is what keeps the whole book within its
+# two-core afternoon.
+
+# %% [markdown]
 # ## The schedule and the average, as they run
 #
 # - **Learning rate.** Adam at `lr` (4×10⁻⁴ at the default profile), falling to 0 on a cosine over the run's budget
