@@ -54,7 +54,7 @@ def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
 _EQUATION = re.compile(r"^\s*#.*[=≈∝]", re.M)        # a comment line stating an equation: the code under it is the paper's
 
 def _builds_only(cell: nbformat.NotebookNode) -> bool:
-    "Whether a code cell only builds what it shows (a table, a figure) — folded on the site — rather than state the paper's equations or the book's example code: it shows an image or a Markdown table and defines nothing."
+    "Whether a code cell only builds what it shows (a table, a figure) — folded on the site — rather than state the paper's equations or the book's example code: it shows an image, a Markdown table or HTML and defines nothing."
     shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown", "text/html"))
     return shows and not _EQUATION.search(cell.source) and not re.search(r"^(def|class) ", cell.source, re.M)
 

@@ -15,10 +15,10 @@ from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, st
 
 # %% auto 0
 __all__ = ['PROBE_SEED', 'HELPER_PROBES', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS',
-           'cell_digest', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
-           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe', 'show_probe',
-           'helpers_used', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps',
-           'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record',
+           'cell_digest', 'code_cells', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data',
+           'resolved', 'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe',
+           'show_probe', 'helpers_used', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record',
+           'kept_maps', 'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record',
            'chapter_steps', 'row_record', 'compared_runs', 'file_sha', 'published_files', 'refresh_copy',
            'copy_current', 'write_manifest', 'current']
 
@@ -40,10 +40,14 @@ def cell_digest(source: str) -> str:
     except SyntaxError:
         return "\n".join(l.rstrip() for l in source.splitlines() if l.strip() and not l.lstrip().startswith("#") or l.lstrip().startswith("#|"))
 
+def code_cells(path: Path) -> list[str]:
+    "The sources of a notebook's code cells, in order."
+    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+
 def notebook_code(path: Path) -> dict:
     "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
-    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
-    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+    src = code_cells(path)
     layout = "".join("E" if _EXPORT.search(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
 
@@ -257,7 +261,7 @@ HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "sh
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
-    code = " ".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
+    code = " ".join(code_cells(path))
     return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
 
 # %% ../nbs/00t_results.ipynb

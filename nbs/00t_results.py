@@ -78,10 +78,14 @@ def cell_digest(source: str) -> str:
     except SyntaxError:
         return "\n".join(l.rstrip() for l in source.splitlines() if l.strip() and not l.lstrip().startswith("#") or l.lstrip().startswith("#|"))
 
+def code_cells(path: Path) -> list[str]:
+    "The sources of a notebook's code cells, in order."
+    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+
 def notebook_code(path: Path) -> dict:
     "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
-    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
-    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+    src = code_cells(path)
     layout = "".join("E" if _EXPORT.search(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
 
@@ -372,7 +376,7 @@ HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "sh
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
-    code = " ".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
+    code = " ".join(code_cells(path))
     return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
 
 
