@@ -45,7 +45,7 @@ lint: venv
 
 # Both cores: two pytest workers (pytest-xdist); the tests that read the one smoke book share a worker (xdist_group).
 test: lint browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20
 
 test-fast: lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
