@@ -93,7 +93,7 @@ def _paper_cell(ch) -> str:
     return f"[{first if first.endswith('et al.') or first == m.group(1) else first + ' et al.'} {m.group(2)}]({ch.url})"
 
 def chapter_status(rows: list[dict]) -> dict[str, bool]:
-    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-k5-seed1` belongs to notebook `03_spca`)."
+    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-base-seed1` belongs to notebook `03_spca`)."
     status: dict[str, bool] = {}
     for r in rows:
         if r["step"]: nb = r["step"].split("-")[0]; status[nb] = status.get(nb, True) and r["status"] == "current"
@@ -469,7 +469,7 @@ def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
     for pat in only:
         if not any(hit(s, pat) for s in steps):
             raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
-                               f"a step name (e.g. 03_spca-k5-seed1) or a pattern (e.g. '03_spca-k*')")
+                               f"a step name (e.g. 03_spca-base-seed1) or a pattern (e.g. '03_spca-base*')")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
 @contextlib.contextmanager

@@ -461,7 +461,7 @@ def test_only_selects_chapters_steps_and_patterns():
     hard = [s.name for s in select_steps(steps, ["02_show_attend_tell-hard*", "02a_soft_vs_hard"])]
     assert "02_show_attend_tell-hard-seed2" in hard and "02_show_attend_tell-hard-lr1" in hard and "02a_soft_vs_hard" in hard
     assert "02_show_attend_tell" not in hard and "02_show_attend_tell-none" not in hard
-    assert [s.name for s in select_steps(steps, ["03_spca-k5-seed1"])] == ["03_spca-k5-seed1"]
+    assert [s.name for s in select_steps(steps, ["03_spca-base-seed1"])] == ["03_spca-base-seed1"]
     assert [s.name for s in select_steps(steps, ["04a*", "index"])] == [s.name for s in steps if s.name in ("index", "04a_ssa_tables")]
     with pytest.raises(CapbookError, match="only='03_spcaa' matches no step"): select_steps(steps, ["03_spcaa"])
 
