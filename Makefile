@@ -45,14 +45,14 @@ lint: venv
 
 # Both cores: two pytest workers (pytest-xdist); the tests that read the one smoke book share a worker (xdist_group).
 test: lint browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20
 
 test-fast: lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 # The full-strength fault and scale runs: whole smoke books killed at random, the rehearsal at a larger scale.
 soak: lint browser
-	$(BIN)/python -m pytest -q -n 2 -m soak
+	CAPBOOK_EVERY=1 $(BIN)/python -m pytest -q -n 2 -m "soak or sampled"
 
 # nbdev's habits as git pre-commit hooks: clean notebooks, export, lint (.pre-commit-config.yaml).
 hooks: venv

@@ -93,7 +93,7 @@ def _paper_cell(ch) -> str:
     return f"[{first if first.endswith('et al.') or first == m.group(1) else first + ' et al.'} {m.group(2)}]({ch.url})"
 
 def chapter_status(rows: list[dict]) -> dict[str, bool]:
-    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-k5-seed1` belongs to notebook `03_spca`)."
+    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-base-seed1` belongs to notebook `03_spca`)."
     status: dict[str, bool] = {}
     for r in rows:
         if r["step"]: nb = r["step"].split("-")[0]; status[nb] = status.get(nb, True) and r["status"] == "current"
@@ -191,7 +191,7 @@ def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> s
     nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
     md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
-    return md.replace("](../figures/", "](figures/") + "\n"
+    return md + "\n"
 
 def readme_status(path: Path | None = None) -> dict[str, bool] | None:
     "The chapters' status as the README states it (its chapter table's last column), or None where it states none."
@@ -469,7 +469,7 @@ def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
     for pat in only:
         if not any(hit(s, pat) for s in steps):
             raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
-                               f"a step name (e.g. 03_spca-k5-seed1) or a pattern (e.g. '03_spca-k*')")
+                               f"a step name (e.g. 03_spca-base-seed1) or a pattern (e.g. '03_spca-base*')")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
 @contextlib.contextmanager

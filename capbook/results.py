@@ -15,11 +15,12 @@ from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, st
 
 # %% auto 0
 __all__ = ['PROBE_SEED', 'HELPER_PROBES', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS',
-           'cell_digest', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
-           'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'helpers_used', 'fingerprint_cache',
-           'Keys', 'Step', 'replicas', 'records', 'read_record', 'kept_maps', 'restored_maps', 'run_captions',
-           'run_file', 'publish_records', 'merge_seeds', 'step_record', 'chapter_steps', 'row_record', 'compared_runs',
-           'file_sha', 'published_files', 'refresh_copy', 'copy_current', 'write_manifest', 'current']
+           'cell_digest', 'code_cells', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data',
+           'resolved', 'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe',
+           'show_probe', 'helpers_used', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record',
+           'kept_maps', 'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record',
+           'chapter_steps', 'row_record', 'compared_runs', 'file_sha', 'published_files', 'refresh_copy',
+           'copy_current', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 _EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
@@ -39,10 +40,14 @@ def cell_digest(source: str) -> str:
     except SyntaxError:
         return "\n".join(l.rstrip() for l in source.splitlines() if l.strip() and not l.lstrip().startswith("#") or l.lstrip().startswith("#|"))
 
+def code_cells(path: Path) -> list[str]:
+    "The sources of a notebook's code cells, in order."
+    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+
 def notebook_code(path: Path) -> dict:
     "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
-    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
-    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+    src = code_cells(path)
     layout = "".join("E" if _EXPORT.search(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
 
@@ -233,11 +238,30 @@ def labels_probe() -> list:
     plt.close(fig)
     return out
 
-HELPER_PROBES = {"label_points": labels_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+def rows_probe() -> str:
+    "What `capbook.viz.attention_rows` draws of a fixed caption of seven words: its pixels, hashed."
+    import matplotlib; matplotlib.use("Agg")
+    from PIL import Image
+    from capbook.viz import attention_rows
+    img = np.zeros((32, 32, 3), np.uint8); img[4:12, 4:12] = 200
+    alpha = torch.softmax(torch.linspace(-2, 2, 7 * 4).reshape(7, 4), -1)
+    with _probing() as tmp:
+        attention_rows([{"label": "probe", "image": img, "words": list("abcdefg"), "alpha": alpha, "grid": (2, 2)}], tmp / "rows.png")
+        pixels = np.asarray(Image.open(tmp / "rows.png").convert("L"), dtype=np.uint8)
+    return hashlib.sha256(pixels.tobytes()).hexdigest()[:16] + f"-{pixels.shape}"
+
+def show_probe() -> str:
+    "The Markdown `capbook.viz.show_table` shows of a fixed wide table."
+    import pandas as pd
+    from capbook.viz import show_table
+    df = pd.DataFrame({"model": ["a", "b"], **{f"m{i}": [1.0, 2.5] for i in range(12)}, "CIDEr": [None, 90.0], "empty": [None, None]})
+    with _probing() as tmp: return show_table(df, tmp / "t")
+
+HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "show_table": show_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
-    code = " ".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
+    code = " ".join(code_cells(path))
     return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
 
 # %% ../nbs/00t_results.ipynb

@@ -17,8 +17,8 @@ from .core import atomic_write
 from .data import load_rgb
 
 # %% auto 0
-__all__ = ['smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'label_points', 'soft_hard_figure', 'markdown_table',
-           'save_table', 'stage_tables']
+__all__ = ['KEY_COLUMNS', 'smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'attention_rows', 'label_points',
+           'soft_hard_figure', 'markdown_table', 'save_table', 'show_table', 'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -66,6 +66,17 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     def w(t):
         buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight"); t.write_bytes(buf.getvalue())
     return atomic_write(path, w)
+
+# %% ../nbs/00k_viz.ipynb
+def attention_rows(rows: list[dict], path: str | Path | None = None, per_line: int = 4, max_words: int = 16, panel: float = 2.2):
+    "`attention_figure` with each row's first `max_words` words wrapped onto lines of `per_line` panels (its label, then '(continued)')."
+    lines = []
+    for r in rows:
+        words = list(r["words"])[:max_words]
+        for i in range(0, max(len(words), 1), per_line):
+            lines.append({**r, "label": r["label"] if i == 0 else f"{r['label']} (continued)",
+                          "words": words[i:i + per_line], "alpha": r["alpha"][i:i + per_line]})
+    return attention_figure(lines, path, max_words=per_line, panel=panel)
 
 # %% ../nbs/00k_viz.ipynb
 _OFFSETS = [(4, 4), (4, -10), (-4, 4), (-4, -10), (4, 12), (-4, 12), (4, -18), (-4, -18), (10, -3), (-10, -3), (4, 20), (-4, -26)]
@@ -143,6 +154,21 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md
+
+KEY_COLUMNS = ("training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass", "note")
+
+def show_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f", max_columns: int = 12) -> str:
+    "`save_table`, and the Markdown a page shows: without all-empty columns, and wider than `max_columns` split in two — the row names (the leading text columns) with the key columns (`KEY_COLUMNS`), then the row names with the others."
+    md = save_table(df, path_stem, floatfmt)
+    shown = df[[c for c in df.columns if df[c].notna().any() and not (df[c].astype(str) == "—").all()]]
+    if shown.shape[1] <= max_columns: return md if shown.shape[1] == df.shape[1] else markdown_table(shown, floatfmt)
+    names = []
+    for c in shown.columns:
+        if pd.api.types.is_numeric_dtype(shown[c]) or c in KEY_COLUMNS: break
+        names.append(c)
+    key = [c for c in KEY_COLUMNS if c in shown.columns and c not in names]
+    rest = [c for c in shown.columns if c not in names + key]
+    return markdown_table(shown[names + key], floatfmt) + "\n\nThe same rows, the other columns:\n\n" + markdown_table(shown[names + rest], floatfmt)
 
 def stage_tables(record: dict) -> list[pd.DataFrame]:
     "A results record's self-critical stage, epoch by epoch (reward, baseline, greedy reward, validation), and each stage's test scores ×100; [] for a run without one."

@@ -124,6 +124,33 @@ assert _sm[:32, :32].mean() > 0.5 > _sm[32:, 32:].mean() and _sm[:32, :32].mean(
 
 
 # %% [markdown]
+# ## Attention figures legible at page width
+#
+# `attention_figure` puts a caption's words on one line: twelve words make thirteen panels, about 55 pixels each on
+# a page. `attention_rows` wraps each row's words onto lines of at most `per_line` panels after the image (four: about
+# 150 pixels each at the site's page width), the image repeated at the head of each line.
+
+# %%
+#| export
+def attention_rows(rows: list[dict], path: str | Path | None = None, per_line: int = 4, max_words: int = 16, panel: float = 2.2):
+    "`attention_figure` with each row's first `max_words` words wrapped onto lines of `per_line` panels (its label, then '(continued)')."
+    lines = []
+    for r in rows:
+        words = list(r["words"])[:max_words]
+        for i in range(0, max(len(words), 1), per_line):
+            lines.append({**r, "label": r["label"] if i == 0 else f"{r['label']} (continued)",
+                          "words": words[i:i + per_line], "alpha": r["alpha"][i:i + per_line]})
+    return attention_figure(lines, path, max_words=per_line, panel=panel)
+
+
+# %%
+_f = attention_rows([{"label": "a square", "image": _img, "words": ["a", "square", "on", "grey", "ground"], "alpha": torch.cat([_alpha] * 3)[:5],
+                      "grid": (2, 2)}])
+assert len(_f.axes) == 10 and [a.get_title() for a in _f.axes if a.get_title()][-2:] == ["a square (continued)", "ground"]
+plt.close(_f)
+
+
+# %% [markdown]
 # ## Scatter plots whose labels do not overlap
 #
 # The book's comparison figures put a dozen named models on one plane, several of them close together. `label_points`
@@ -246,6 +273,21 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md
 
+KEY_COLUMNS = ("training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass", "note")
+
+def show_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f", max_columns: int = 12) -> str:
+    "`save_table`, and the Markdown a page shows: without all-empty columns, and wider than `max_columns` split in two — the row names (the leading text columns) with the key columns (`KEY_COLUMNS`), then the row names with the others."
+    md = save_table(df, path_stem, floatfmt)
+    shown = df[[c for c in df.columns if df[c].notna().any() and not (df[c].astype(str) == "—").all()]]
+    if shown.shape[1] <= max_columns: return md if shown.shape[1] == df.shape[1] else markdown_table(shown, floatfmt)
+    names = []
+    for c in shown.columns:
+        if pd.api.types.is_numeric_dtype(shown[c]) or c in KEY_COLUMNS: break
+        names.append(c)
+    key = [c for c in KEY_COLUMNS if c in shown.columns and c not in names]
+    rest = [c for c in shown.columns if c not in names + key]
+    return markdown_table(shown[names + key], floatfmt) + "\n\nThe same rows, the other columns:\n\n" + markdown_table(shown[names + rest], floatfmt)
+
 def stage_tables(record: dict) -> list[pd.DataFrame]:
     "A results record's self-critical stage, epoch by epoch (reward, baseline, greedy reward, validation), and each stage's test scores ×100; [] for a run without one."
     if "stages" not in record: return []
@@ -253,6 +295,20 @@ def stage_tables(record: dict) -> list[pd.DataFrame]:
     return [pd.DataFrame(st["scst"]["history"]).round(4),
             pd.DataFrame({k: {m: round(100 * v, 1) for m, v in s["metrics"].items() if isinstance(v, float)}
                           for k, s in st.items()}).T]
+
+
+# %% [markdown]
+# A table of fourteen measured columns and an empty one, as a tables chapter shows it: the empty column dropped, the
+# row names and CIDEr first, the other columns below.
+
+# %%
+import tempfile as _tf
+_wide = pd.DataFrame({"model": ["a", "b"], "source": ["paper (quoted)", "capbook (measured)"], **{f"m{i}": [1.0, 2.0] for i in range(12)},
+                      "CIDEr": [None, 90.0], "empty": [None, None]})
+with _tf.TemporaryDirectory() as _d: _md = show_table(_wide, Path(_d) / "t")
+_first, _second = _md.split("The same rows, the other columns:")
+assert _first.startswith("| model") and _second.strip().startswith("| model") and "source" in _first      # the row names in both
+assert "CIDEr" in _first and "m0" not in _first and "m0" in _second and "empty" not in _md
 
 
 # %% [markdown]

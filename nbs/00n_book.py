@@ -149,7 +149,7 @@ def _paper_cell(ch) -> str:
     return f"[{first if first.endswith('et al.') or first == m.group(1) else first + ' et al.'} {m.group(2)}]({ch.url})"
 
 def chapter_status(rows: list[dict]) -> dict[str, bool]:
-    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-k5-seed1` belongs to notebook `03_spca`)."
+    "Whether each chapter notebook's published items are all current, from `capbook.results.current()`'s rows (a step `03_spca-base-seed1` belongs to notebook `03_spca`)."
     status: dict[str, bool] = {}
     for r in rows:
         if r["step"]: nb = r["step"].split("-")[0]; status[nb] = status.get(nb, True) and r["status"] == "current"
@@ -247,7 +247,7 @@ def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> s
     nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
     md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
-    return md.replace("](../figures/", "](figures/") + "\n"
+    return md + "\n"
 
 def readme_status(path: Path | None = None) -> dict[str, bool] | None:
     "The chapters' status as the README states it (its chapter table's last column), or None where it states none."
@@ -267,7 +267,7 @@ def sync_readme(path: Path | None = None, write: bool = True, status: dict[str, 
 # %%
 _md = "a\n<!-- results -->\nold\n<!-- /results -->\nb <!-- other -->"
 assert fill_blocks(_md, {"results": "new"}) == "a\n<!-- results -->\nnew\n<!-- /results -->\nb <!-- other -->"
-assert chapter_status([{"step": "03_spca-k5-seed1", "status": "current"}, {"step": "03_spca", "status": "stale"},
+assert chapter_status([{"step": "03_spca-base-seed1", "status": "current"}, {"step": "03_spca", "status": "stale"},
                        {"step": "02a_soft_vs_hard", "status": "current"}, {"step": None, "status": "unknown"}]) == {"03_spca": False, "02a_soft_vs_hard": True}
 print("\n".join(_book.chapter_table({"02_show_attend_tell": True}).splitlines()[:4]))      # the installed module's notebooks
 
@@ -595,7 +595,7 @@ def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
     for pat in only:
         if not any(hit(s, pat) for s in steps):
             raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
-                               f"a step name (e.g. 03_spca-k5-seed1) or a pattern (e.g. '03_spca-k*')")
+                               f"a step name (e.g. 03_spca-base-seed1) or a pattern (e.g. '03_spca-base*')")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
 @contextlib.contextmanager
@@ -722,7 +722,7 @@ assert _f.filter(logging.makeLogRecord({"msg": "any other warning"}))
 # A step whose key is unchanged (`capbook.results`: its notebook's code, parameters, data and the numerical fingerprint
 # of the code it runs) is skipped; `--force` reruns everything. `make book ONLY="03_spca 03a_spca_tables"` (`capbook
 # book --only PATTERN...`) regenerates part of the book — a chapter's every run and seed, one step
-# (`03_spca-k5-seed1`) or a shell pattern (`'02_show_attend_tell-hard*'`) — and publishes only that part. Where the
+# (`03_spca-base-seed1`) or a shell pattern (`'02_show_attend_tell-hard*'`) — and publishes only that part. Where the
 # book's time goes, step by step, is `figures/table_book_times.md`. `capbook --help` lists the other commands:
 # `caption`, `score`, `bench`, `train` (also under `torchrun` for DistributedDataParallel), `rehearse`, `params` and
 # `readme`.

@@ -76,10 +76,28 @@ def sanitize_markdown(md: str) -> str:
         lines.pop()
     return "\n".join(lines)
 
+STRIP = 4.0     # an image at least this many times wider than high (a per-word attention strip) keeps its size and scrolls
+
+def png_size(b64: str) -> tuple[int, int] | None:
+    "The (width, height) in pixels of a base64 PNG, read from its header; None if it is not a PNG."
+    import base64, struct
+    try: head = base64.b64decode("".join(b64[:64].split())[:44])
+    except ValueError: return None
+    return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR" else None
+
+def strip_html(b64: str) -> str | None:
+    "A strip image as the site shows it: at its own size (1 pixel a CSS pixel), scrolling sideways in its cell, instead of shrunk to the page's width (panels of 60 px); None for any other image."
+    size = png_size(b64)
+    if size is None or size[0] < STRIP * size[1]: return None
+    return (f'<div class="capbook-strip" style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
+            f'alt="attention, word by word" style="max-width: none; width: {size[0]}px; height: {size[1]}px"></div>')
+
 def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`."
+    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a strip image as scrolling HTML (`strip_html`)."
     data = out.get("data", {})
     if _WIDGET_VIEW in data: return None
+    if "image/png" in data and (html := strip_html(data["image/png"])):
+        out["data"] = {"text/html": html}
     if "text/markdown" in data:
         data["text/markdown"] = sanitize_markdown(data["text/markdown"])
     if out.get("output_type") == "stream":
@@ -90,7 +108,7 @@ def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
 _EQUATION = re.compile(r"^\s*#.*[=≈∝]", re.M)        # a comment line stating an equation: the code under it is the paper's
 
 def _builds_only(cell: nbformat.NotebookNode) -> bool:
-    "Whether a code cell only builds what it shows (a table, a figure) — folded on the site — rather than state the paper's equations or the book's example code: it shows an image or a Markdown table and defines nothing."
+    "Whether a code cell only builds what it shows (a table, a figure) — folded on the site — rather than state the paper's equations or the book's example code: it shows an image, a Markdown table or HTML and defines nothing."
     shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown", "text/html"))
     return shows and not _EQUATION.search(cell.source) and not re.search(r"^(def|class) ", cell.source, re.M)
 
@@ -132,6 +150,21 @@ assert [c.source for c in _p.cells] == ["def f(): pass", "plot()", "noisy()"]
 assert [c.metadata.tags for c in _p.cells] == [[], ["remove-input"], ["remove-output"]]
 assert _p.cells[1].outputs[0].data["text/markdown"] == "### f\n\n*Doc.*"
 assert sanitize_markdown("Title\n---") == "Title\n---" and _nb.cells[1].source.startswith("#| hide")
+
+# %% [markdown]
+# A strip of per-word panels (here 2,000 × 200 pixels) keeps its size on the page and scrolls sideways; a figure of
+# ordinary shape stays an image the page scales.
+
+# %%
+import io as _io
+from PIL import Image as _PILImage
+def _png_b64(w, h):
+    buf = _io.BytesIO(); _PILImage.new("RGB", (w, h)).save(buf, format="PNG")
+    return __import__("base64").b64encode(buf.getvalue()).decode()
+_strip, _plain = (nbformat.v4.new_output("display_data", data={"image/png": _png_b64(w, h), "text/plain": "<Figure>"}) for w, h in ((2000, 200), (600, 400)))
+assert png_size(_plain.data["image/png"]) == (600, 400) and png_size("bm90IGEgcG5n") is None
+assert list(_clean_output(_strip).data) == ["text/html"] and 'width: 2000px; height: 200px' in _strip.data["text/html"]
+assert list(_clean_output(_plain).data) == ["image/png", "text/plain"]
 
 # %% [markdown]
 # ## The book as readers meet it, and as the repository keeps it

@@ -78,10 +78,14 @@ def cell_digest(source: str) -> str:
     except SyntaxError:
         return "\n".join(l.rstrip() for l in source.splitlines() if l.strip() and not l.lstrip().startswith("#") or l.lstrip().startswith("#|"))
 
+def code_cells(path: Path) -> list[str]:
+    "The sources of a notebook's code cells, in order."
+    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+
 def notebook_code(path: Path) -> dict:
     "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
-    cells = [c for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code"]
-    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+    src = code_cells(path)
     layout = "".join("E" if _EXPORT.search(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
 
@@ -349,11 +353,30 @@ def labels_probe() -> list:
     plt.close(fig)
     return out
 
-HELPER_PROBES = {"label_points": labels_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+def rows_probe() -> str:
+    "What `capbook.viz.attention_rows` draws of a fixed caption of seven words: its pixels, hashed."
+    import matplotlib; matplotlib.use("Agg")
+    from PIL import Image
+    from capbook.viz import attention_rows
+    img = np.zeros((32, 32, 3), np.uint8); img[4:12, 4:12] = 200
+    alpha = torch.softmax(torch.linspace(-2, 2, 7 * 4).reshape(7, 4), -1)
+    with _probing() as tmp:
+        attention_rows([{"label": "probe", "image": img, "words": list("abcdefg"), "alpha": alpha, "grid": (2, 2)}], tmp / "rows.png")
+        pixels = np.asarray(Image.open(tmp / "rows.png").convert("L"), dtype=np.uint8)
+    return hashlib.sha256(pixels.tobytes()).hexdigest()[:16] + f"-{pixels.shape}"
+
+def show_probe() -> str:
+    "The Markdown `capbook.viz.show_table` shows of a fixed wide table."
+    import pandas as pd
+    from capbook.viz import show_table
+    df = pd.DataFrame({"model": ["a", "b"], **{f"m{i}": [1.0, 2.5] for i in range(12)}, "CIDEr": [None, 90.0], "empty": [None, None]})
+    with _probing() as tmp: return show_table(df, tmp / "t")
+
+HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "show_table": show_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
-    code = " ".join("".join(c["source"]) for c in json.loads(Path(path).read_text())["cells"] if c["cell_type"] == "code")
+    code = " ".join(code_cells(path))
     return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
 
 
@@ -364,8 +387,10 @@ def helpers_used(path: Path) -> list[str]:
 # probe; the scorer, statistics and drawing probes are shared by every step). A chapter run's key holds its own probe;
 # an assembly notebook's, the keys of the runs it tabulates; an engine chapter's (`00*`, whose examples exercise the
 # whole package), every model's probe. A notebook that calls one of the drawing helpers outside the shared drawing
-# probe (`HELPER_PROBES`: today `capbook.viz.label_points`, which places a scatter plot's labels) has that helper's
-# probe in its key too, so a changed placement redraws exactly the figures that use it.
+# probe (`HELPER_PROBES`: `capbook.viz.label_points`, which places a scatter plot's labels,
+# `capbook.viz.attention_rows`, which wraps an attention figure's words, and `capbook.viz.show_table`, which splits a
+# wide table on its page) has that helper's probe in its key too, so a changed layout redraws exactly the pages that
+# use it.
 
 # %%
 #| export
@@ -451,12 +476,12 @@ class Keys:
 
 # %% [markdown]
 # The all-models chapter places its scatter plot's labels with `label_points`, so its key holds that helper's probe;
-# Show-Attend-Tell's tables do not:
+# GLIED's chapter calls neither helper:
 
 # %%
 from capbook.book import nbs_dir as _nbs
-assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "02a_soft_vs_hard.ipynb") == []
-labels_probe()
+assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "05_glied.ipynb") == []
+labels_probe(), rows_probe(), show_probe()[:80]
 
 
 # %% [markdown]

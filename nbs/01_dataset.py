@@ -40,6 +40,19 @@
 # the 2D-latent-state LSTM with a 32-channel state (16 starved it: `03_spca`'s departures). A converged small model
 # says more than an unconverged large one; the `paper` profile keeps the papers' sizes where the chapter declares them.
 #
+# **What keeps the whole book within an afternoon on two cores**, each lever chosen by measurement (the times are on a
+# 2-core AMD EPYC with AVX-512 BF16; `figures/table_book_times.md` lists every step's minutes and the machine):
+# - *the arithmetic:* the CPU trains in bfloat16 where it has bfloat16 kernels (`precision="auto"`, from the CPU's
+#   flags). On that CPU, one thread, `capbook bench --alternatives` measured the 2D-latent-state LSTM + SPCA at 107
+#   captions/s in bfloat16 against 75 in float32 (its convolutions gain), and the 1D decoder + SPCA at 90 against 97
+#   (its small products do not): the 2D rows, the book's slowest, are where it pays;
+# - *the budget:* one for every compared row, 15 epochs on a cosine to zero, checked against every row's own curve
+#   (`06a_baselines_tables`, "Did every row train to a flat curve?"), not shortened per row;
+# - *the seeds:* three on every row a verdict rests on (five on Show-Attend-Tell's headline rows), one on SPCA's six
+#   ablation rows that no verdict rests on (`03_spca`: a 2D run takes 16–21 minutes there, so its chapter is 18 runs,
+#   not 30);
+# - *the scale:* the one above for every compared row, with no row narrowed to fit (16 channels starved the 2D state).
+#
 # **What "current" promises across machines.** Every published number carries the key of the step that made it
 # (`nbs/00t_results`): its notebook's code, parameters and data, the arithmetic it trained in, and a numerical
 # fingerprint of the code it runs; `make test` fails when a published item's key is not today's. The data are the

@@ -512,15 +512,13 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # ## Where capbook departs from the paper
 #
 # *capbook:* every departure of this chapter from §3–5 (and the authors' released code, arctic-captions, where the
-# paper is silent), why, and what it is measured to cost (on shapes; "previous book" is the default book in `figures/`
-# before these choices, which the next regeneration replaces).
-# *Measured:* one default-profile run of the fixed code per model (seed 0, one thread, the book's encoder `…-031003a947`), against the previous book's run of the same model on the same encoder. One seed each: soft attention's CIDEr spans 92–144 over three seeds, so a change smaller than about 25 CIDEr is not settled.
+# paper is silent), why, and where the book measures what it changes (on shapes). A one-seed measurement made when a
+# choice was taken, on code the book has since replaced, is not a number of this book: those are in the changelog.
 #
-# | what | why | measured effect |
+# | what | why | where it is measured |
 # |---|---|---|
-# | the hard model trains with the gate β, as the soft one; the doubly stochastic penalty (λ = 1) on soft attention only | the released code offers the gate to either model; the penalty handicapped hard attention | hard attention's validation CIDEr, seeds 0 and 1: with λ = 1 best 0.75 and 0.64 (3.5 and 2.5 epochs), with λ = 0 1.11 and 0.87 after 9 epochs, still rising; attention mass on the named object with λ = 1: 5.5%, below uniform (8.0%) |
-# | the hard model decodes with the expected context | the released decoder (`generate_caps`, sampling off) does | previous book: 124.8 CIDEr (expected) against 110.9 (argmax); the argmax row stays beside it |
-# | both of the above, one run | — | hard attention with gate and penalty: CIDEr 101.8 (expected context) and 107.5 (argmax), semantic F1 24.6 and 28.1, against 124.8 and 110.9 before — the order of the two contexts flipped between two runs, and validation CIDEr went 0.26, 0.73, 0.68, 0.76, 1.04, 0.18 over the six epochs: one run cannot tell these settings apart |
+# | the hard model trains with the gate β, as the soft one; the doubly stochastic penalty (λ = 1) on soft attention only | the released code offers the gate to either model; with the penalty, hard attention's validation score peaked within its first epochs and its attention on the named object fell below uniform | the penalty's and the gate's effect on soft attention: the next chapter's ablation (`02a_soft_vs_hard`), soft attention without each over three seeds; hard attention with the penalty is not a row of the book |
+# | the hard model decodes with the expected context | the released decoder (`generate_caps`, sampling off) does | the next chapter's Table 1, row "argmax location at test": the same trained models decoded the other way |
 # | λ_r = 0.1 by default, λ_r = 1 run beside it and selected on validation | the paper's values are not reported | the next chapter shows both runs |
 # | one learned baseline per word, N = 1 sample | the paper gives neither | see §4.1's notes above |
 # | the shapes CNN's 14×14×128 grid instead of VGG-16 conv5 | no pretrained weights or Flickr/COCO images here | on real data (`-p dataset coco`) the chapter uses VGG-16 |

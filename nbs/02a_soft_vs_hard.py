@@ -36,7 +36,7 @@ from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
 from capbook.shapes import object_mentions, parse_caption
-from capbook.viz import attention_figure, save_figure, save_table
+from capbook.viz import attention_rows, save_figure, save_table, show_table
 from capbook.baselines import BASELINE_NOTE
 
 # %% tags=["parameters"]
@@ -107,7 +107,7 @@ ours.append({**row("Google NIC", nic["metrics"], nic, stage_stats(nic, prep)), "
 table1 = pd.concat([sat_table1(), pd.DataFrame(ours)], ignore_index=True)
 cols = ["dataset", "model", "source", "BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR"]
 table1 = table1[cols + [c for c in table1.columns if c not in cols + ["note"]] + ["note"]]
-display(Markdown(save_table(table1, run.path("table_sat_table1"), floatfmt=".2f")))
+display(Markdown(show_table(table1, run.path("table_sat_table1"), floatfmt=".2f")))
 
 # %%
 T = pd.DataFrame(ours).set_index("model")
@@ -164,7 +164,7 @@ pick = 0
 if prep.gt is not None:
     pick = next((i for i, k in enumerate(keys[:FIGURE_IMAGES]) if len(named(caps[""]["words"][i], k)) >= 2
                  and len(named(caps[sel]["words"][i], k)) >= 2), 0)
-fig3 = attention_figure([{"label": f"{name}-Attention", "image": images[pick], "words": caps[tag]["words"][pick],
+fig3 = attention_rows([{"label": f"{name}-Attention", "image": images[pick], "words": caps[tag]["words"][pick],
                           "alpha": caps[tag]["alpha"][pick], "grid": prep.grid} for tag, name in [("", "Soft"), (sel, "Hard")]],
                         run.path("fig_sat_figure3.png"))
 display(IPImage(filename=str(fig3)))
@@ -200,9 +200,9 @@ if mistake is None:
 else:
     i, (phrase, head, obj) = mistake
     seen = " ".join(v for v in (obj["size"], obj["colour"], obj["shape"]) if v)
-    fig = attention_figure([{"label": "Soft-Attention", "image": images[i], "words": caps[""]["words"][i],
+    fig = attention_rows([{"label": "Soft-Attention", "image": images[i], "words": caps[""]["words"][i],
                              "alpha": caps[""]["alpha"][i], "grid": prep.grid}])
-    fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.16)
+    fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.02)
     save_figure(fig, run.path("fig_sat_figure5.png")); plt.close(fig)
     display(Markdown(f"Test image {keys[i]}: the caption *“{' '.join(caps['']['words'][i])}”* names “{phrase}”, "
                      f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked on "

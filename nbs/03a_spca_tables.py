@@ -39,7 +39,7 @@ from capbook.metrics import results_row, semantic_table
 from capbook.papers import spca_table
 from capbook.shapes import object_mentions
 from capbook.spca import map_ratio
-from capbook.viz import attention_figure, save_table
+from capbook.viz import attention_figure, attention_rows, save_table, show_table
 from capbook.baselines import BASELINE_NOTE, baseline_records
 from capbook.runner import record_stage
 
@@ -114,7 +114,7 @@ t2 = [{"structure": label(recs[t]["params"]["structure"]), **measured(t)} for t 
 cols = ["dataset", "structure", "source", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
 table2 = pd.concat([spca_table(2), pd.DataFrame(t2)], ignore_index=True)
 table2 = table2[cols + [c for c in table2.columns if c not in cols]]
-display(Markdown(save_table(table2, run.path("table_spca_table2"), floatfmt=".2f")))
+display(Markdown(show_table(table2, run.path("table_spca_table2"), floatfmt=".2f")))
 
 # %% [markdown]
 # ## Table 3: kernel size of the spatial attention
@@ -126,7 +126,7 @@ display(Markdown(save_table(table2, run.path("table_spca_table2"), floatfmt=".2f
 t3 = [{"kernel": f"{recs[t]['params']['kernel']}×{recs[t]['params']['kernel']}", **measured(t)} for t in ["k1", "", "k5"]]
 table3 = pd.concat([spca_table(3), pd.DataFrame(t3)], ignore_index=True)
 table3 = table3[["dataset", "kernel", "source"] + [c for c in table3.columns if c not in ("dataset", "kernel", "source")]]
-display(Markdown(save_table(table3, run.path("table_spca_table3"), floatfmt=".2f")))
+display(Markdown(show_table(table3, run.path("table_spca_table3"), floatfmt=".2f")))
 
 # %% [markdown]
 # ## Table 4: against the other models
@@ -152,7 +152,7 @@ t4 += [{"model": name, **measured(tag, base_recs[tag], record_stage(base_recs[ta
        for name, tag in (("Google NIC", "nic"), ("SCA-CNN", "sca-cnn"), ("ATT2in", "att2in"))]
 table4 = pd.concat([spca_table(4), pd.DataFrame(t4)], ignore_index=True)
 table4 = table4[["dataset", "model", "source"] + [c for c in table4.columns if c not in ("dataset", "model", "source")]]
-display(Markdown(save_table(table4, run.path("table_spca_table4"), floatfmt=".2f")))
+display(Markdown(show_table(table4, run.path("table_spca_table4"), floatfmt=".2f")))
 
 # %% [markdown]
 # The paper's comparisons in Tables 2–4, each a claim on CIDEr tested on the same test images
@@ -271,7 +271,7 @@ f1 = {tag: fig_refs[tag] | {"alpha": restored_maps(fig_refs[tag]["alpha"])} for 
 if f1:
     first = next(iter(f1.values()))
     assert all(f["index"] == first["index"] and f["words"] == first["words"] for f in f1.values()), "Figure 1: one image, one caption"
-    fig1 = attention_figure([{"label": f"{name} (max/min {map_ratio(f1[tag]['alpha']):.4g})", "image": images[first["index"]],
+    fig1 = attention_rows([{"label": f"{name} (max/min {map_ratio(f1[tag]['alpha']):.4g})", "image": images[first["index"]],
                               "words": first["words"], "alpha": f1[tag]["alpha"], "grid": tuple(f1[tag]["grid"])}
                              for name, tag in names if tag in f1], run.path("fig_spca_figure1.png"))
     display(IPImage(filename=str(fig1)))

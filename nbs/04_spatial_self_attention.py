@@ -152,9 +152,10 @@ class DecoderLayer(nn.Module):
 #
 # *capbook:* the embedding is initialised $\mathcal N(0, 1/d)$, so that $E w \sqrt d$ has unit scale, as in Vaswani
 # et al. (whose embedding shares its weights with the pre-softmax layer) and every peer transformer. With
-# `nn.Embedding`'s own $\mathcal N(0, 1)$ the scaled word vectors had a standard deviation of 11.3 against 0.53 for
-# the positional encoding at d = 128: word order was about 21 times quieter than word identity, in this model and in
-# CT (which reuses it). Now it is 1.8 (1.01 against 0.55 over the first 20 positions; a test keeps it within a factor of 2).
+# `nn.Embedding`'s own $\mathcal N(0, 1)$ the scaled word vectors would have a standard deviation of 11.3 against 0.53
+# for the positional encoding at d = 128: word order about 21 times quieter than word identity, in this model and in
+# CT (which reuses it). With $\mathcal N(0, 1/d)$ the ratio is 1.8 (1.01 against 0.55 over the first 20 positions; a
+# test keeps it within a factor of 2).
 #
 # **One encoder pass per image.** In training, a batch holds several captions of an image: the encoder runs on each
 # image once (`batch["img"]` names the image of each caption) and its keys and values are gathered per caption. In
@@ -477,16 +478,15 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # %% [markdown]
 # ## Where capbook departs from the paper
 #
-# *capbook:* every departure of this chapter from §2–3, why, and what it is measured to cost (on shapes; "previous
-# book" is the default book in `figures/` before these choices, which the next regeneration replaces).
-# *Measured:* one default-profile run of the fixed code per model (seed 0, one thread, the book's encoder `…-031003a947`), against the previous book's run of the same model on the same encoder. One seed each: soft attention's CIDEr spans 92–144 over three seeds, so a change smaller than about 25 CIDEr is not settled.
+# *capbook:* every departure of this chapter from §2–3, why, and where the book measures what it changes (on shapes).
+# A one-seed measurement made when a choice was taken, on code the book has since replaced, is not a number of this
+# book: those are in the changelog.
 #
-# | what | why | measured effect |
+# | what | why | where it is measured |
 # |---|---|---|
-# | every training caption kept (§3: "restricted to ... 14 words") | one rule for every compared row (soft attention and CT train on all) | the 14-word rule kept 11,542 of 15,000 captions and lost ~42 % of the relation tuples; previous book: relation recall 3.6 against soft attention's 17.9 |
-# | all four changes of this table together | — | CIDEr 103.9 → 121.2, BLEU-4 29.3 → 40.5, semantic F1 26.9 → 30.3, 8.4 → 4.4 training minutes; relation F1 6.8 → 0.3, with the epoch selected after the first of four (validation CIDEr 1.26, 1.25, 1.11, 1.12; early stopping on BLEU-4) |
-# | word embedding initialised N(0, 1/d) | Vaswani et al.'s unit-scale $E w\sqrt d$ | word/position standard-deviation ratio 21 → 1.8 at d = 128 (tested: within 2) |
-# | heads chosen per profile so that d_attn = 64 (8 at `paper`, 1 at `default` and `smoke`) | Eq. 2's τ is only the paper's at the paper's d_attn | τ_paper/τ_standard 3.64 → 2.02 (the paper's); with d_attn = 16 the first two decoder layers attended almost uniformly (normalised entropy 0.99, 0.98) |
-# | one epoch of linear warm-up to l = 3×10⁻⁴, then the protocol's cosine (no 1/√step decay) | §3 names only Adam and l; the warm-up is the peers' for transformers, the halving every compared row's | not measured apart: every row it is compared with runs the same protocol |
+# | every training caption kept (§3: "restricted to ... 14 words") | one rule for every compared row (soft attention and CT train on all) | on the default training set the 14-word rule keeps 11,542 of 15,000 captions and loses about 42 % of the relation tuples (`04a_ssa_tables`' semantic table shows relation recall row by row) |
+# | word embedding initialised N(0, 1/d) | Vaswani et al.'s unit-scale $E w\sqrt d$ | word/position standard-deviation ratio 1.8 at d = 128, against 21 for a unit-scale embedding (tested: within 2) |
+# | heads chosen per profile so that d_attn = 64 (8 at `paper`, 1 at `default` and `smoke`) | Eq. 2's τ is only the paper's at the paper's d_attn | τ_paper/τ_standard is 2.02 at d_attn = 64 (the paper's), 3.64 at 16; with d_attn = 16 the first two decoder layers attended almost uniformly (normalised entropy 0.99, 0.98) |
+# | one epoch of linear warm-up to l = 3×10⁻⁴, then the protocol's cosine (no 1/√step decay) | §3 names only Adam and l; the warm-up is the peers' for transformers, the cosine every compared row's | not measured apart: every row it is compared with runs the same protocol |
 # | d = 64, d_hidden = 128 at the default profile (paper 512, 1,024), the book's one default scale (`01_dataset`) | three seeds of every row converged within the book's budget on a 2-core CPU (a step at d = 512 costs 1.75 s, at d = 128 0.40 s) | the `paper` profile runs the paper's sizes |
 # | the shapes CNN's 14×14 grid instead of VGG-11's | no pretrained weights or COCO here | on real data (`-p dataset coco`) the chapter uses VGG-11 |

@@ -34,7 +34,7 @@ from capbook.results import FIGURE_IMAGES, compared_runs, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import ssa_table1, SSA_TRAINING_TIME
-from capbook.viz import attention_figure, save_table
+from capbook.viz import attention_rows, save_table, show_table
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -74,7 +74,7 @@ ours = [row("Show, Attend and Tell (soft attention)", ("sat", "")),
 table1 = pd.concat([ssa_table1(), pd.DataFrame(ours)], ignore_index=True)
 cols = ["dataset", "model", "source", "BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR"]
 table1 = table1[cols + [c for c in table1.columns if c not in cols + ["note"]] + ["note"]]
-display(Markdown(save_table(table1, run.path("table_ssa_table1"), floatfmt=".2f")))
+display(Markdown(show_table(table1, run.path("table_ssa_table1"), floatfmt=".2f")))
 
 # %%
 M = {k: results_row(recs[k]["metrics"]) for k in recs}
@@ -186,7 +186,7 @@ keys = caps["ssa", ""]["keys"]
 pick = figure_pick({"keys": keys[:FIGURE_IMAGES], "words": caps["ssa", ""]["words"]}, prep.gt)
 rows = [(("ssa", ""), "Transformer, τ = √(d_len + d_attn)"), (("ssa", "tau-standard"), "Transformer, τ = √d_attn"),
         (("sat", ""), "Soft-Attention (LSTM)")]
-fig2 = attention_figure([{"label": label, "image": prep.image_paths("test")[pick], "words": caps[k]["words"][pick],
+fig2 = attention_rows([{"label": label, "image": prep.image_paths("test")[pick], "words": caps[k]["words"][pick],
                           "alpha": caps[k]["alpha"][pick], "grid": tuple(caps[k]["grid"])} for k, label in rows],
                         run.path("fig_ssa_figure2.png"))
 display(IPImage(filename=str(fig2)))

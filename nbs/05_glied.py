@@ -643,16 +643,15 @@ if "feat_mask" not in prep.test.inputs:                  # a grid to draw region
 # %% [markdown]
 # ## Where capbook departs from the paper
 #
-# *capbook:* every departure of this chapter from §3–4.2, why, and what it is measured to cost (on shapes; "previous
-# book" is the default book in `figures/` before these choices, which the next regeneration replaces).
-# *Measured:* one default-profile run of the fixed code per model (seed 0, one thread, the book's encoder `…-031003a947`), against the previous book's run of the same model on the same encoder. One seed each: soft attention's CIDEr spans 92–144 over three seeds, so a change smaller than about 25 CIDEr is not settled.
+# *capbook:* every departure of this chapter from §3–4.2, why, and where the book measures what it changes (on
+# shapes). A one-seed measurement made when a choice was taken, on code the book has since replaced, is not a number
+# of this book: those are in the changelog.
 #
-# | what | why | measured effect |
+# | what | why | where it is measured |
 # |---|---|---|
 # | 14×14 grid cells of the shapes CNN instead of 10–100 detector regions; global visual distilling (Eq. 7) mixes cells, without positions | the embedded data has no detector; the paper's regions carry no positional encoding either, so none is added | not measured here: `-p regions DIR` runs the paper's region input on real data |
-# | default profile: d = 64 with one head of 64, at most 15 cross-entropy epochs at 4×10⁻⁴ (paper: d = 512, 8 heads of 64, 25 epochs at 10⁻⁴) | the 2-core CPU budget; the width per head kept at the paper's 64, as every transformer of the book | before the protocol: d = 128, 4 epochs, validation CIDEr 1.18, 1.16, 0.81, 1.00, the first epoch selected; one head of 64 instead of 8 of 8 is not measured apart (the regenerated book runs it) |
+# | default profile: d = 64 with one head of 64, 15 cross-entropy epochs at 4×10⁻⁴ (paper: d = 512, 8 heads of 64, 25 epochs at 10⁻⁴) | the 2-core CPU budget; the width per head kept at the paper's 64, as every transformer of the book | the `paper` profile runs the paper's sizes; one head of 64 against eight of 8 is not measured apart |
 # | one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | the paper names Adam and a rate, no schedule; every peer transformer warms up | not measured apart: every row it is compared with runs the same protocol |
-# | self-critical training keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe; the stage could only lose before | previous book: the stage returned 0.951 / 1.036 validation CIDEr against 1.183, −14.4 test CIDEr for GLIED; now it cannot return below its start (tested). One run: both self-critical epochs validated below the start (0.841, 0.902 against 1.073), so the cross-entropy model was kept: test CIDEr 108.0 before and after |
-# | warm-up, one run | — | GLIED under cross-entropy: CIDEr 119.2 → 108.0, semantic F1 31.3 → 27.9, the first of four epochs selected again (validation CIDEr 1.07, 1.07, 0.95, 1.06): within one seed's spread |
-# | 2 self-critical epochs (paper: not stated; peers: tens) at a constant 5×10⁻⁵ | CPU budget | not measured; the reward is gamed on shapes ("a red triangle is below a red triangle and a red triangle"): CIDEr-D rewards the typical n-grams, not true relations — Up-Down's relation F1 fell from 21.1 to 1.0 under SCST on the previous book |
-# | a sample cut at the maximum length is scored without the end token | ruotianluo's reward; the chapter said so, the code did not do it | a cut caption now misses the n-grams that end a reference (tested) |
+# | self-critical training keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | a stage never returns a model worse on validation than its start (tested); the all-models chapter's self-critical table says, seed by seed, which model each stage kept |
+# | 2 self-critical epochs (paper: not stated; peers: tens) at a constant 5×10⁻⁵ | CPU budget | the reward is gamed on shapes ("a red triangle is below a red triangle and a red triangle"): CIDEr-D rewards the typical n-grams, not true relations; the all-models table's relation F1 of each "+ SCST" row against its cross-entropy row shows it |
+# | a sample cut at the maximum length is scored without the end token | ruotianluo's reward | a cut caption misses the n-grams that end a reference (tested) |

@@ -39,7 +39,7 @@ from capbook.results import compared_runs, run_file
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import glied_table2, GLIED_ABSTRACT_CIDER, GLIED_TABLE1_NOT_RUN, GLIED_TABLE4_CLAIMS
-from capbook.viz import save_figure, save_table
+from capbook.viz import save_figure, save_table, show_table
 from capbook.glied import distilling_figure
 
 # %% tags=["parameters"]
@@ -105,7 +105,7 @@ quoted += [{"dataset": "COCO (Karpathy test)", "model": m, "training": "cross-en
 table1 = pd.DataFrame(quoted + ours)
 cols = ["dataset", "model", "training", "source"] + [c for c in T1 if c in table1]
 table1 = table1[cols + [c for c in table1.columns if c not in cols + ["note"]] + ["note"]]
-display(Markdown(save_table(table1, run.path("table_glied_table1"), floatfmt=".2f")))
+display(Markdown(show_table(table1, run.path("table_glied_table1"), floatfmt=".2f")))
 
 # %%
 g, b = ("glied", ""), ("glied", "base")
@@ -229,7 +229,7 @@ def t4_row(name, tag):
         if s: row |= {f"{c} P": 100 * s["p"], f"{c} R": 100 * s["r"], f"{c} F1": 100 * s["f1"]}
     return row
 table4 = pd.DataFrame([t4_row(*o) for o in order])
-display(Markdown(save_table(table4, run.path("table_glied_table4"), floatfmt=".1f")))
+display(Markdown(show_table(table4, run.path("table_glied_table4"), floatfmt=".1f")))
 
 # %% [markdown]
 # The paper's claims about each row, each tested against the base on the same test images (`capbook.runner.Claims`:

@@ -479,10 +479,9 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # (`RecurrentConfig`, SCA-CNN's `order`) and the transformer's (CT). *capbook:* every baseline is trained under the
 # book's one protocol, as every row it is compared with (`nbs/02b_protocol`): validation CIDEr twice an epoch on
 # averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs;
-# then 2 self-critical epochs for Att2in and Up-Down. (The book used to give these rows 3 epochs, 10 for NIC and the
-# every-step LSTM, whose validation CIDEr was still far from converged after 3: NIC 42 / 24 / 36, the LSTM 17 / 31 /
-# 78; a baseline stopped while it is still learning would flatter every model compared with it. The protocol's
-# stopping rule removes that choice.)
+# then 2 self-critical epochs for Att2in and Up-Down. The same budget for the baselines matters: a baseline stopped
+# while it is still learning would flatter every model compared with it (`06a_baselines_tables` shows where each
+# row's curve ends).
 
 # %%
 #| export
@@ -611,14 +610,14 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # %% [markdown]
 # ## Where capbook departs from the papers
 #
-# *capbook:* the departures of the baselines from their papers and authors' code, why, and what each is measured to
-# cost (on shapes; "previous book" is the default book in `figures/` before these choices).
-# *Measured:* one default-profile run of the fixed code per model (seed 0, one thread, the book's encoder `…-031003a947`), against the previous book's run of the same model on the same encoder. One seed each: soft attention's CIDEr spans 92–144 over three seeds, so a change smaller than about 25 CIDEr is not settled.
+# *capbook:* the departures of the baselines from their papers and authors' code, why, and where the book measures
+# what they change (on shapes). A one-seed measurement made when a choice was taken, on code the book has since
+# replaced, is not a number of this book: those are in the changelog.
 #
-# | what | why | measured effect |
+# | what | why | where it is measured |
 # |---|---|---|
-# | SCA-CNN: the channel weights scaled by C (mean 1) | Chen et al.'s released code multiplies them by the channel count (`* 512`, `* 2048`); a bare softmax over 128 channels hands on 1/128 of a feature | the context is at a feature's scale (ratio 1.000, it was ≈ 1/128; tested); CIDEr 81.5 → 107.1, semantic F1 19.8 → 29.8, relation F1 7.8 → 18.7, attention mass on the named object 36.0 → 43.1 % |
+# | SCA-CNN: the channel weights scaled by C (mean 1) | Chen et al.'s released code multiplies them by the channel count (`* 512`, `* 2048`); a bare softmax over 128 channels hands on 1/128 of a feature | the context is at a feature's scale: ratio 1.000, against about 1/128 for a bare softmax (tested) |
 # | SCA-CNN on the last conv layer only | frozen, cached features (see the section above) | not measured |
-# | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the halving every compared row's | word/position scale ratio 21 → 1.8 (tested: within 2); CIDEr 125.4 → 113.7, semantic F1 34.6 → 31.6 in its 3 epochs, one of them warming up (within one seed's spread) |
-# | self-critical training (Att2in, Up-Down) keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | the stage can no longer return a model worse on validation than its start (tested) |
-# | 3 epochs for the attention baselines, 10 for NIC and LSTM, at the default profile | the book's CPU budget | compared rows still get different budgets: the protocol issue gives every row the same rule |
+# | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the cosine every compared row's | word/position scale ratio 1.8, against 21 for a unit-scale embedding (tested: within 2) |
+# | self-critical training (Att2in, Up-Down) keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | a stage never returns a model worse on validation than its start (tested); `06a_baselines_tables` says, seed by seed, which model each stage kept |
+# | every row trains the protocol's budget (15 epochs at the default profile; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |

@@ -35,17 +35,18 @@
 # `.venv/` and installs capbook into it first (about 3 minutes, once).
 #
 # ```bash
-# make docs                 # build and open this site from the published book (no training)
-# make book PROFILE=smoke   # the whole book at toy sizes: every chapter, table and figure, in minutes
-# make book                 # the default book, every seed (time below); ONLY="03_spca*" for part of it
+# make docs                 # open the site of the published book (no training)
+# make book PROFILE=smoke   # the whole book at toy sizes, in minutes
+# make book                 # the default book, every seed (time below)
 # make test-fast            # lint and the fast tests
-# make test                 # what CI runs: the smoke book, the site in a browser, injected faults
+# make test                 # what CI runs: the smoke book, the site, faults
 # ```
 #
 # <!-- booktime -->
 # <!-- /booktime -->
 #
-# One chapter with other parameters: `.venv/bin/papermill nbs/03_spca.ipynb out.ipynb -p kernel 5`; in Python,
+# Part of the book: `make book ONLY="03_spca*"`. One chapter with other parameters:
+# `.venv/bin/papermill nbs/03_spca.ipynb out.ipynb -p kernel 5`; in Python,
 # `import capbook` (`from capbook.models import build`, `from capbook.train import fit`, ...).
 #
 # ## The chapters

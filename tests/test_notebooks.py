@@ -72,7 +72,7 @@ def test_readme_is_a_front_door():
     assert not HISTORY.search(text), HISTORY.search(text)
 
 
-HISTORY = __import__("re").compile(r"\bissues? #?\d+\b|\bcommit `?[0-9a-f]{7,}\b|`[0-9a-f]{7}`|\bthis session\b|\bsessions?\b", __import__("re").I)
+HISTORY = __import__("re").compile(r"\bissues? #?\d+\b|\bcommit `?[0-9a-f]{7,}\b|`[0-9a-f]{7}`|\bthis session\b|\bsessions?\b|\bprevious book\b|\bthe book used to\b", __import__("re").I)
 
 
 def test_no_history_on_the_site():

@@ -174,3 +174,12 @@ def test_fingerprints_are_kept_between_processes(tmp_path, monkeypatch):
     monkeypatch.setattr(R, "probe", no); monkeypatch.setattr(R, "scorer_probe", no)
     K2 = plan_keys(PROFILE, made=False)
     assert [K2.get(s) for s in steps] == keys
+
+
+def test_every_row_a_verdict_rests_on_carries_three_seeds():
+    "The default plan repeats every compared row over three seeds (Show-Attend-Tell's headline rows over five), except the SPCA rows no verdict rests on, trained once; the smoke plan trains each row once."
+    from capbook.book import plan
+    runs = lambda profile, nb: {s.tag: len(R.replicas(profile, s)) for s in plan(profile) if s.notebook == nb and not s.replica}
+    assert runs("default", "03_spca") == {"": 3, "base": 3, "1d": 3, "soft": 3, "S": 1, "C": 1, "C-S": 1, "S-C": 1, "k1": 1, "k5": 1}
+    assert runs("default", "02_show_attend_tell")[""] == 5 and runs("default", "06_baselines")["nic"] == 3
+    assert set(runs("smoke", "03_spca").values()) == {1}
