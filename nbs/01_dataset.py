@@ -43,9 +43,11 @@
 # **What keeps the whole book within an afternoon on two cores**, each lever chosen by measurement (the times are on a
 # 2-core AMD EPYC with AVX-512 BF16; `figures/table_book_times.md` lists every step's minutes and the machine):
 # - *the arithmetic:* the CPU trains in bfloat16 where it has bfloat16 kernels (`precision="auto"`, from the CPU's
-#   flags). On that CPU, one thread, `capbook bench --alternatives` measured the 2D-latent-state LSTM + SPCA at 107
-#   captions/s in bfloat16 against 75 in float32 (its convolutions gain), and the 1D decoder + SPCA at 90 against 97
-#   (its small products do not): the 2D rows, the book's slowest, are where it pays;
+#   flags). On that CPU, one thread, `capbook bench --alternatives` measured the 2D-latent-state LSTM + SPCA at 193
+#   captions/s in bfloat16 against 150 in float32 (1.28×: its convolutions gain), and the 1D decoder + SPCA at 155
+#   against 150 (its small products barely do): the 2D rows, the book's slowest, are where it pays. (Its `capbook
+#   bench --family sat_soft,lstm2d_spca` on two threads: a float32 product at 197 GFLOP/s, soft attention 768
+#   training captions/s, the 2D-LSTM + SPCA 312.)
 # - *the budget:* one for every compared row, 15 epochs on a cosine to zero, checked against every row's own curve
 #   (`06a_baselines_tables`, "Did every row train to a flat curve?"), not shortened per row;
 # - *the seeds:* three on every row a verdict rests on (five on Show-Attend-Tell's headline rows), one on SPCA's six
