@@ -242,13 +242,36 @@ if len(claim):
         f"{int(g['words']):,} words, is far below the seeds' and is not added)."))
 
 # %% [markdown]
-# **Reading the answer.** SPCA's $M^S$ is a sigmoid gate, not a distribution: nothing makes its cells compete. In the
-# book's first version it multiplied $V$ as it was, so after average pooling (1D) or the $K_V$ convolution (2D) a gate
-# that passed every cell equally lost no information, while one that closed the background shrank the context by the
-# objects' area (about 6 % of the image on shapes): the 1D map was flat within about 20 Adam steps (max/min 1.001 on
-# the trained model, a 1.4 % hit rate), and SPCA worked as channel attention on the whole map. *capbook:* the map now
-# multiplies $V$ rescaled to mean 1 over the map (`capbook.spca.mean_one`, see `03_spca`), so its overall level is no
-# free gain and only where it looks matters; on smoke data the 1D map's max/min is 5.0 after 60 steps (1.000 before).
+# **Reading the answer.** SPCA's $M^S$ is a sigmoid gate, not a distribution: nothing makes its cells compete. Were
+# it to multiply $V$ as it is, a gate that passed every cell equally would lose no information after average pooling
+# (1D) or the $K_V$ convolution (2D), while one that closed the background would shrink the context by the objects'
+# area (about 6 % of the image on shapes): the 1D map goes flat within about 20 Adam steps, and SPCA works as channel
+# attention on the whole map. *capbook:* the map multiplies $V$ rescaled to mean 1 over the map
+# (`capbook.spca.mean_one`, see `03_spca`), so its overall level is no free gain and only where it looks matters (on
+# smoke data the 1D map's max/min is 5.0 after 60 steps, against 1.000 for the map as it is: `tests/test_spca.py`).
+#
+# **Seed by seed.** The rescaling removes the free gain, not the gate's other way out: a sigmoid can open on every
+# cell. Once its logits sit far in the sigmoid's flat tail over the whole map, its slope there is nearly zero, no
+# gradient reaches where to look, and the rescaled map stays uniform for the rest of the run. Grid attention's softmax
+# makes its cells compete and cannot open them all. Each seed of the three models on the same reference words:
+
+# %%
+seed_rows = []
+for name, tag in [("Soft-Attention* (grid)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]:
+    for r in recs[tag]["seed_runs"]:
+        a = r["attention_on_references"]
+        seed_rows.append({"model": name, "seed": r["params"].get("seed", 0), "test CIDEr": 100 * r["metrics"]["CIDEr"],
+                          "map max/min": r["references_map_ratio"], "ref. mass": 100 * a["mass"], "ref. hit": 100 * a["hit"],
+                          "uniform mass": 100 * a["mass_uniform"]})
+seeds_table = pd.DataFrame(seed_rows)
+display(Markdown(save_table(seeds_table, run.path("table_spca_seeds"), floatfmt=".1f")))
+flat = seeds_table[seeds_table["map max/min"] < 2]                    # a map within a factor of 2 of uniform everywhere
+display(Markdown(
+    f"{len(flat)} of {len(seeds_table)} seeds end with a flat map (max/min below 2)"
+    + (": " + ", ".join(f"{m} seed {s} ({c:.1f} CIDEr, hit {h:.1f} %)" for m, s, c, h in
+                        flat[["model", "seed", "test CIDEr", "ref. hit"]].itertuples(index=False)) if len(flat) else "")
+    + ". A flat seed is a model that attends nowhere; it widens its row's interval, which is why a comparison of "
+      "1D-LSTM + SPCA with Soft-Attention* can come out *cannot tell* at three seeds."))
 
 # %% [markdown]
 # ## Figures 1 and 4: grid attention and SPCA attention for the same words
