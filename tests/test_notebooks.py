@@ -112,3 +112,12 @@ def test_no_machine_path_in_the_published_book():
     found = [f.relative_to(ROOT).as_posix() for f in sorted((ROOT / "figures").rglob("*"))
              if f.is_file() and f.suffix in (".json", ".md", ".csv", ".ipynb", ".gz") and pat.search(read(f))]
     assert not found, found
+
+
+def test_no_table_row_became_a_heading():
+    "A table row in a notebook's prose stays a row: a Markdown line '# | ...' (a stray comment mark before a row) would turn it into a heading of the page's contents."
+    import re, nbformat
+    found = [f"{nb.name}: {m.group(0)[:60]!r}" for nb in sorted((ROOT / "nbs").glob("*.ipynb"))
+             for c in nbformat.read(nb, as_version=4).cells if c.cell_type == "markdown"
+             for m in re.finditer(r"^#+ \|.*$", c.source, re.M)]
+    assert not found, found
