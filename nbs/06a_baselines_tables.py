@@ -148,10 +148,11 @@ display(IPImage(filename=str(fig_path)))
 
 # %%
 def late_gain(r, last=3):
-    "A run's best validation CIDEr (x100) of its last `last` epochs minus its best before them (cross-entropy stage)."
+    "A run's best validation CIDEr (x100) of its last `last` epochs minus its best before them (cross-entropy stage); None for a run of `last` epochs or fewer (the smoke profile's one)."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in r["history"] if e["epoch"] >= 0 and "val CIDEr" in e]
     end = h[-1][0]
-    return 100 * (max(c for x, c in h if x > end - last) - max(c for x, c in h if x <= end - last))
+    before = [c for x, c in h if x <= end - last]
+    return 100 * (max(c for x, c in h if x > end - last) - max(before)) if before else None
 
 curve_rows = []
 for label, _family, k, st in MODELS:
@@ -160,12 +161,12 @@ for label, _family, k, st in MODELS:
     gains = [late_gain(r) for r in runs]
     curve_rows.append({"model": label, "seeds": len(runs), "epochs": epochs_trained(runs[0]["history"]),
                        "kept at epoch": ", ".join(f"{r['best_at']:g}" for r in runs),
-                       "last-3-epoch gain": ", ".join(f"{g:+.1f}" for g in gains),
-                       "curve at the end": "still rising" if all(g > 0 for g in gains) else "flat or falling"})
+                       "last-3-epoch gain": ", ".join("—" if g is None else f"{g:+.1f}" for g in gains),
+                       "curve at the end": "too short to tell" if None in gains else "still rising" if all(g > 0 for g in gains) else "flat or falling"})
 curves = pd.DataFrame(curve_rows)
 display(Markdown(save_table(curves, run.path("table_baselines_curves"), floatfmt=".1f")))
 rising = curves.loc[curves["curve at the end"] == "still rising", "model"].tolist()
-display(Markdown(f"{len(curves) - len(rising)} of {len(curves)} rows end flat or falling in at least one seed; "
+display(Markdown(f"{(curves['curve at the end'] == 'flat or falling').sum()} of {len(curves)} rows end flat or falling in at least one seed; "
                  + (f"still rising in every seed: {', '.join(rising)}." if rising else "none is still rising in every seed.")))
 
 # %% [markdown]
