@@ -16,7 +16,7 @@ from .core import CapbookError, atomic_write, load_json, runs_dir, save_json, st
 # %% auto 0
 __all__ = ['PROBE_SEED', 'HELPER_PROBES', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS',
            'cell_digest', 'code_cells', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data',
-           'resolved', 'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe',
+           'resolved', 'budget', 'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe',
            'show_probe', 'helpers_used', 'fingerprint_cache', 'Keys', 'Step', 'replicas', 'records', 'read_record',
            'kept_maps', 'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds', 'step_record',
            'chapter_steps', 'row_record', 'compared_runs', 'file_sha', 'published_files', 'refresh_copy',
@@ -139,6 +139,14 @@ def resolved(step) -> tuple[Any, Any, str]:
     p = ch.resolve(ch.params(**{k: v for k, v in step.params.items() if k not in ("run_dir", "seed")}))
     if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
     return ch, p, ch.model(p)
+
+def budget(step) -> dict:
+    "What a chapter step's run trains for that its probe cannot see (the probe trains one epoch of batches of 4): the epochs and the batch size, where they depart from the protocol's (`TrainConfig`'s defaults)."
+    from capbook.runner import train_config
+    from capbook.train import TrainConfig
+    try: ch, p, name = resolved(step); cfg = train_config(ch, p, name, 0)
+    except CapbookError: return {}                # the run stops on its bad parameter, in its notebook
+    return {k: getattr(cfg, k) for k in ("epochs", "batch_size") if getattr(cfg, k) != getattr(TrainConfig, k)}
 
 def probe(step) -> dict:
     "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."
@@ -334,7 +342,9 @@ class Keys:
             part["data"] = data_key(step.params, ch.encoder if ch else None)
             try: part["precision"] = cpu_precision(step.params.get("precision", "auto"), get_device(step.params.get("device", "auto")))
             except CapbookError: part["precision"] = step.params.get("precision")   # the run stops on it, in its notebook
-        if ch is not None: part["probe"] = self.probe(step)
+        if ch is not None:
+            part["probe"] = self.probe(step)
+            if b := budget(step): part["budget"] = b   # the protocol's budget adds nothing: a key names only a departure from it
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for h in helpers_used(nbs_dir() / f"{step.notebook}.ipynb"): part[f"helper {h}"] = self.helper(h)
         return stable_hash(part, 16)

@@ -13,7 +13,7 @@ from .attention import Attention
 from .models import CaptionModel, Dropout, fast, register, unroll
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell, WIDTHS
-from .runner import Chapter, RunConfig, decoding, register_chapter
+from .runner import Chapter, RunConfig, decoding, register_chapter, protocol_epochs
 from .papers import spca_table
 
 # %% auto 0
@@ -335,7 +335,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "k1": {"kernel": 1}, "k5": {"kernel": 5},                                # Table 3
           "1d": {"decoder": "1d"},                                                # Tables 1 and 4
           "soft": {"decoder": "1d", "structure": "grid"}},                        # Soft-Attention*: the 1D decoder's own grid attention
-    epochs={"smoke": 1, "default": 15, "paper": 30},   # the protocol's budget: every epoch, the rate annealed to 0
+    epochs=protocol_epochs(),            # the protocol's budget: every epoch, the rate annealed to 0
     sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
            for pr, c in {"smoke": 32, "default": 32, "paper": 256}.items()},   # c of the 2D state (16 was too few: see departures); the 1D decoder's widths
     train={},                                          # the protocol: SPCA's x0.5 every five epochs becomes its cosine (nbs/02b_protocol)

@@ -165,6 +165,15 @@ PROFILE_TRAIN = {"smoke": {"schedule": "step", "lr_step": 1000}}   # the smoke p
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
                                 # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
 
+BUDGET = {"smoke": 1, "default": 15, "paper": 30}   # the protocol's budget by profile: epochs, the rate annealed to 0 over them
+LADDER = 2                      # the next budget, as a multiple, for a row still rising when the protocol's ends
+
+def protocol_epochs(longer: bool | Callable[[Any], bool] = False) -> dict:
+    "A chapter's `epochs`: the protocol's budget (`BUDGET`), or, for the rows `longer` picks (a function of a run's parameters, or True: every row), the ladder's next rung at the default profile — `LADDER` times its epochs — where every seed of a row was still gaining in the last three epochs of the protocol's (02b_protocol)."
+    if not longer: return dict(BUDGET)
+    pick = longer if callable(longer) else (lambda p: True)
+    return {**BUDGET, "default": lambda p: LADDER * BUDGET["default"] if pick(p) else BUDGET["default"]}
+
 @dataclass
 class RunConfig:
     "The parameters every chapter run takes, besides its model's."

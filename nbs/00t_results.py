@@ -224,7 +224,11 @@ _quiet = lambda *a, **k: None
 # gate, objective) and its `TrainConfig` — only the epochs (1), the batch (4 captions), the arithmetic (float32) and
 # the seed are the probe's — then decodes the test images with the run's beam and decoding options. What it returns
 # is every number the trainer records (losses and their terms, learning rates, validation scores), each weight
-# tensor's sum of squares and the test captions with their log-probabilities.
+# tensor's sum of squares and the test captions with their log-probabilities. What the probe replaces, it cannot
+# see: the arithmetic enters the key on its own (`cpu_precision`), the seed through the run's parameters, and the
+# budget — the epochs a run trains and its batch size, both of which move every number — through `budget`, which
+# names them where they depart from the protocol's (`TrainConfig`'s 15 epochs of 64 captions). A run at the protocol's
+# budget adds nothing to its key.
 
 # %%
 #| export
@@ -235,6 +239,14 @@ def resolved(step) -> tuple[Any, Any, str]:
     p = ch.resolve(ch.params(**{k: v for k, v in step.params.items() if k not in ("run_dir", "seed")}))
     if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
     return ch, p, ch.model(p)
+
+def budget(step) -> dict:
+    "What a chapter step's run trains for that its probe cannot see (the probe trains one epoch of batches of 4): the epochs and the batch size, where they depart from the protocol's (`TrainConfig`'s defaults)."
+    from capbook.runner import train_config
+    from capbook.train import TrainConfig
+    try: ch, p, name = resolved(step); cfg = train_config(ch, p, name, 0)
+    except CapbookError: return {}                # the run stops on its bad parameter, in its notebook
+    return {k: getattr(cfg, k) for k in ("epochs", "batch_size") if getattr(cfg, k) != getattr(TrainConfig, k)}
 
 def probe(step) -> dict:
     "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."
@@ -272,6 +284,8 @@ _st = _Step("06_baselines", {"profile": "smoke", "model": "nic", "scst_epochs": 
 _f = probe(_st)
 assert _f == probe(_st) and _f["model"] == "nic"
 print(_f["best"], [round(h["loss"], 4) for h in _f["history"][0]], _f["captions"][0])
+assert budget(_st) == {"epochs": 1}                       # the smoke profile's one epoch departs from the protocol's 15
+assert budget(_Step("06_baselines", {"profile": "default", "model": "nic", "scst_epochs": 0}, "nic")) == {}
 
 # %% [markdown]
 # ### The scorer, the statistics, the drawing
@@ -463,7 +477,9 @@ class Keys:
             part["data"] = data_key(step.params, ch.encoder if ch else None)
             try: part["precision"] = cpu_precision(step.params.get("precision", "auto"), get_device(step.params.get("device", "auto")))
             except CapbookError: part["precision"] = step.params.get("precision")   # the run stops on it, in its notebook
-        if ch is not None: part["probe"] = self.probe(step)
+        if ch is not None:
+            part["probe"] = self.probe(step)
+            if b := budget(step): part["budget"] = b   # the protocol's budget adds nothing: a key names only a departure from it
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for h in helpers_used(nbs_dir() / f"{step.notebook}.ipynb"): part[f"helper {h}"] = self.helper(h)
         return stable_hash(part, 16)

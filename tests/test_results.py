@@ -93,6 +93,17 @@ def test_a_numeric_change_to_one_family_changes_exactly_the_steps_that_train_it(
     assert len(expect) < len(keys) / 2
 
 
+def test_a_longer_budget_changes_exactly_the_steps_that_train_at_it(base, monkeypatch):
+    "The probe trains one epoch of batches of 4, so a run's epochs and batch size enter its key beside it: the spatial transformer's chapter given two epochs re-keys its runs and the tables that read them, nothing else."
+    K, keys = base
+    ssa = chapters()["04_spatial_self_attention"]
+    monkeypatch.setattr(ssa, "epochs", {**ssa.epochs, PROFILE: 2})
+    now = _keys(K)
+    runs = {s.name for s in K.steps if s.notebook == "04_spatial_self_attention"}
+    assert runs and {n for n in keys if now[n] != keys[n]} == _downstream(K, runs)
+    assert R.budget(next(s for s in K.steps if s.name in runs)) == {"epochs": 2}
+
+
 def test_a_change_to_the_scorer_changes_every_step_that_scores(base, monkeypatch):
     K, keys = base
     import capbook.metrics as M
