@@ -19,8 +19,9 @@ __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADD
            'SEED_METRICS', 'check_profile', 'out_dir', 'Run', 'start_run', 'protocol_epochs', 'RunConfig',
            'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
            'ChapterRun', 'measured', 'record_stage', 'results_ids', 'save_test_captions', 'stage_stats',
-           'epochs_trained', 'interval_cells', 'seed_cells', 'paired_verdict', 'Claims', 'figure_pick', 'timed',
-           'self_critical', 'scst_setup', 'chapter_data', 'decoding', 'train_config', 'run_chapter']
+           'epochs_trained', 'late_gain', 'curve_end', 'interval_cells', 'seed_cells', 'paired_verdict', 'Claims',
+           'figure_pick', 'timed', 'self_critical', 'scst_setup', 'chapter_data', 'decoding', 'train_config',
+           'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -322,6 +323,20 @@ def epochs_trained(history: list[dict]) -> float:
     "The epochs a run trained, from its validation history (the entries before cross-entropy's own, epoch -1, left out)."
     done = [h for h in history if h["epoch"] >= 0]
     return float(done[-1].get("epochs", done[-1]["epoch"] + 1)) if done else 0.0
+
+def late_gain(history: list[dict], last: int = 3) -> float | None:
+    "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
+    h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
+    if not h: return None
+    end = h[-1][0]
+    before = [c for x, c in h if x <= end - last]
+    return 100 * (max(c for x, c in h if x > end - last) - max(before)) if before else None
+
+def curve_end(gains: list[float | None]) -> str:
+    "A row's curve at the end of its budget, from its seeds' `late_gain`: 'still rising' when every seed gained (the row's budget is too short: `protocol_epochs`), 'one seed' where there is no spread to read it against."
+    if not gains or None in gains: return "too short to tell"
+    if len(gains) == 1: return "one seed"
+    return "still rising" if all(g > 0 for g in gains) else "flat or falling"
 
 def _seeds(stats: dict | list | None) -> list[dict] | None:
     "A row's per-image statistics as a list over its seeds; None if any seed kept no captions."

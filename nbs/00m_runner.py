@@ -449,6 +449,20 @@ def epochs_trained(history: list[dict]) -> float:
     done = [h for h in history if h["epoch"] >= 0]
     return float(done[-1].get("epochs", done[-1]["epoch"] + 1)) if done else 0.0
 
+def late_gain(history: list[dict], last: int = 3) -> float | None:
+    "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
+    h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
+    if not h: return None
+    end = h[-1][0]
+    before = [c for x, c in h if x <= end - last]
+    return 100 * (max(c for x, c in h if x > end - last) - max(before)) if before else None
+
+def curve_end(gains: list[float | None]) -> str:
+    "A row's curve at the end of its budget, from its seeds' `late_gain`: 'still rising' when every seed gained (the row's budget is too short: `protocol_epochs`), 'one seed' where there is no spread to read it against."
+    if not gains or None in gains: return "too short to tell"
+    if len(gains) == 1: return "one seed"
+    return "still rising" if all(g > 0 for g in gains) else "flat or falling"
+
 def _seeds(stats: dict | list | None) -> list[dict] | None:
     "A row's per-image statistics as a list over its seeds; None if any seed kept no captions."
     stats = stats if isinstance(stats, list) else [stats]
@@ -682,6 +696,17 @@ assert list(_cl.table()["Holm"]) == ["survives", "does not survive", "—"]     
 assert "states 2 verdicts" in _cl.note() and "1 survives: clear (holds)" in _cl.note() and "1 comparison states no verdict" in _cl.note()
 assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(_base[:1])["CIDEr 95% CI"].endswith("images only")
 print(_cl.tests["clear"]["text"]); print(_cl.note())
+
+# %% [markdown]
+# Whether a row's budget was long enough, read off its seeds' validation curves: a run that still gained in its last
+# three epochs, and a row whose every seed did, which then trains at the ladder's next budget (`protocol_epochs`).
+
+# %%
+_curve = lambda *v: [{"epoch": -1, "val CIDEr": 0.0}] + [{"epoch": i, "epochs": i + 1, "val CIDEr": c} for i, c in enumerate(v)]
+assert abs(late_gain(_curve(0.5, 0.8, 0.9, 0.9, 0.95)) - 15.0) < 1e-9       # best of epochs 3-5 minus best of 1-2
+assert late_gain(_curve(0.5, 0.9, 0.8, 0.85, 0.8)) < 0 and late_gain(_curve(0.5, 0.6)) is None
+assert curve_end([1.8, 0.9, 1.9]) == "still rising" and curve_end([1.8, -0.1, 1.9]) == "flat or falling" and curve_end([0.4]) == "one seed"
+assert protocol_epochs()["default"] == 15 and protocol_epochs(longer=True)["default"](None) == 30
 
 # %% [markdown]
 # ## Running one chapter by hand

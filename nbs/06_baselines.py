@@ -478,7 +478,8 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # The parameters are the run's (`capbook.runner.RunConfig`), then `model`, then the recurrent models' sizes
 # (`RecurrentConfig`, SCA-CNN's `order`) and the transformer's (CT). *capbook:* every baseline is trained under the
 # book's one protocol, as every row it is compared with (`nbs/02b_protocol`): validation CIDEr twice an epoch on
-# averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs;
+# averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs (30 for Up-Down, whose every seed
+# was still gaining at the end of 15: the protocol's ladder);
 # then 2 self-critical epochs for Att2in and Up-Down. The same budget for the baselines matters: a baseline stopped
 # while it is still learning would flatter every model compared with it (`06a_baselines_tables` shows where each
 # row's curve ends).
@@ -620,4 +621,4 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # | SCA-CNN on the last conv layer only | frozen, cached features (see the section above) | not measured |
 # | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the cosine every compared row's | word/position scale ratio 1.8, against 21 for a unit-scale embedding (tested: within 2) |
 # | self-critical training (Att2in, Up-Down) keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | a stage never returns a model worse on validation than its start (tested); `06a_baselines_tables` says, seed by seed, which model each stage kept |
-# | every row trains the protocol's budget (15 epochs at the default profile; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |
+# | every row trains the protocol's budget (15 epochs at the default profile, 30 for Up-Down, still gaining at 15; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |

@@ -20,9 +20,9 @@
 #
 # This notebook trains nothing: it reads the results records of the book's runs (`capbook.results.compared_runs`, which
 # stops if any run was trained on other data) and sets them side by side. Every row is trained under the book's one
-# protocol (`nbs/02b_protocol`): the profile's whole budget (15 epochs at `default`) with the learning rate annealed to
-# zero and the evaluation of best validation CIDEr kept, then 2 self-critical epochs where a row says so; the `epochs`
-# column says how many each row had.
+# protocol (`nbs/02b_protocol`): the profile's whole budget (15 epochs at `default`, 30 for a row still gaining at
+# 15) with the learning rate annealed to zero and the evaluation of best validation CIDEr kept, then 2 self-critical
+# epochs where a row says so; the `epochs` column says how many each row had.
 #
 # Three kinds of score, because a captioner can be good at one and bad at another:
 # - **caption metrics** (BLEU-4, CIDEr) reward n-grams shared with the references;
@@ -36,7 +36,7 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, late_gain, curve_end
 from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -144,25 +144,20 @@ display(IPImage(filename=str(fig_path)))
 # it is long enough: a row whose validation curve is still rising when the budget ends is cut short. For each row and
 # seed, from its records: the evaluation whose weights were kept, and the gain of the last three epochs — the best
 # validation CIDEr (averaged weights, beam 3, ×100) in them minus the best before them. *Still rising* marks a row
-# whose every seed gained in its last three epochs.
+# whose every seed gained in its last three epochs (`capbook.runner.curve_end`): its budget was too short, and it
+# trains at the ladder's next budget, twice the epochs (`capbook.runner.protocol_epochs`, `02b_protocol`); the `epochs`
+# column gives each row's.
 
 # %%
-def late_gain(r, last=3):
-    "A run's best validation CIDEr (x100) of its last `last` epochs minus its best before them (cross-entropy stage); None for a run of `last` epochs or fewer (the smoke profile's one)."
-    h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in r["history"] if e["epoch"] >= 0 and "val CIDEr" in e]
-    end = h[-1][0]
-    before = [c for x, c in h if x <= end - last]
-    return 100 * (max(c for x, c in h if x > end - last) - max(before)) if before else None
-
 curve_rows = []
 for label, _family, k, st in MODELS:
     if st != "xe": continue
     runs = recs[k].get("seed_runs", [recs[k]])
-    gains = [late_gain(r) for r in runs]
+    gains = [late_gain(r["history"]) for r in runs]
     curve_rows.append({"model": label, "seeds": len(runs), "epochs": epochs_trained(runs[0]["history"]),
                        "kept at epoch": ", ".join(f"{r['best_at']:g}" for r in runs),
                        "last-3-epoch gain": ", ".join("—" if g is None else f"{g:+.1f}" for g in gains),
-                       "curve at the end": "too short to tell" if None in gains else "still rising" if all(g > 0 for g in gains) else "flat or falling"})
+                       "curve at the end": curve_end(gains)})
 curves = pd.DataFrame(curve_rows)
 display(Markdown(save_table(curves, run.path("table_baselines_curves"), floatfmt=".1f")))
 rising = curves.loc[curves["curve at the end"] == "still rising", "model"].tolist()

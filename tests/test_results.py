@@ -190,3 +190,14 @@ def test_every_row_a_verdict_rests_on_carries_three_seeds():
     assert runs("default", "03_spca") == {"": 3, "base": 3, "1d": 3, "soft": 3, "S": 1, "C": 1, "C-S": 1, "S-C": 1, "k1": 1, "k5": 1}
     assert runs("default", "02_show_attend_tell")[""] == 5 and runs("default", "06_baselines")["nic"] == 3
     assert set(runs("smoke", "03_spca").values()) == {1}
+
+
+def test_no_row_of_the_published_book_ends_its_budget_still_rising():
+    "The budget's rule on the book's own records: no row of several seeds ends its budget with every seed still gaining in its last three epochs (such a row trains at the ladder's next budget, `protocol_epochs`)."
+    import re
+    from capbook.runner import late_gain, curve_end
+    rows = {}
+    for f in sorted((nbs_dir().parent / "figures" / R.RECORDS).glob("*.json.gz")):
+        rows.setdefault(re.sub(r"-seed\d+$", "", f.name[:-len(".json.gz")]), []).append(late_gain(R.read_record(f)["history"]))
+    assert len(rows) > 20 and sum(len(g) >= 3 for g in rows.values()) > 20
+    assert {row: g for row, g in rows.items() if curve_end(g) == "still rising"} == {}
