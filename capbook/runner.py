@@ -19,8 +19,8 @@ __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADD
            'SEED_METRICS', 'check_profile', 'out_dir', 'Run', 'start_run', 'protocol_epochs', 'RunConfig',
            'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
            'ChapterRun', 'measured', 'record_stage', 'results_ids', 'save_test_captions', 'stage_stats',
-           'epochs_trained', 'late_gain', 'curve_end', 'interval_cells', 'seed_cells', 'paired_verdict', 'Claims',
-           'figure_pick', 'timed', 'self_critical', 'scst_setup', 'chapter_data', 'decoding', 'train_config',
+           'epochs_trained', 'row_epochs', 'late_gain', 'curve_end', 'interval_cells', 'seed_cells', 'paired_verdict',
+           'Claims', 'figure_pick', 'timed', 'self_critical', 'scst_setup', 'chapter_data', 'decoding', 'train_config',
            'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
@@ -324,6 +324,10 @@ def epochs_trained(history: list[dict]) -> float:
     done = [h for h in history if h["epoch"] >= 0]
     return float(done[-1].get("epochs", done[-1]["epoch"] + 1)) if done else 0.0
 
+def row_epochs(rec: dict) -> float:
+    "A row's budget: the epochs its cross-entropy training ran (its first seed's), as a claim across rows names it where two differ (`Claims.test`)."
+    return epochs_trained((rec.get("seed_runs") or [rec])[0]["history"])
+
 def late_gain(history: list[dict], last: int = 3) -> float | None:
     "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
@@ -385,9 +389,13 @@ class Claims:
     def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
-    def test(self, label: str, a, b, **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` for the correction."
-        self.tests[label] = r = paired_verdict(a, b, kw.pop("metric", self.metric), **kw)
+    def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, **kw) -> dict:
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` for the correction; `epochs`: the two rows' budgets (`row_epochs`), named in the claim and its text where they differ."
+        r = paired_verdict(a, b, kw.pop("metric", self.metric), **kw)
+        if epochs is not None and epochs[0] != epochs[1]:
+            budgets = f"{epochs[0]:g} vs {epochs[1]:g} epochs"
+            label, r = f"{label} ({budgets})", {**r, "text": f"{r['text']}; the budgets differ, {budgets}"}
+        self.tests[label] = r
         return r
 
     def text(self, label: str, a, b, **kw) -> str:

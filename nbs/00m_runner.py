@@ -449,6 +449,10 @@ def epochs_trained(history: list[dict]) -> float:
     done = [h for h in history if h["epoch"] >= 0]
     return float(done[-1].get("epochs", done[-1]["epoch"] + 1)) if done else 0.0
 
+def row_epochs(rec: dict) -> float:
+    "A row's budget: the epochs its cross-entropy training ran (its first seed's), as a claim across rows names it where two differ (`Claims.test`)."
+    return epochs_trained((rec.get("seed_runs") or [rec])[0]["history"])
+
 def late_gain(history: list[dict], last: int = 3) -> float | None:
     "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
@@ -510,9 +514,13 @@ class Claims:
     def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
-    def test(self, label: str, a, b, **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` for the correction."
-        self.tests[label] = r = paired_verdict(a, b, kw.pop("metric", self.metric), **kw)
+    def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, **kw) -> dict:
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` for the correction; `epochs`: the two rows' budgets (`row_epochs`), named in the claim and its text where they differ."
+        r = paired_verdict(a, b, kw.pop("metric", self.metric), **kw)
+        if epochs is not None and epochs[0] != epochs[1]:
+            budgets = f"{epochs[0]:g} vs {epochs[1]:g} epochs"
+            label, r = f"{label} ({budgets})", {**r, "text": f"{r['text']}; the budgets differ, {budgets}"}
+        self.tests[label] = r
         return r
 
     def text(self, label: str, a, b, **kw) -> str:
@@ -694,6 +702,9 @@ assert _cl.test("one seed", _row(0.4, 1), _base)["verdict"] == "one seed: no ver
 assert _cl.survivors() == {"clear": True, "within the spread": False}
 assert list(_cl.table()["Holm"]) == ["survives", "does not survive", "—"]      # what a tables chapter publishes
 assert "states 2 verdicts" in _cl.note() and "1 survives: clear (holds)" in _cl.note() and "1 comparison states no verdict" in _cl.note()
+_cl2 = Claims(); _cl2.test("longer", _row(0.4, 3), _base, epochs=(30, 15)); _cl2.test("same", _row(0.4, 3), _base, epochs=(15, 15))
+assert list(_cl2.tests) == ["longer (30 vs 15 epochs)", "same"]                # a claim across budgets names them
+assert _cl2.tests["longer (30 vs 15 epochs)"]["text"].endswith("the budgets differ, 30 vs 15 epochs")
 assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(_base[:1])["CIDEr 95% CI"].endswith("images only")
 print(_cl.tests["clear"]["text"]); print(_cl.note())
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError
-from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, Claims, epochs_trained
+from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, row_epochs
 from capbook.results import FIGURE_IMAGES, compared_runs, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
@@ -81,11 +81,12 @@ M = {k: results_row(recs[k]["metrics"]) for k in recs}
 P = ssa_table1().set_index("model")
 gap = lambda col: M["ssa", ""].get(col, np.nan) - M["sat", ""].get(col, np.nan)
 judged = Claims()            # the chapter's verdicts, corrected together (the note after the temperature's)
+E = lambda *ks: tuple(row_epochs(recs[k]) for k in ks)   # the rows' budgets, named in a claim where they differ
 display(Markdown(
     f"Measured on this run of the book (the mean over each row's seeds): the transformer scores {gap('BLEU-4'):+.1f} BLEU-4, "
     f"{gap('METEOR'):+.1f} METEOR and {gap('CIDEr'):+.1f} CIDEr against soft attention; on the same test "
-    f"images, the transformer above soft attention {judged.text('transformer above soft attention (CIDEr)', stats['ssa', ''], stats['sat', ''])} and, in "
-    f"BLEU-4, {judged.text('transformer above soft attention (BLEU-4)', stats['ssa', ''], stats['sat', ''], metric='BLEU-4')}. The paper's Table 1: "
+    f"images, the transformer above soft attention {judged.text('transformer above soft attention (CIDEr)', stats['ssa', ''], stats['sat', ''], epochs=E(('ssa', ''), ('sat', '')))} and, in "
+    f"BLEU-4, {judged.text('transformer above soft attention (BLEU-4)', stats['ssa', ''], stats['sat', ''], metric='BLEU-4', epochs=E(('ssa', ''), ('sat', '')))}. The paper's Table 1: "
     f"{P.loc['Proposed Model', 'BLEU-4'] - P.loc['Show, Attend and Tell', 'BLEU-4']:+.1f} BLEU-4 and "
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
     "below Show-Attend-Tell: \"Further work has to be done to improve the model's performance\")."))

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, paired_verdict, epochs_trained
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, paired_verdict, epochs_trained, row_epochs
 from capbook.results import compared_runs, run_file
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -112,7 +112,8 @@ g, b = ("glied", ""), ("glied", "base")
 judged = Claims()                                          # this section's verdicts, corrected together
 NAMES = {g: "GLIED", b: "GLIED base", ("base", ""): "Up-Down", ("base", "att2in"): "Att2in"}
 name = lambda k: NAMES[k[0]] + (" + SCST" if k[1] == "scst" else "")
-v = lambda a, b_: judged.text(f"{name(a)} above {name(b_)}", ST[a], ST[b_])   # the claim "a scores a higher CIDEr than b"
+E = lambda k: row_epochs(recs[k[0]])                      # a row's budget, named in a claim against a row of another
+v = lambda a, b_: judged.text(f"{name(a)} above {name(b_)}", ST[a], ST[b_], epochs=(E(a), E(b_)))   # the claim "a scores a higher CIDEr than b"
 display(Markdown(
     "On this run of the book (each claim on the same test images, Student's t over the rows' seeds with the images' "
     "variance added; one seed: no verdict):\n\n"

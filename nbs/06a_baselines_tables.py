@@ -36,7 +36,7 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, late_gain, curve_end
+from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, late_gain, curve_end, row_epochs
 from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -87,9 +87,10 @@ prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0
 # kept no captions of that stage.
 
 # %%
-rows, stats = [], {}
+rows, stats, E = [], {}, {}
 for label, family, k, st in MODELS:
     rec = recs[k]
+    E[label] = row_epochs(rec)                             # its budget, named in a claim against a row of another
     s = record_stage(rec, st)
     xe = record_stage(rec, "xe")
     epochs = epochs_trained(rec["history"]) + (epochs_trained(rec["stages"]["scst"]["history"]) if st == "scst" else 0)
@@ -210,7 +211,7 @@ judged = Claims()
 best = T["CIDEr"].idxmax()
 second = T["CIDEr"].drop(best).idxmax()
 lines = [f"The best caption metrics: **{best}** ({T.loc[best, 'CIDEr']:.1f} CIDEr, {T.loc[best, 'BLEU-4']:.1f} BLEU-4); "
-         f"ahead of the next, {second}: {judged.text(f'{best} above {second}', stats[best], stats[second])}."]
+         f"ahead of the next, {second}: {judged.text(f'{best} above {second}', stats[best], stats[second], epochs=(E[best], E[second]))}."]
 if has_sem:
     sem = T["F1 all"].idxmax()
     lines.append(f"The most accurate statements: **{sem}** (semantic F1 {T.loc[sem, 'F1 all']:.1f}).")
@@ -222,7 +223,7 @@ if "att. mass" in T and T["att. mass"].notna().any():
                  f"peak on the object {T.loc[look, 'att. hit']:.0f} % of the time).")
 for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("SCA-CNN", "Soft-Attention"),
               ("Show and Tell (NIC)", "LSTM, image every step"), ("GLIED", "Up-Down"), ("GLIED base", "CT (6-block transformer decoder)")):
-    lines.append(f"{a} above {b_}: {judged.text(f'{a} above {b_}', stats[a], stats[b_])}.")
+    lines.append(f"{a} above {b_}: {judged.text(f'{a} above {b_}', stats[a], stats[b_], epochs=(E[a], E[b_]))}.")
 for a in ("Att2in", "Up-Down", "GLIED"):
     kept = int((scst.loc[scst["model"] == a, "kept"] == "cross-entropy model").sum())
     lines.append(f"Self-critical training raised {a}'s CIDEr: {judged.text(f'self-critical training raised {a}', stats[a + ' + SCST'], stats[a])}"
