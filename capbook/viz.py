@@ -155,7 +155,7 @@ def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
     return md
 
-KEY_COLUMNS = ("training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass", "note")
+KEY_COLUMNS = ("training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass", "att. hit", "note")
 
 def show_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f", max_columns: int = 12) -> str:
     "`save_table`, and the Markdown a page shows: without all-empty columns, and wider than `max_columns` split in two — the row names (the leading text columns) with the key columns (`KEY_COLUMNS`), then the row names with the others."

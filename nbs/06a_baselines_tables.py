@@ -40,7 +40,7 @@ from capbook.runner import start_run, read_params, record_stage, stage_stats, in
 from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
-from capbook.viz import label_points, markdown_table, save_figure, save_table
+from capbook.viz import label_points, save_figure, save_table, show_table
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -100,12 +100,10 @@ for label, family, k, st in MODELS:
                  "train min": (xe["train_s"] + (s["train_s"] if st == "scst" else 0)) / 60, "epochs": epochs,
                  "images/s": s["images_per_s"]})
 table = pd.DataFrame(rows)
-lead = ["model", "training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "F1 all", "semantic F1 95% CI", "att. mass", "att. hit"]
-rest = ["BLEU-4", "BLEU-4 95% CI", "METEOR", "F1 counts", "F1 relations", "params (M)", "train min", "epochs", "images/s", "family"]
-table = table[[c for c in lead + rest if c in table.columns and table[c].notna().any()]]      # no all-empty column
-save_table(table, run.path("table_baselines_all"), floatfmt=".1f")
-display(Markdown(markdown_table(table[[c for c in lead if c in table]]) + "\n\nThe same rows, the other columns:\n\n"
-                 + markdown_table(table[["model"] + [c for c in rest if c in table]])))
+order = ["model", "training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass",
+         "att. hit", "BLEU-4 95% CI", "METEOR", "F1 counts", "F1 relations", "params (M)", "train min", "epochs", "images/s", "family"]
+table = table[[c for c in order if c in table.columns and table[c].notna().any()]]      # no all-empty column
+display(Markdown(show_table(table, run.path("table_baselines_all"), floatfmt=".1f")))   # the key columns, then the rest
 
 # %% [markdown]
 # ## Which model looks where, and which describes best
