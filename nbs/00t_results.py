@@ -496,7 +496,7 @@ class Keys:
 
 # %%
 from capbook.book import nbs_dir as _nbs
-assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points"] and helpers_used(_nbs() / "05_glied.ipynb") == []
+assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points", "show_table"] and helpers_used(_nbs() / "05_glied.ipynb") == []
 labels_probe(), rows_probe(), show_probe()[:80]
 
 
