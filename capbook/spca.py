@@ -275,7 +275,7 @@ class _Decoder:
 class SPCAParams(Latent2DConfig, SPCA1DConfig, _Decoder, RunConfig):
     "The SPCA chapter's parameters: the run's, the decoder, SPCA's module, and each decoder's sizes."
     structure: str = SPCAConfig.structure   # S | C | C-S | S-C | S||C (§4.3.1); 2d only: none (the 2D-latent-state baseline); 1d only: grid (Soft-Attention*)
-    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke and default 32; paper 256, Dai et al.'s)
+    channels: int | None = None # 2d: channels c of the state maps; None: the profile's (smoke 16, default 32; paper 256, Dai et al.'s)
     emb_dim: int | None = None  # 1d: word embedding size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     hidden_dim: int | None = None   # 1d: LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     beam_size: int = 3          # beam of the validation and test decodes (the book's; the paper's 2 is measured beside it)
@@ -337,7 +337,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
           "soft": {"decoder": "1d", "structure": "grid"}},                        # Soft-Attention*: the 1D decoder's own grid attention
     epochs=protocol_epochs(),            # the protocol's budget: every epoch, the rate annealed to 0
     sizes={pr: {"channels": c, "emb_dim": WIDTHS[pr]["emb_dim"], "hidden_dim": WIDTHS[pr]["hidden_dim"]}
-           for pr, c in {"smoke": 32, "default": 32, "paper": 256}.items()},   # c of the 2D state (16 was too few: see departures); the 1D decoder's widths
+           for pr, c in {"smoke": 16, "default": 32, "paper": 256}.items()},   # c of the 2D state (16 too few to learn at default: see departures; enough for the smoke book's end-to-end check); the 1D decoder's widths
     train={},                                          # the protocol: SPCA's x0.5 every five epochs becomes its cosine (nbs/02b_protocol)
     label=lambda p: "Soft-Attention* (grid)" if p.structure == "grid" else f"{p.decoder.upper()}-LSTM + SPCA ({p.structure}, {p.kernel}×{p.kernel})",
     figure=lambda p: "fig_spca_attention.png",
