@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from .core import CapbookError, check_float, check_int, save_torch
 from .attention import MultiHeadAttention
-from .models import CaptionModel, Dropout, image_groups, image_rows, register
+from .models import CaptionModel, Dropout, fast, image_groups, image_rows, register
 from .runner import Chapter, RunConfig, register_chapter
 from .ssa import WARMUP, FeedForward, sinusoid
 
@@ -189,7 +189,7 @@ class GLIED(CaptionModel):
         if groups is not None:                                    # G captions of each image in a row (image-ordered batches):
             s = groups[0]                                         # one encoder pass per image, read by its G captions
             mem = self.encode(feats[s], attrs[s], None if fm is None else fm[s])
-        elif img is not None:                                     # one encoder pass per image, gathered per caption
+        elif img is not None and fast():                          # one encoder pass per image, gathered per caption
             first, inv = image_rows(img)
             mem = {k: v[inv] for k, v in self.encode(feats[first], attrs[first], None if fm is None else fm[first]).items()}
         else: mem = self.encode(feats, attrs, fm)

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from .core import CapbookError
 
 # %% auto 0
-__all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'unroll_shrinking', 'fast', 'plain_paths', 'Dropout', 'tanh', 'check_inputs',
-           'batch_size', 'image_rows', 'image_groups', 'repeat_batch', 'token_nll', 'ModelSpec', 'register',
-           'available', 'spec', 'make_config', 'build', 'hparams']
+__all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'unroll_shrinking', 'fast', 'plain_paths', 'keyed', 'keyed_draws', 'mix64',
+           'keyed_uniform', 'Dropout', 'tanh', 'check_inputs', 'batch_size', 'image_rows', 'image_groups',
+           'repeat_batch', 'token_nll', 'ModelSpec', 'register', 'available', 'spec', 'make_config', 'build', 'hparams']
 
 # %% ../nbs/00f_models.ipynb
 class CaptionModel(nn.Module):
@@ -123,10 +123,51 @@ def plain_paths():
     try: yield
     finally: _FAST[0] = old
 
+# %% ../nbs/00f_models.ipynb
+_KEY: list = [None, 0]      # the keyed draws' key (an int64 tensor) and the draws taken under it
+
+@contextlib.contextmanager
+def keyed(key: torch.Tensor):
+    "Within this block every random draw of the models (dropout, hard attention's locations) is a function of `key` (an int64 tensor of any shape that broadcasts to a scalar per run: under `vmap`, one per stacked member), the draw's rank in the block and the element's index: the same numbers whatever else draws, in one run or stacked with others."
+    old, _KEY[:] = list(_KEY), [key, 0]
+    try: yield
+    finally: _KEY[:] = old
+
+def keyed_draws() -> bool:
+    "Whether the models draw from a key (inside `keyed`)."
+    return _KEY[0] is not None
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    "Logical right shift of int64 `z` by `s` bits (torch's >> on int64 is arithmetic)."
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    "SplitMix64's finaliser (Steele et al. 2014) on int64 tensors: every input bit flips about half the output bits."
+    z = (z ^ _srl(z, 30)) * -4658895280553007687             # 0xBF58476D1CE4E5B9
+    z = (z ^ _srl(z, 27)) * -7723592293110705685             # 0x94D049BB133111EB
+    return z ^ _srl(z, 31)
+
+def keyed_uniform(shape: tuple, device=None) -> torch.Tensor:
+    "Integers uniform on [0, 2^24), of `shape`, the next keyed draw (inside `keyed`): hash(key, draw, index) with each dimension's index in its own bits, so an element's number does not depend on how far the other dimensions are padded."
+    key, k = _KEY
+    _KEY[1] = k + 1
+    bits = 64 // max(1, len(shape))                              # 64 bits shared by the dimensions (16 each for 4)
+    if any(n >= 1 << bits for n in shape):
+        raise CapbookError(f"a keyed draw of shape {tuple(shape)}: each of its {len(shape)} dimensions must be below {1 << bits}")
+    idx = torch.zeros((), dtype=torch.long, device=device)
+    for d, n in enumerate(shape):                                # sum_d i_d 2^(bits (D - 1 - d)), broadcast: shape
+        idx = idx[..., None] + torch.arange(n, device=device) * (1 << (bits * (len(shape) - 1 - d)))
+    base = mix64(key * -7046029254386353131 + k)              # one number per (key, draw): 0x9E3779B97F4A7C15
+    return _srl(mix64(base + idx), 40)
+
 class Dropout(nn.Dropout):
-    "`nn.Dropout` with p rounded to a multiple of 1/65536: each element zeroed with that probability and the rest scaled by its inverse, drawn on the CPU from 16-bit uniforms (two per 32-bit draw: 2.7x faster than torch's `bernoulli_`, 1.6x than comparing float uniforms); on a GPU, torch's fused kernel."
+    "`nn.Dropout` with p rounded to a multiple of 1/65536: each element zeroed with that probability and the rest scaled by its inverse, drawn on the CPU from 16-bit uniforms (two per 32-bit draw: 2.7x faster than torch's `bernoulli_`, 1.6x than comparing float uniforms); on a GPU, torch's fused kernel; inside `keyed`, from the key."
     def forward(self, x):
         if not self.training or self.p == 0: return x
+        if _KEY[0] is not None:
+            cut = round(self.p * (1 << 24))                      # P(u < cut) = round(2^24 p) / 2^24, the dropped share
+            # x * mask / P(keep)
+            return x * (keyed_uniform(x.shape, x.device) >= cut) * ((1 << 24) / ((1 << 24) - cut))
         if x.device.type != "cpu" or not fast(): return super().forward(x)
         n = x.numel()
         # u: 16-bit integers uniform on [-32768, 32767], two from each 32-bit draw: x's shape

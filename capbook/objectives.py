@@ -21,6 +21,11 @@ class Objective(nn.Module):
     "Base class: `outputs(net, batch)` runs the model (teacher forcing by default), `loss(out, batch) -> (loss, stats)`."
     pad = CaptionModel.pad
     sample_prob: float = 0.0        # scheduled sampling's probability of feeding the model its own word (set by the trainer)
+    tensor_stats: bool = False      # the logged terms as 0-dim tensors, not numbers: no host synchronisation (stacked and graph-ready steps)
+
+    def stat(self, t: torch.Tensor):
+        "A logged term: a number, or with `tensor_stats` the detached tensor (read after the step)."
+        return t.detach() if self.tensor_stats else t.item()
 
     def outputs(self, net: nn.Module, batch: Mapping[str, Any]) -> dict:
         "The model's outputs for this objective: teacher forcing over `batch['caps']` (scheduled sampling when `sample_prob` > 0)."
@@ -46,18 +51,21 @@ class CrossEntropy(Objective):
         y = targets(out, batch)
         # -sum_j log p(y_j | I_j) / sum_j C_j
         nll = token_nll(out["logits"], y, self.pad)
-        if not self.label_smoothing: return nll, {"nll": nll.item()}
+        if not self.label_smoothing: return nll, {"nll": self.stat(nll)}
         # (1-ε) NLL + ε mean_v(-log p_v), per real target word
         smoothed = token_nll(out["logits"], y, self.pad, self.label_smoothing)
-        return smoothed, {"nll": nll.item(), "smoothed": smoothed.item()}
+        return smoothed, {"nll": self.stat(nll), "smoothed": self.stat(smoothed)}
 
 # %% ../nbs/00h_objectives.ipynb
 def doubly_stochastic(alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     "sum_i (1 - sum_t alpha_ti)^2 averaged over captions, per word: alpha (B, T, L), mask (B, T) of real words."
     # sum_t alpha_ti over the real words: (B, L)
     att = (alpha * mask[..., None]).sum(1)
-    # sum_i (1 - sum_t alpha_ti)^2 / C  (Eq. 9)
-    return ((1 - att) ** 2).sum(1).mean() / mask.sum(1).mean()
+    # captions with a word: a batch padded to a fixed size (stacked runs) adds rows without one, which count nowhere
+    real = mask.amax(1)
+    mean = lambda x: (x * real).sum() / real.sum()
+    # sum_i (1 - sum_t alpha_ti)^2 / C  (Eq. 9), averaged over the real captions (the same bits as .mean() without padding)
+    return mean(((1 - att) ** 2).sum(1)) / mean(mask.sum(1))
 
 class DoublyStochastic(CrossEntropy):
     "Cross-entropy plus λ times the doubly stochastic attention penalty (Eq. 9)."
@@ -69,7 +77,7 @@ class DoublyStochastic(CrossEntropy):
         if "alpha" in out:
             mask = (targets(out, batch) != self.pad).float()                # real target words: (B, T)
             ds = doubly_stochastic(out["alpha"], mask)
-            loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
+            loss, stats["doubly_stochastic"] = loss + self.penalty * ds, self.stat(ds)
         return loss, stats
 
 # %% ../nbs/00h_objectives.ipynb
@@ -89,9 +97,9 @@ class HardAttentionRule(DoublyStochastic):
         lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), y, reduction="none") * mask
         # -sum_j log p(y_j | s~, a) / sum_j C_j
         nll = -lp_tok.sum() / words
-        loss, stats = nll, {"nll": nll.item()}
+        loss, stats = nll, {"nll": self.stat(nll)}
         ds = doubly_stochastic(out["alpha"], mask)
-        loss, stats["doubly_stochastic"] = loss + self.penalty * ds, ds.item()
+        loss, stats["doubly_stochastic"] = loss + self.penalty * ds, self.stat(ds)
         # log p(y | s~, a): (B,)
         ll = lp_tok.sum(1)
         # log p(s~ | a) = sum_t log alpha_{t,s_t}: (B,)
@@ -106,11 +114,13 @@ class HardAttentionRule(DoublyStochastic):
         # -lambda_e dH[s~], per word
         ent = -H.sum() / words
         loss = loss + self.lambda_r * reinforce + self.lambda_e * ent
-        stats.update(reinforce=reinforce.item(), entropy=-ent.item(), baseline=self.baseline.item(),
-                     sampled=sampled.mean().item())
-        if self.training and sampled.any():
-            # b_k = 0.9 b_{k-1} + 0.1 log p(y | s~_k, a), per word
-            self.baseline.mul_(0.9).add_(0.1 * (ll.detach() * sampled).sum() / (C * sampled).sum())
+        stats.update(reinforce=self.stat(reinforce), entropy=self.stat(-ent), baseline=self.stat(self.baseline.clone()),
+                     sampled=self.stat(sampled.mean()))
+        if self.training:
+            # b_k = 0.9 b_{k-1} + 0.1 log p(y | s~_k, a), per word (kept while no caption of the batch sampled)
+            b = self.baseline * 0.9 + 0.1 * (ll.detach() * sampled).sum() / (C * sampled).sum()
+            if self.tensor_stats: self.baseline.copy_(torch.where(sampled.any(), b, self.baseline))   # no host sync
+            elif sampled.any(): self.baseline.copy_(b)
         return loss, stats
 
 # %% ../nbs/00h_objectives.ipynb

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from .core import CapbookError, check_choice, check_float, check_int
 from .attention import TAUS, MultiHeadAttention
-from .models import CaptionModel, Dropout, image_groups, image_rows, register
+from .models import CaptionModel, Dropout, fast, image_groups, image_rows, register
 from .runner import Chapter, RunConfig, register_chapter, protocol_epochs
 from .papers import ssa_table1
 
@@ -153,7 +153,7 @@ class SpatialTransformer(CaptionModel):
         groups = image_groups(img) if img is not None else None
         if groups is not None:                                   # G captions of each image in a row (image-ordered batches):
             kv = self.encode(feats[groups[0]])                   # one encoder pass per image, its K, V read by its G captions
-        elif img is not None:                                    # one encoder pass per image, gathered per caption
+        elif img is not None and fast():                         # one encoder pass per image, gathered per caption
             first, inv = image_rows(img)
             kv = [(k[inv], v[inv]) for k, v in self.encode(feats[first])]
         else: kv = self.encode(feats)

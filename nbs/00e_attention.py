@@ -28,7 +28,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from capbook.core import check_choice
-from capbook.models import Dropout, fast
+from capbook.models import Dropout, fast, keyed_draws, keyed_uniform
 
 
 # %% [markdown]
@@ -179,12 +179,17 @@ class HardAttention(SoftAttention):
     def memory(self, a):
         "Also, while training, each caption's switch to the expected context, drawn once with probability `p_expected`."
         m = super().memory(a)
-        if self.training: m["expected"] = torch.rand(len(a), device=a.device) < self.p_expected   # (B,) bool
+        if self.training:                                                # (B,) bool
+            m["expected"] = (keyed_uniform((len(a),), a.device) < round(self.p_expected * (1 << 24)) if keyed_draws()
+                             else torch.rand(len(a), device=a.device) < self.p_expected)
         return m
 
     def sample(self, alpha: torch.Tensor) -> torch.Tensor:
         "Draw one location per row: $\\tilde s_t \\sim$ Multinoulli$_L(\\alpha_t)$; (R, L) -> (R,)."
-        return torch.multinomial(alpha.float(), 1).squeeze(1)
+        if not keyed_draws(): return torch.multinomial(alpha.float(), 1).squeeze(1)
+        # keyed (`capbook.models.keyed`): the first i whose cumulative alpha exceeds u ~ U[0, 1) (inverse CDF, no host sync)
+        u = (keyed_uniform((len(alpha),), alpha.device).double() + 0.5) / (1 << 24)
+        return (alpha.double().cumsum(-1) <= u[:, None]).sum(-1).clamp_max(alpha.shape[-1] - 1)
 
     def forward(self, a, pre, h, expected=None):              # a: (B, L, D); h: (R, n), R = B*K; expected: (R,) bool
         B, R = a.shape[0], len(h)

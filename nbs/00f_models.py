@@ -171,10 +171,69 @@ def plain_paths():
     try: yield
     finally: _FAST[0] = old
 
+# %% [markdown]
+# **Keyed draws.** A run's random numbers normally come from torch's generator, seeded once: the draws a model takes
+# depend on everything drawn before them in the process. Two runs trained as one stacked model (`capbook.train`'s
+# stacked runs: several seeds as one `vmap`-ed step) share one process, and `vmap` draws one tensor for all of them, so
+# neither run would see the numbers it sees alone. Inside `keyed(key)` the models' draws are instead a pure function,
+# a counter-based generator in the manner of Salmon et al.'s Philox (SC 2011) and JAX's keys: element $i$ of the
+# $k$-th draw under key $s$ is
+#
+# $$u = \operatorname{mix}\bigl(\operatorname{mix}(s \cdot \phi + k) + i\bigr) \gg 40 \quad\in [0, 2^{24})$$
+#
+# with mix SplitMix64's finaliser and $\phi$ the golden-ratio constant. The index $i$ gives each dimension its own bits
+# (16 each for four dimensions), so a caption padded to a longer batch draws the same numbers for its real words. Nothing in it reads or
+# advances a generator, so a run draws the same numbers alone or stacked, on any device, and a captured CUDA graph
+# replays it with a new key. *capbook:* the book's CPU runs keep torch's generator (the keyed draws cost about a dozen
+# integer operations per element, and switching would move every published number); keyed draws are what stacked
+# runs and their lone equivalents use (`TrainConfig.draws='keyed'`).
+
+# %%
+#| export
+_KEY: list = [None, 0]      # the keyed draws' key (an int64 tensor) and the draws taken under it
+
+@contextlib.contextmanager
+def keyed(key: torch.Tensor):
+    "Within this block every random draw of the models (dropout, hard attention's locations) is a function of `key` (an int64 tensor of any shape that broadcasts to a scalar per run: under `vmap`, one per stacked member), the draw's rank in the block and the element's index: the same numbers whatever else draws, in one run or stacked with others."
+    old, _KEY[:] = list(_KEY), [key, 0]
+    try: yield
+    finally: _KEY[:] = old
+
+def keyed_draws() -> bool:
+    "Whether the models draw from a key (inside `keyed`)."
+    return _KEY[0] is not None
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    "Logical right shift of int64 `z` by `s` bits (torch's >> on int64 is arithmetic)."
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    "SplitMix64's finaliser (Steele et al. 2014) on int64 tensors: every input bit flips about half the output bits."
+    z = (z ^ _srl(z, 30)) * -4658895280553007687             # 0xBF58476D1CE4E5B9
+    z = (z ^ _srl(z, 27)) * -7723592293110705685             # 0x94D049BB133111EB
+    return z ^ _srl(z, 31)
+
+def keyed_uniform(shape: tuple, device=None) -> torch.Tensor:
+    "Integers uniform on [0, 2^24), of `shape`, the next keyed draw (inside `keyed`): hash(key, draw, index) with each dimension's index in its own bits, so an element's number does not depend on how far the other dimensions are padded."
+    key, k = _KEY
+    _KEY[1] = k + 1
+    bits = 64 // max(1, len(shape))                              # 64 bits shared by the dimensions (16 each for 4)
+    if any(n >= 1 << bits for n in shape):
+        raise CapbookError(f"a keyed draw of shape {tuple(shape)}: each of its {len(shape)} dimensions must be below {1 << bits}")
+    idx = torch.zeros((), dtype=torch.long, device=device)
+    for d, n in enumerate(shape):                                # sum_d i_d 2^(bits (D - 1 - d)), broadcast: shape
+        idx = idx[..., None] + torch.arange(n, device=device) * (1 << (bits * (len(shape) - 1 - d)))
+    base = mix64(key * -7046029254386353131 + k)              # one number per (key, draw): 0x9E3779B97F4A7C15
+    return _srl(mix64(base + idx), 40)
+
 class Dropout(nn.Dropout):
-    "`nn.Dropout` with p rounded to a multiple of 1/65536: each element zeroed with that probability and the rest scaled by its inverse, drawn on the CPU from 16-bit uniforms (two per 32-bit draw: 2.7x faster than torch's `bernoulli_`, 1.6x than comparing float uniforms); on a GPU, torch's fused kernel."
+    "`nn.Dropout` with p rounded to a multiple of 1/65536: each element zeroed with that probability and the rest scaled by its inverse, drawn on the CPU from 16-bit uniforms (two per 32-bit draw: 2.7x faster than torch's `bernoulli_`, 1.6x than comparing float uniforms); on a GPU, torch's fused kernel; inside `keyed`, from the key."
     def forward(self, x):
         if not self.training or self.p == 0: return x
+        if _KEY[0] is not None:
+            cut = round(self.p * (1 << 24))                      # P(u < cut) = round(2^24 p) / 2^24, the dropped share
+            # x * mask / P(keep)
+            return x * (keyed_uniform(x.shape, x.device) >= cut) * ((1 << 24) / ((1 << 24) - cut))
         if x.device.type != "cpu" or not fast(): return super().forward(x)
         n = x.numel()
         # u: 16-bit integers uniform on [-32768, 32767], two from each 32-bit draw: x's shape
@@ -239,6 +298,23 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0, smoothi
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad,
                            label_smoothing=smoothing)
 
+
+# %% [markdown]
+# Keyed draws are a function of the key, the draw's rank and the element's place: a padded draw holds the unpadded
+# one, the next draw differs, and under `vmap` each member's key gives the numbers it gives alone. Dropout under a key
+# drops its share:
+
+# %%
+from torch.func import vmap
+with keyed(torch.tensor(7)): _a, _b = keyed_uniform((3, 5)), keyed_uniform((3, 5))
+with keyed(torch.tensor(7)): _a2 = keyed_uniform((4, 9))
+assert torch.equal(_a, _a2[:3, :5]) and not torch.equal(_a, _b)
+def _draw(key):
+    with keyed(key): return keyed_uniform((6,))
+assert torch.equal(vmap(_draw)(torch.tensor([7, 8]))[1], _draw(torch.tensor(8)))
+with keyed(torch.tensor(3)): _y = Dropout(0.25).train()(torch.ones(200_000))
+assert abs((_y == 0).float().mean().item() - 0.25) < 0.005 and torch.allclose(_y[_y != 0], torch.tensor(4 / 3))
+print(f"dropped {(_y == 0).float().mean().item():.4f} of 200,000 at p = 0.25")
 
 # %% [markdown]
 # ## Configs and the registry

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from capbook.core import CapbookError, check_choice, check_float, check_int
 from capbook.attention import TAUS, MultiHeadAttention
-from capbook.models import CaptionModel, Dropout, image_groups, image_rows, register
+from capbook.models import CaptionModel, Dropout, fast, image_groups, image_rows, register
 from capbook.runner import Chapter, RunConfig, register_chapter, protocol_epochs
 from capbook.papers import ssa_table1
 
@@ -248,7 +248,7 @@ class SpatialTransformer(CaptionModel):
         groups = image_groups(img) if img is not None else None
         if groups is not None:                                   # G captions of each image in a row (image-ordered batches):
             kv = self.encode(feats[groups[0]])                   # one encoder pass per image, its K, V read by its G captions
-        elif img is not None:                                    # one encoder pass per image, gathered per caption
+        elif img is not None and fast():                         # one encoder pass per image, gathered per caption
             first, inv = image_rows(img)
             kv = [(k[inv], v[inv]) for k, v in self.encode(feats[first])]
         else: kv = self.encode(feats)
