@@ -4,25 +4,29 @@
 
 # %% ../nbs/00i_train.ipynb 2
 from __future__ import annotations
-import contextlib, math, os, random, shutil, time
+import contextlib, copy, math, os, random, shutil, time
 from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 from typing import Callable
+import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
 from torch.nn.parallel import DistributedDataParallel as DDP
 from .core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
                           get_device, io_error, load_torch, package_hash, progress, save_torch, seed_everything,
                           stable_hash)
-from .models import CaptionModel, check_inputs, hparams
+from .models import CaptionModel, check_inputs, hparams, keyed, plain_paths
 from .data import BATCH_ORDERS, to_device
 from .objectives import CrossEntropy, Objective, objective_for
 from .decode import decode_split
 
 # %% auto 0
-__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'RESUME_FREE', 'TrainConfig', 'lr_factor', 'ss_prob', 'val_score',
-           'check_vocab', 'dist_info', 'train_step', 'WeightAverage', 'FitResult', 'Curves', 'fit', 'load_trained',
-           'load_ensemble']
+__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STACKABLE', 'TrainConfig', 'lr_factor',
+           'ss_prob', 'val_score', 'check_vocab', 'dist_info', 'train_step', 'WeightAverage', 'FitResult', 'Curves',
+           'step_key', 'fit', 'StackedStep', 'fixed_shape', 'fit_stacked', 'load_trained', 'load_ensemble']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -60,6 +64,7 @@ class TrainConfig:
     log_every: int = 10         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
     validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
     precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where the CPU has oneDNN's bf16 kernels, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
+    draws: str = "torch"        # the models' random draws: torch (torch's generator, seeded once: the book's runs) | keyed (a function of seed, step and draw, on the plain paths: what stacked runs draw, `fit_stacked`)
 
     def check(self) -> TrainConfig:
         "Stop with one line on a value the trainer cannot use."
@@ -78,13 +83,14 @@ class TrainConfig:
         check_float("length_norm", self.length_norm, lo=0.0, hi=5.0); check_int("no_repeat_ngram", self.no_repeat_ngram, lo=0)
         check_int("seed", self.seed, lo=0); check_int("ckpt_every", self.ckpt_every, lo=0); check_int("log_every", self.log_every, lo=0)
         check_choice("batch_order", self.batch_order, BATCH_ORDERS); check_int("max_words", self.max_words, lo=0)
-        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("precision", self.precision, PRECISIONS); check_choice("draws", self.draws, DRAWS)
         get_device(self.device)
         return self
 
 VAL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
 LR_SCHEDULES = ("step", "noam", "plateau", "cosine")
 PRECISIONS = PRECISION_CHOICES
+DRAWS = ("torch", "keyed")
 
 # %% ../nbs/00i_train.ipynb
 def lr_factor(cfg: TrainConfig, step: int, epoch: int, steps_per_epoch: int, decays: int = 0) -> float:
@@ -137,10 +143,12 @@ def _set_rng_state(st: dict) -> None:
 
 RESUME_FREE = ("progress", "log_every", "ckpt_every", "device")   # TrainConfig fields a run may change and still resume
 
+ADDED = {"draws": "torch"}   # TrainConfig fields added after checkpoints were first written, at the value older ones trained with
+
 def _recipe(cfg: dict, meta: dict | None) -> dict:
     "What a checkpoint's training depends on besides code and data: the model, its sizes, and the training config."
     return {"model": (meta or {}).get("model"), "hparams": (meta or {}).get("hparams"),
-            "config": {k: v for k, v in cfg.items() if k not in RESUME_FREE}}
+            "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
 def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None) -> tuple[str, str] | None:
     "Why checkpoint `ck` must not be resumed by this run, as (folder tag, reason), or None."
@@ -206,7 +214,9 @@ class WeightAverage:
     "An exponential moving average of a model's floating-point parameters and buffers (`decay` d, warmed up as (1+t)/(10+t))."
     def __init__(self, model: torch.nn.Module, decay: float):
         self.decay, self.t = decay, 0
-        self.live = [v for v in model.state_dict().values() if v.is_floating_point()]   # views of the model's tensors
+        sd = model.state_dict()
+        self.names = [k for k, v in sd.items() if v.is_floating_point()]
+        self.live = [sd[k] for k in self.names]                    # views of the model's tensors
         self.avg = [v.detach().clone() for v in self.live]
 
     @torch.no_grad()
@@ -277,168 +287,393 @@ def _eval_marks(n_batches: int, k: int) -> set[int]:
     "The batch counts after which an epoch of `n_batches` batches is validated `k` times (its end included)."
     return {max(1, round(j * n_batches / k)) for j in range(1, k + 1)}
 
-def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
-        log: Callable[[str], None] = print, objective: Objective | None = None) -> FitResult:
-    "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end."
-    cfg.check()
-    objective = objective_for(model) if objective is None else objective
-    if cfg.label_smoothing:
-        if not isinstance(objective, CrossEntropy):
-            raise CapbookError(f"parameter label_smoothing={cfg.label_smoothing} applies to cross-entropy training; {type(objective).__name__} has none")
-        objective.label_smoothing = cfg.label_smoothing
-    if cfg.ss_start >= 0 and type(objective).outputs is not Objective.outputs:
-        raise CapbookError(f"parameter ss_start={cfg.ss_start}: scheduled sampling replaces teacher forcing, which {type(objective).__name__} does not train with")
-    if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
-    check_inputs(model, next(data.train.image_batches(1)))
-    rank, world, local = dist_info()
-    device = get_device(cfg.device)
-    if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
-    ckpt_dir = Path(ckpt_dir); last, best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
-    try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
-    except OSError as e: raise io_error(ckpt_dir, e, "create the checkpoint folder") from None
-    seed_everything(cfg.seed)
-    model.to(device); objective.to(device)
-    net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    avg = WeightAverage(model, cfg.ema) if cfg.ema else None
-    code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(last) if last.exists() else None
-    # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
-    # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
-    was = ((ck or {}).get("config") or {}).get("precision")
-    cfg = replace(cfg, precision=was if cfg.precision == "auto" and was in ("bf16", "fp32") else cpu_precision(cfg.precision, device))
-    precision = cfg.precision
-    res, epoch, skip, bad, step, tot, n, decays = FitResult(world_size=world, precision=precision), 0, 0, 0, 0, {}, 0, 0
-    val_caps = None                                                # the last evaluation's validation captions
-    if fp: meta = {**(meta or {}), "data": fp}
-    why = _not_resumable(ck, code, fp, _recipe(asdict(cfg), meta))
-    if why:
-        stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
-        if world > 1: dist.barrier()
-        log(f"{last} {why[1]}: moved to {stale}, training from scratch")
-        ck = None
-    if ck is not None:
-        check_vocab(ck, data.vocab, last)
-        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"])
-        objective.load_state_dict(ck["objective"])
-        if avg is not None: avg.load_state_dict(ck["ema"])
-        epoch, skip, bad, step, decays = ck["epoch"], ck["batches_done"], ck["bad_evals"], ck["step"], ck["decays"]
-        tot, n, val_caps = ck["epoch_sums"], ck["epoch_batches"], ck["val_captions"]
-        res.history, res.best_epoch, res.best_at, res.best_score = ck["history"], ck["best_epoch"], ck["best_at"], ck["best_score"]
-        res.train_seconds, res.val_seconds, res.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
-        res.resumed_from = (epoch, skip)
-        _set_rng_state(ck["rng"])
-        if ck.get("finished"): epoch = cfg.epochs
-        log(f"resumed from {last} at epoch {epoch}, batch {skip}: same code ({code}), same data ({fp or 'not fingerprinted'}), "
-            f"same vocabulary ({len(data.vocab)} words)")
-    if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
-        shutil.rmtree(ckpt_dir / "tb")             # the curves of a run killed before its first checkpoint: nothing resumes them
-    curves = Curves(ckpt_dir / "tb", cfg.log_every, step + 1 if ck is not None else None) if cfg.log_every and rank == 0 else None
+class _Run:
+    "One run inside `fit`'s loop: its model, objective, optimiser and average, its checkpoint folder, where it stands (epoch, batches done, steps) and its history; `validate`, `evaluation` and `save_last` are its bookkeeping."
+    def __init__(self, model: CaptionModel, data, cfg: TrainConfig, ckpt_dir, meta: dict | None, log: Callable,
+                 objective: Objective | None, rank: int, world: int, local: int, device):
+        cfg.check()
+        objective = objective_for(model) if objective is None else objective
+        if cfg.label_smoothing:
+            if not isinstance(objective, CrossEntropy):
+                raise CapbookError(f"parameter label_smoothing={cfg.label_smoothing} applies to cross-entropy training; {type(objective).__name__} has none")
+            objective.label_smoothing = cfg.label_smoothing
+        if cfg.ss_start >= 0 and type(objective).outputs is not Objective.outputs:
+            raise CapbookError(f"parameter ss_start={cfg.ss_start}: scheduled sampling replaces teacher forcing, which {type(objective).__name__} does not train with")
+        if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
+        check_inputs(model, next(data.train.image_batches(1)))
+        ckpt_dir = Path(ckpt_dir); self.last, self.best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+        try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
+        except OSError as e: raise io_error(ckpt_dir, e, "create the checkpoint folder") from None
+        seed_everything(cfg.seed)
+        model.to(device); objective.to(device)
+        self.model, self.objective, self.data, self.log, self.rank, self.world, self.device = model, objective, data, log, rank, world, device
+        self.net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
+        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        self.avg = WeightAverage(model, cfg.ema) if cfg.ema else None
+        self.code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(self.last) if self.last.exists() else None
+        # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
+        # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
+        was = ((ck or {}).get("config") or {}).get("precision")
+        self.cfg = cfg = replace(cfg, precision=was if cfg.precision == "auto" and was in ("bf16", "fp32") else cpu_precision(cfg.precision, device))
+        self.res = FitResult(world_size=world, precision=cfg.precision)
+        self.epoch = self.skip = self.bad = self.step = self.n = self.decays = 0
+        self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
+        if fp: meta = {**(meta or {}), "data": fp}
+        self.meta = meta
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta))
+        if why:
+            stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
+            if world > 1: dist.barrier()
+            log(f"{self.last} {why[1]}: moved to {stale}, training from scratch")
+            ck = None
+        if ck is not None:
+            check_vocab(ck, data.vocab, self.last)
+            model.load_state_dict(ck["model"]); self.opt.load_state_dict(ck["optimizer"])
+            objective.load_state_dict(ck["objective"])
+            if self.avg is not None: self.avg.load_state_dict(ck["ema"])
+            self.epoch, self.skip, self.bad, self.step, self.decays = ck["epoch"], ck["batches_done"], ck["bad_evals"], ck["step"], ck["decays"]
+            self.tot, self.n, self.val_caps = ck["epoch_sums"], ck["epoch_batches"], ck["val_captions"]
+            r = self.res
+            r.history, r.best_epoch, r.best_at, r.best_score = ck["history"], ck["best_epoch"], ck["best_at"], ck["best_score"]
+            r.train_seconds, r.val_seconds, r.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
+            r.resumed_from = (self.epoch, self.skip)
+            _set_rng_state(ck["rng"])
+            if ck.get("finished"): self.epoch = cfg.epochs
+            log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: same code ({self.code}), same data ({fp or 'not fingerprinted'}), "
+                f"same vocabulary ({len(data.vocab)} words)")
+        if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
+            shutil.rmtree(ckpt_dir / "tb")             # the curves of a run killed before its first checkpoint: nothing resumes them
+        self.fresh = ck is None
+        self.curves = Curves(ckpt_dir / "tb", cfg.log_every, self.step + 1 if ck is not None else None) if cfg.log_every and rank == 0 else None
 
-    def save_last(finished=False):
-        if rank: return
-        save_torch(last, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                          "objective": objective.state_dict(), "ema": avg.state_dict() if avg else None,
-                          "epoch": epoch, "batches_done": skip, "step": step, "epoch_sums": tot, "epoch_batches": n,
-                          "bad_evals": bad, "decays": decays, "history": res.history,
-                          "best_epoch": res.best_epoch, "best_at": res.best_at, "best_score": res.best_score, "train_seconds": res.train_seconds,
-                          "val_seconds": res.val_seconds, "captions": res.captions, "val_captions": val_caps, "rng": _rng_state(),
-                          "vocab": data.vocab.itos, "config": asdict(cfg), "meta": meta or {}, "code": code,
-                          "finished": finished})
+    @property
+    def done(self) -> bool: return self.stopped or self.epoch >= self.cfg.epochs
 
-    def validate(at: float, means: dict) -> bool:
+    def save_last(self, finished: bool = False) -> None:
+        if self.rank: return
+        avg, r = self.avg, self.res
+        save_torch(self.last, {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                               "objective": self.objective.state_dict(), "ema": avg.state_dict() if avg else None,
+                               "epoch": self.epoch, "batches_done": self.skip, "step": self.step, "epoch_sums": self.tot,
+                               "epoch_batches": self.n, "bad_evals": self.bad, "decays": self.decays, "history": r.history,
+                               "best_epoch": r.best_epoch, "best_at": r.best_at, "best_score": r.best_score, "train_seconds": r.train_seconds,
+                               "val_seconds": r.val_seconds, "captions": r.captions, "val_captions": self.val_caps, "rng": _rng_state(),
+                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code,
+                               "finished": finished})
+        self.finished = finished
+
+    def validate(self, at: float, means: dict) -> bool:
         "Score the (averaged) weights on validation after `at` epochs, log them, keep them as best.pt if they are the best so far."
+        cfg, res, data = self.cfg, self.res, self.data
         ep = -1 if at == 0 else math.ceil(at) - 1                        # the epoch it ends or falls in
         tv = time.time()
-        nonlocal val_caps
-        with avg.swapped() if avg else contextlib.nullcontext():
-            scores = val_score(model, data.val, data.vocab, cfg, device)
+        with self.avg.swapped() if self.avg else contextlib.nullcontext():
+            scores = val_score(self.model, data.val, data.vocab, cfg, self.device)
             caps = scores.pop("captions", None)
             better = scores[cfg.metric] > res.best_score
             if better:
                 res.best_score, res.best_epoch, res.best_at = scores[cfg.metric], ep, at
-                save_torch(best, {"model": model.state_dict(), "vocab": data.vocab.itos, "epoch": ep, "epochs": at,
-                                  "scores": scores, "meta": meta or {}})
+                save_torch(self.best, {"model": self.model.state_dict(), "vocab": data.vocab.itos, "epoch": ep, "epochs": at,
+                                       "scores": scores, "meta": self.meta or {}})
         res.val_seconds += time.time() - tv
         churn = {}
-        if caps and val_caps and len(caps) == len(val_caps):     # how many validation captions changed since the last evaluation
+        if caps and self.val_caps and len(caps) == len(self.val_caps):     # how many validation captions changed since the last evaluation
             opening = lambda c: c.split()[:2]
-            churn = {"val changed": sum(a != b for a, b in zip(caps, val_caps)) / len(caps),
-                     "val openings changed": sum(opening(a) != opening(b) for a, b in zip(caps, val_caps)) / len(caps)}
-        val_caps = caps
-        res.history.append({"epoch": ep, "epochs": at, "step": step, **means, **{f"val {k}": v for k, v in scores.items()},
+            churn = {"val changed": sum(a != b for a, b in zip(caps, self.val_caps)) / len(caps),
+                     "val openings changed": sum(opening(a) != opening(b) for a, b in zip(caps, self.val_caps)) / len(caps)}
+        self.val_caps = caps
+        res.history.append({"epoch": ep, "epochs": at, "step": self.step, **means, **{f"val {k}": v for k, v in scores.items()},
                             **churn, "train_s": res.train_seconds})
-        if curves: curves.validation(step, at, {**scores, **churn})
-        log((f"epoch {ep} ({at:g} trained): " if at != math.ceil(at) else f"epoch {ep}: ") + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
-            + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+        if self.curves: self.curves.validation(self.step, at, {**scores, **churn})
+        self.log((f"epoch {ep} ({at:g} trained): " if at != math.ceil(at) else f"epoch {ep}: ") + "  ".join(f"{k} {v:.4g}" for k, v in means.items()) + "  | val "
+                 + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()))
         return better
 
-    def evaluation(at: float) -> bool:
+    def evaluation(self, at: float) -> bool:
         "Validate after `at` epochs (every rank agrees); update early stopping and the plateau schedule; True: stop."
-        nonlocal bad, decays, tot, n
+        cfg = self.cfg
         count = torch.zeros(1)                           # evaluations without a better score, decided by rank 0 ...
-        if rank == 0: count[0] = 0 if validate(at, {k: v / max(n, 1) for k, v in tot.items()}) else bad + 1
-        if world > 1: dist.broadcast(count, 0)           # ... and known to every rank, whose rates must decay together
-        bad = int(count.item()); stop = bool(cfg.patience) and bad >= cfg.patience
-        if cfg.schedule == "plateau" and bad and bad % cfg.lr_patience == 0 and not stop:
-            decays += 1; log(f"no better {cfg.metric} for {bad} evaluations: learning rate x{cfg.lr_gamma:g}")
-        tot, n = {}, 0
-        if stop: log(f"early stop after {at:g} epochs: no better {cfg.metric} for {cfg.patience} evaluations")
+        if self.rank == 0: count[0] = 0 if self.validate(at, {k: v / max(self.n, 1) for k, v in self.tot.items()}) else self.bad + 1
+        if self.world > 1: dist.broadcast(count, 0)      # ... and known to every rank, whose rates must decay together
+        self.bad = int(count.item()); stop = bool(cfg.patience) and self.bad >= cfg.patience
+        if cfg.schedule == "plateau" and self.bad and self.bad % cfg.lr_patience == 0 and not stop:
+            self.decays += 1; self.log(f"no better {cfg.metric} for {self.bad} evaluations: learning rate x{cfg.lr_gamma:g}")
+        self.tot, self.n = {}, 0
+        if stop: self.log(f"early stop after {at:g} epochs: no better {cfg.metric} for {cfg.patience} evaluations")
         return stop
 
+    def took(self, batch: dict, stats: dict, lr: float) -> None:
+        "Book one optimisation step of this run on `batch` (its terms `stats`, at rate `lr`)."
+        self.skip += 1; self.step += 1; self.n += 1; self.res.captions += len(batch["caps"]) * self.world
+        terms = {**stats, "lr": lr, **({"ss_prob": self.objective.sample_prob} if self.cfg.ss_start >= 0 else {})}
+        for k, v in terms.items(): self.tot[k] = self.tot.get(k, 0.0) + v
+        if self.curves: self.curves.train(self.step, terms)
+
+    def stop(self, log_line: str = "") -> None:
+        "End this run here: its last checkpoint says it finished."
+        self.stopped = True
+        if log_line: self.log(log_line)
+        self.save_last(finished=True)
+
+def step_key(seed: int, step: int) -> int:
+    "The key of run `seed`'s draws at optimisation step `step` (`capbook.models.keyed`): distinct for every (seed, step)."
+    return (seed << 32) + step
+
+def _eager_step(runs: list[_Run], batches: list[dict], lrs: list[float], where: str, scaler=None) -> list[dict]:
+    "One run's step as `train_step` takes it (its draws from torch's generator, or from its key with `draws='keyed'`), then its weight average."
+    r, b = runs[0], batches[0]
+    for g in r.opt.param_groups: g["lr"] = lrs[0]
+    draws = (contextlib.ExitStack() if r.cfg.draws == "torch" else
+             _keyed_plain(torch.tensor(step_key(r.cfg.seed, r.step), device=r.device)))
+    with draws:
+        stats = train_step(r.net, r.model, r.objective, r.opt, b, r.device, r.cfg.clip, scaler, where=where, precision=r.cfg.precision)
+    if r.avg is not None: r.avg.update()
+    return [stats]
+
+@contextlib.contextmanager
+def _keyed_plain(key: torch.Tensor):
+    "Keyed draws on the plain paths: what a stacked run draws and computes."
+    with plain_paths(), keyed(key): yield
+
+def _loop(runs: list[_Run], step: Callable) -> None:
+    "The epochs of `runs` (one, or several trained in step by a stacked step): `step(runs, batches, lrs, where)` takes one optimisation step of every run and returns each run's terms."
+    first, data = runs[0], runs[0].data
+    rank, world, cfg = first.rank, first.world, first.cfg            # cfg: what stacked runs share (all but `STACKABLE`)
     try:
-        if ck is None and cfg.validate_start and rank == 0:
-            # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
-            # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
-            validate(0.0, {})
+        for r in runs:
+            if r.fresh and r.cfg.validate_start and rank == 0:
+                # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
+                # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
+                r.validate(0.0, {})
         sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
-        per_epoch = data.train.num_batches(cfg.batch_size, world, 0, cfg.seed, **sel)   # steps of an epoch, for the warm-up
-        scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
-        stopped = False
-        while epoch < cfg.epochs and not stopped:
-            net.train(); objective.train(); t0 = time.time()
-            n_batches = data.train.num_batches(cfg.batch_size, world, epoch, cfg.seed, **sel)
-            objective.sample_prob = ss_prob(cfg, epoch)                  # scheduled sampling's probability this epoch (0: teacher forcing)
-            marks = _eval_marks(n_batches, cfg.evals_per_epoch)
-            it = data.train.batches(cfg.batch_size, epoch, cfg.seed, rank, world, skip=skip, **sel)
-            for b in progress(it, cfg.progress and rank == 0, total=n_batches - skip, desc=f"epoch {epoch}", leave=False):
-                lr = cfg.lr * lr_factor(cfg, step + 1, epoch, per_epoch, decays)
-                for g in opt.param_groups: g["lr"] = lr
-                stats = train_step(net, model, objective, opt, b, device, cfg.clip, scaler, where=f"epoch {epoch}, step {step}",
-                                   precision=precision)
-                if avg is not None: avg.update()
-                skip += 1; step += 1; n += 1; res.captions += len(b["caps"]) * world
-                terms = {**stats, "lr": lr, **({"ss_prob": objective.sample_prob} if cfg.ss_start >= 0 else {})}
-                for k, v in terms.items(): tot[k] = tot.get(k, 0.0) + v
-                if curves: curves.train(step, terms)
-                if cfg.max_steps and step >= cfg.max_steps and skip < n_batches:   # the step budget is spent mid-epoch: validate here, stop
-                    res.train_seconds += time.time() - t0
-                    evaluation(round(epoch + skip / n_batches, 3)); stopped = True
-                    log(f"stopped after max_steps={cfg.max_steps} steps"); break
+        per_epoch = [data.train.num_batches(r.cfg.batch_size, world, 0, r.cfg.seed, **sel) for r in runs]   # steps of an epoch, for the warm-up
+        while not all(r.done for r in runs):
+            live = [r for r in runs if not r.done]
+            epoch, skip = live[0].epoch, live[0].skip
+            if any((r.epoch, r.skip) != (epoch, skip) for r in live):
+                raise CapbookError("stacked runs must stand at one place to train in step: " + ", ".join(
+                    f"seed {r.cfg.seed} at epoch {r.epoch}, batch {r.skip}" for r in live) + "; train them apart or clear their folders")
+            counts = {data.train.num_batches(r.cfg.batch_size, world, epoch, r.cfg.seed, **sel) for r in runs}
+            if len(counts) > 1:
+                raise CapbookError(f"stacked runs must take as many steps an epoch: epoch {epoch} has {sorted(counts)} batches across their seeds; train them apart")
+            n_batches = counts.pop()
+            for r in runs:
+                r.net.train(); r.objective.train()
+                r.objective.sample_prob = ss_prob(r.cfg, epoch)          # scheduled sampling's probability this epoch (0: teacher forcing)
+            marks, t0 = _eval_marks(n_batches, cfg.evals_per_epoch), time.time()
+            its = [data.train.batches(r.cfg.batch_size, epoch, r.cfg.seed, rank, world, skip=skip, **sel) for r in runs]
+            for bs in progress(zip(*its), cfg.progress and rank == 0, total=n_batches - skip, desc=f"epoch {epoch}", leave=False):
+                # a run that stopped early is carried at rate 0 (a stacked step takes every member) and books nothing
+                lrs = [0.0 if r.done else r.cfg.lr * lr_factor(r.cfg, r.step + 1, epoch, pe, r.decays) for r, pe in zip(runs, per_epoch)]
+                terms = step(runs, list(bs), lrs, f"epoch {epoch}, step {live[0].step}")
+                for r, b, st, lr in zip(runs, bs, terms, lrs):
+                    if not r.done: r.took(b, st, lr)
+                live = [r for r in runs if not r.done]
+                skip, step_no = live[0].skip, live[0].step
+                if cfg.max_steps and step_no >= cfg.max_steps and skip < n_batches:   # the step budget is spent mid-epoch: validate here, stop
+                    dt = time.time() - t0
+                    for r in live:
+                        r.res.train_seconds += dt
+                        r.evaluation(round(epoch + skip / n_batches, 3)); r.stop(f"stopped after max_steps={cfg.max_steps} steps")
+                    break
                 if skip in marks and skip < n_batches:                        # a validation inside the epoch
-                    res.train_seconds += time.time() - t0
-                    stopped = evaluation(round(epoch + skip / n_batches, 3))
-                    if stopped: break
-                    save_last(); net.train(); objective.train(); t0 = time.time()
-                elif cfg.ckpt_every and step % cfg.ckpt_every == 0 and skip < n_batches:
-                    res.train_seconds += time.time() - t0; t0 = time.time(); save_last()
-            if stopped: break
-            res.train_seconds += time.time() - t0
-            stopped = evaluation(epoch + 1.0) or bool(cfg.max_steps and step >= cfg.max_steps)
-            epoch += 1; skip = 0
-            if not stopped: save_last()
-        save_last(finished=True)
+                    dt = time.time() - t0
+                    for r in live:
+                        r.res.train_seconds += dt
+                        if r.evaluation(round(epoch + skip / n_batches, 3)): r.stop()
+                        else: r.save_last(); r.net.train(); r.objective.train()
+                    if all(r.done for r in runs): break
+                    t0 = time.time()
+                elif cfg.ckpt_every and step_no % cfg.ckpt_every == 0 and skip < n_batches:
+                    dt = time.time() - t0
+                    for r in live: r.res.train_seconds += dt; r.save_last()
+                    t0 = time.time()
+            if all(r.done for r in runs): break
+            dt = time.time() - t0
+            for r in [r for r in runs if not r.done]:
+                r.res.train_seconds += dt
+                stopped = r.evaluation(epoch + 1.0) or bool(cfg.max_steps and r.step >= cfg.max_steps)
+                r.epoch += 1; r.skip = 0
+                if stopped: r.stop()
+                else: r.save_last()
+        for r in runs:
+            if not r.finished: r.save_last(finished=True)
     finally:
-        if curves: curves.close()
+        for r in runs:
+            if r.curves: r.curves.close()
+
+def _finish(r: _Run) -> FitResult:
+    "The run's best weights loaded into its model, and its result."
+    ck = load_torch(r.best); check_vocab(ck, r.data.vocab, r.best)
+    r.model.load_state_dict(ck["model"])
+    res = r.res
+    res.captions_per_s = res.captions / res.train_seconds if res.train_seconds else 0.0
+    return res
+
+def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
+        log: Callable[[str], None] = print, objective: Objective | None = None) -> FitResult:
+    "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end."
+    cfg.check()
+    rank, world, local = dist_info()
+    device = get_device(cfg.device)
+    if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
+    run = _Run(model, data, cfg, ckpt_dir, meta, log, objective, rank, world, local, device)
+    scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
+    _loop([run], lambda runs, bs, lrs, where: _eager_step(runs, bs, lrs, where, scaler))
     if world > 1:                                   # every rank must hold the same weights after DDP training
         cs = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
         every = [torch.zeros_like(cs) for _ in range(world)]
         dist.all_gather(every, cs)
         if any(not torch.equal(c, every[0]) for c in every): raise RuntimeError(f"DDP ranks diverged: {every}")
         dist.barrier()
-    ck = load_torch(best); check_vocab(ck, data.vocab, best)
-    model.load_state_dict(ck["model"])
-    res.captions_per_s = res.captions / res.train_seconds if res.train_seconds else 0.0
-    return res
+    return _finish(run)
+
+# %% ../nbs/00i_train.ipynb
+STACKABLE = ("seed", "lr")   # the TrainConfig fields in which runs trained as one stacked model may differ
+
+class _Member(nn.Module):
+    "One run's step as one module, for `functional_call`: the objective runs the model under autocast and scores it in float32, as `train_step`."
+    def __init__(self, model: CaptionModel, objective: Objective, device, precision: str):
+        super().__init__()
+        self.model, self.objective, self.device, self.precision = model, objective, device, precision
+    def forward(self, batch: dict):
+        with autocast(self.device, cpu_bf16=self.precision == "bf16"):
+            out = self.objective.outputs(self.model, batch)
+        return self.objective.loss(out, batch)
+
+class StackedStep:
+    "The optimisation step of K runs of one architecture as one model: every weight (K, ...), the K gradients from one `vmap`-ed `grad`, each run's gradient-norm clipping, Adam and weight average; the runs' own modules, optimisers and averages become views of the stacked tensors, so that validation, checkpoints and records read each run as if it trained alone."
+    def __init__(self, runs: list[_Run], pad_to: tuple[int, int] | None = None):
+        self.runs, self.K, self.pad_to = runs, len(runs), pad_to
+        r0 = runs[0]
+        self.device, self.clip, self.betas, self.eps = r0.device, r0.cfg.clip, (0.9, 0.999), 1e-8
+        members = [_Member(r.model, r.objective, r.device, r.cfg.precision) for r in runs]
+        self.fn = copy.deepcopy(members[0])                          # the structure every member's weights run through
+        self.fn.objective.tensor_stats = True                        # terms as tensors: no host synchronisation in the step
+        stack = lambda named: {n: torch.stack([dict(named(m))[n].detach() for m in members]) for n, _ in named(self.fn)}
+        self.params, self.buffers = stack(lambda m: m.named_parameters()), stack(lambda m: m.named_buffers())
+        # each run's tensors become views of the stacked ones: what the stacked step writes, the run's own module holds
+        for k, m in enumerate(members):
+            for n, p in m.named_parameters(): p.data = self.params[n][k]
+            for n, b in m.named_buffers(): b.data = self.buffers[n][k]
+        # Adam's moments, stacked from each run's optimiser (zeros, or its checkpoint's), and given back as views
+        states = [[r.opt.state.get(p, {}) for p in r.model.parameters()] for r in runs]
+        names = ["model." + n for n, _ in r0.model.named_parameters()]
+        steps = {int(s["step"]) if s else 0 for st in states for s in st}
+        if len(steps) > 1: raise CapbookError(f"stacked runs must resume from one step: their optimisers stand at steps {sorted(steps)}")
+        self.t = steps.pop()
+        moment = lambda key, i, n: torch.stack([st[i][key] if st[i] else torch.zeros_like(self.params[n][0]) for st in states])
+        self.m = {n: moment("exp_avg", i, n) for i, n in enumerate(names)}
+        self.v = {n: moment("exp_avg_sq", i, n) for i, n in enumerate(names)}
+        self.t_tensor = torch.tensor(float(self.t))                 # the optimisers' shared step count (as torch's Adam keeps it)
+        for k, r in enumerate(runs):
+            for n, p in zip(names, r.model.parameters()):
+                r.opt.state[p] = {"step": self.t_tensor, "exp_avg": self.m[n][k], "exp_avg_sq": self.v[n][k]}
+        # the weight averages: stacked, and each run's a view of them
+        self.avg = self.live = None
+        if r0.avg is not None:
+            full = {**self.params, **self.buffers}
+            self.avg = [torch.stack([r.avg.avg[i] for r in runs]) for i in range(len(r0.avg.names))]
+            self.live = [full["model." + n] for n in r0.avg.names]
+            for k, r in enumerate(runs):
+                r.avg.avg, r.avg.live = [a[k] for a in self.avg], [v[k] for v in self.live]
+
+    def collate(self, batches: list[dict]) -> dict:
+        "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions, which no loss counts) to the largest, or to `pad_to` = (rows, caption tokens)."
+        out = {}
+        for key, v0 in batches[0].items():
+            if not isinstance(v0, torch.Tensor): continue               # `refs`: read by self-critical training only
+            vs = [b[key] for b in batches]
+            size = [max(v.shape[d] for v in vs) for d in range(v0.dim())]
+            if self.pad_to:
+                if size[0] > self.pad_to[0] or (key == "caps" and size[1] > self.pad_to[1]):
+                    raise CapbookError(f"a batch of {size[0]} captions ({key} {tuple(size)}) exceeds the stacked step's fixed shape {self.pad_to}")
+                size[0] = self.pad_to[0]
+                if key == "caps": size[1] = self.pad_to[1]
+            pads = [[x for d in reversed(range(v.dim())) for x in (0, size[d] - v.shape[d])] for v in vs]
+            out[key] = torch.stack([F.pad(v, p) for v, p in zip(vs, pads)]).to(self.device)
+        return out
+
+    def grads(self, batch: dict, keys: torch.Tensor):
+        "Every run's gradients (K, ...) and terms (K,) on the stacked `batch`, its draws from `keys` (K,)."
+        def member(params, buffers, b, key):
+            with keyed(key):
+                loss, stats = functional_call(self.fn, (params, buffers), (b,))
+            return loss, (loss, stats)
+        with plain_paths():
+            return vmap(grad(member, has_aux=True), randomness="error")(self.params, self.buffers, batch, keys)
+
+    @torch.no_grad()
+    def update(self, g: dict, lrs: list[float]) -> None:
+        "Each run's gradient-norm clipping, Adam step (torch's single-tensor algorithm, rate per run) and weight average."
+        K, (b1, b2) = self.K, self.betas
+        per = lambda c, x: c.view(K, *[1] * (x.dim() - 1))          # a value per run (K,), against x (K, ...)
+        if self.clip:
+            # ||g||: (K,) over every parameter of each run; g * min(1, clip / (||g|| + 1e-6))
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x.flatten(1), dim=1) for x in g.values()], 1), dim=1)
+            coef = (self.clip / (norm + 1e-6)).clamp(max=1.0)
+            for x in g.values(): x.mul_(per(coef, x))
+        self.t += 1; self.t_tensor.fill_(self.t)
+        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        step_size = torch.tensor([lr / bc1 for lr in lrs], dtype=torch.float32, device=self.device)   # lr_k / (1 - b1^t): (K,)
+        for n, p in self.params.items():
+            m, v = self.m[n], self.v[n]
+            # m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
+            m.lerp_(g[n], 1 - b1); v.mul_(b2).addcmul_(g[n], g[n], value=1 - b2)
+            # theta <- theta - lr_k / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+            p.add_((-per(step_size, m) * m) / (v.sqrt() / bc2 ** 0.5).add_(self.eps))   # addcdiv's order: (value * m) / denom
+        if self.avg is not None:
+            for r in self.runs: r.avg.t += 1
+            d = min(self.runs[0].avg.decay, (1 + self.runs[0].avg.t) / (10 + self.runs[0].avg.t))
+            torch._foreach_lerp_(self.avg, self.live, 1.0 - d)
+
+    def __call__(self, runs: list[_Run], batches: list[dict], lrs: list[float], where: str = "") -> list[dict]:
+        "One optimisation step of every run on its own batch: their terms, read after the step (the one host synchronisation)."
+        self.fn.train()
+        keys = torch.tensor([step_key(r.cfg.seed, r.step) for r in runs], device=self.device)
+        g, (loss, stats) = self.grads(self.collate(batches), keys)
+        finite = torch.isfinite(loss).tolist()
+        if not all(finite):
+            k = finite.index(False)
+            raise CapbookError(f"loss is {loss[k].item()}{' at ' + where if where else ''} for the stacked run of seed {runs[k].cfg.seed}: "
+                               f"lower the learning rate (lr) or the gradient clip (clip); the last checkpoints are kept")
+        self.update(g, lrs)
+        cols = {"loss": loss.tolist(), **{n: v.tolist() for n, v in stats.items()}}
+        return [{n: c[k] for n, c in cols.items()} for k in range(self.K)]
+
+def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
+    "The largest batch of `data`'s training split under `cfg` (rows, caption tokens): the one shape a graph-ready step is padded to."
+    tr = data.train
+    most = int(np.bincount(tr.cap_img).max()) if cfg.batch_order == "image" else 1   # an image's captions, all in one batch
+    return cfg.batch_size + most - 1, tr.caps.shape[1]
+
+def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
+                log: Callable[[str], None] = print, fixed: bool = False) -> list[FitResult]:
+    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`), as a captured graph needs."
+    if not models: raise CapbookError("fit_stacked needs at least one model")
+    if len({len(models), len(cfgs), len(ckpt_dirs)}) > 1:
+        raise CapbookError(f"fit_stacked: {len(models)} models, {len(cfgs)} configs and {len(ckpt_dirs)} checkpoint folders differ in number")
+    kinds = {(m.name, type(m).__name__, repr(hparams(m) if m.name else None)) for m in models}
+    if len(kinds) > 1: raise CapbookError(f"stacked runs must be one architecture with one set of sizes: got {sorted(kinds)}")
+    cfgs = [replace(c, draws="keyed").check() for c in cfgs]
+    shared = lambda c: {k: v for k, v in asdict(c).items() if k not in STACKABLE}
+    for c in cfgs[1:]:
+        diff = sorted(k for k, v in shared(c).items() if shared(cfgs[0])[k] != v)
+        if diff: raise CapbookError(f"stacked runs may differ only in {', '.join(STACKABLE)}: they differ in {', '.join(diff)}")
+    if cfgs[0].ss_start >= 0: raise CapbookError(f"parameter ss_start={cfgs[0].ss_start}: scheduled sampling draws outside the keyed draws; train such runs apart")
+    rank, world, local = dist_info()
+    if world > 1: raise CapbookError("stacked runs train in one process: run them without torchrun")
+    device = get_device(cfgs[0].device)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise CapbookError("stacked runs need bfloat16 or float32 arithmetic: this GPU would need float16's gradient scaler")
+    runs = [_Run(m, data, c, d, (metas or [None] * len(models))[i], log, None, rank, world, local, device)
+            for i, (m, c, d) in enumerate(zip(models, cfgs, ckpt_dirs))]
+    for r in runs:
+        if type(r.objective).outputs is not Objective.outputs:
+            raise CapbookError(f"{type(r.objective).__name__} is not teacher-forced: stacked runs train cross-entropy and hard attention's rule; train it apart")
+    step = StackedStep(runs, fixed_shape(data, cfgs[0]) if fixed else None)
+    _loop(runs, step)
+    return [_finish(r) for r in runs]
 
 # %% ../nbs/00i_train.ipynb
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:
