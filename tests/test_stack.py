@@ -121,3 +121,22 @@ def test_a_stacked_step_draws_only_from_its_keys(data):
         with pytest.raises(RuntimeError, match="randomness"):
             step([run], [b], [1e-3])
     finally: type(step.fn.model).teacher_forcing = real
+
+
+@pytest.mark.slow
+def test_stacked_members_stop_early_on_their_own(data):
+    "With early stopping each member stops where it stops alone (its last checkpoint says finished there) while the other trains on."
+    tmp = Path(tempfile.mkdtemp())
+    cfgs = [replace(CFG, max_steps=0, epochs=1, batch_size=64, evals_per_epoch=6, patience=1, seed=s, lr=lr, draws="keyed")
+            for s, lr in ((0, 1e-2), (1, 1e-3))]                 # alone, seed 1 stops after 3 of its 6 evaluations
+    alone = [fit(_model("nic", data, c.seed), data, c, tmp / f"alone{i}", log=quiet) for i, c in enumerate(cfgs)]
+    ms = [_model("nic", data, c.seed) for c in cfgs]
+    res = fit_stacked(ms, data, cfgs, [tmp / f"stacked{i}" for i in range(2)], log=quiet)
+    assert len(alone[0].history) != len(alone[1].history)      # the two stop at different evaluations
+    for a, r in zip(alone, res):
+        assert [h["step"] for h in a.history] == [h["step"] for h in r.history]
+        assert all(abs(x["loss"] - y["loss"]) < 1e-5 and x["val CIDEr"] == pytest.approx(y["val CIDEr"], abs=1e-6)
+                   for x, y in zip(a.history, r.history))
+    for i in range(2):
+        a, s = (torch.load(tmp / f"{w}{i}" / "last.pt", weights_only=True) for w in ("alone", "stacked"))
+        assert a["finished"] and s["finished"] and (a["epoch"], a["batches_done"], a["step"]) == (s["epoch"], s["batches_done"], s["step"])
