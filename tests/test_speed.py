@@ -70,6 +70,8 @@ def test_bench_times_a_family_as_the_book_builds_it(smoke):
     assert s["cfg"].batch_order == "image" and s["model"].name == "nic"      # the protocol's batches
     alt = alternatives(s, batches=1)
     assert set(alt) == {"fp32", "bf16", "batch_x2"} and all(v > 0 for v in alt.values())
+    from capbook.bench import stacked_speed
+    assert stacked_speed(s, 2, batches=1, rounds=1, warmup=1) > 0                  # two seeds as one stacked model
     prof = step_profile(s, batches=1)
     assert prof["gflop_per_caption"] > 0 and abs(sum(prof["shares"].values()) - 1) < 0.01
     assert op_kind("aten::mm") == "matrix products" and op_kind("aten::uniform_") == "random draws"
