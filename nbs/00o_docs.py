@@ -231,7 +231,9 @@ def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | No
     for cell in nb.cells:
         tags = cell.metadata.get("tags", [])
         if "injected-parameters" in tags:
-            cells.append(nbformat.v4.new_markdown_cell(_injected_note(cell.source))); continue
+            note = nbformat.v4.new_markdown_cell(_injected_note(cell.source))
+            if cell.get("id"): note["id"] = cell["id"]        # the run's own id: a republished copy differs only where the run does
+            cells.append(note); continue
         cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
         cell.source = _relative(cell.source, paths)
         if cell.cell_type == "code":
