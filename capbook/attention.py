@@ -156,7 +156,7 @@ class MultiHeadAttention(nn.Module):
         Qg = Q.view(B, G, self.h, Tq, self.d)
         m = None
         if mask is not None:
-            m = mask.expand(R, 1, Tq, Tk) if mask.dim() < 4 or mask.shape[0] == R else mask.repeat_interleave(G, 0)
+            m = (mask if mask.dim() < 4 or mask.shape[0] == R else mask.repeat_interleave(G, 0)).expand(R, 1, Tq, Tk)
             m = m.reshape(B, G, 1, Tq, Tk)
         # d_len: the keys each query sees: (B, G, 1, T_q, 1) or a number
         n_keys = m.sum(-1, keepdim=True) if m is not None else Tk

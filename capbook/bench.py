@@ -165,10 +165,11 @@ def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: i
     import dataclasses, tempfile
     from pathlib import Path
     from capbook.models import build, hparams
-    from capbook.train import StackedStep, _Run, fixed_shape
+    from capbook.train import StackedStep, _Run, fixed_shape, stacked_precision
     check_int("stacked", k, lo=1)
     prep, m0 = s["prep"], s["model"]
-    cfg = dataclasses.replace(s["cfg"], draws="keyed", log_every=0, progress=False)
+    cfg = dataclasses.replace(s["cfg"], draws="keyed", log_every=0, progress=False,
+                              precision=stacked_precision(s["cfg"].precision, s["device"]))
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
         for i in range(k):

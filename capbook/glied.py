@@ -185,7 +185,7 @@ class GLIED(CaptionModel):
     def teacher_forcing(self, batch):
         caps = batch["caps"][:, :-1]                              # <start> w_1 ... : (N, T)
         feats, attrs, fm, img = batch["feats"], batch["attrs"], batch.get("feat_mask"), batch.get("img")
-        groups = image_groups(img) if img is not None else None
+        groups = image_groups(img, batch.get("captions_per_image")) if img is not None else None
         if groups is not None:                                    # G captions of each image in a row (image-ordered batches):
             s = groups[0]                                         # one encoder pass per image, read by its G captions
             mem = self.encode(feats[s], attrs[s], None if fm is None else fm[s])

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from capbook.core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
                           get_device, io_error, load_torch, package_hash, progress, save_torch, seed_everything,
                           stable_hash)
-from capbook.models import CaptionModel, check_inputs, hparams, keyed, plain_paths
+from capbook.models import CaptionModel, captions_per_image, check_inputs, hparams, keyed, plain_paths
 from capbook.data import BATCH_ORDERS, to_device
 from capbook.objectives import CrossEntropy, Objective, objective_for
 from capbook.decode import decode_split
@@ -624,8 +624,10 @@ def _eager_step(runs: list[_Run], batches: list[dict], lrs: list[float], where: 
     "One run's step as `train_step` takes it (its draws from torch's generator, or from its key with `draws='keyed'`), then its weight average."
     r, b = runs[0], batches[0]
     for g in r.opt.param_groups: g["lr"] = lrs[0]
-    draws = (contextlib.ExitStack() if r.cfg.draws == "torch" else
-             _keyed_plain(torch.tensor(step_key(r.cfg.seed, r.step), device=r.device)))
+    draws = contextlib.ExitStack()
+    if r.cfg.draws == "keyed":                 # the graph-ready path: keyed draws, plain paths, image groups found on the host
+        draws = _keyed_plain(torch.tensor(step_key(r.cfg.seed, r.step), device=r.device))
+        if G := captions_per_image(b["img"]): b = {**b, "captions_per_image": G}
     with draws:
         stats = train_step(r.net, r.model, r.objective, r.opt, b, r.device, r.cfg.clip, scaler, where=where, precision=r.cfg.precision)
     if r.avg is not None: r.avg.update()
@@ -751,8 +753,10 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
 # The loop is `fit`'s loop with a different step.
 #
 # **What "the same run alone" means.** A stacked run equals `fit` with `draws='keyed'`: the keyed draws and the
-# plain paths (the speed-ups that shrink a batch as its captions end, or encode an image once for its five captions,
-# decide shapes on the host, which `vmap` cannot). With dropout off it equals the book's own step
+# plain paths (the speed-ups that shrink a batch as its captions end, or find which captions share an image, decide
+# shapes on the host inside the step, which `vmap` cannot). What an image-ordered batch's layout gives for free is
+# found on the host before the step instead: its captions come in runs of G per image (`captions_per_image`), so the
+# transformers still encode each image once. With dropout off it equals the book's own step
 # (`test_stacked_runs_equal_runs_alone` trains a stacked pair of every family and two lone runs: losses and weights to
 # $10^{-5}$). The draws differ from the book's CPU runs (torch's generator), so a stacked seed is a different draw of
 # the same experiment, not a replay of the published one.
@@ -819,8 +823,10 @@ class StackedStep:
             for k, r in enumerate(runs):
                 r.avg.avg, r.avg.live = [a[k] for a in self.avg], [v[k] for v in self.live]
 
-    def collate(self, batches: list[dict]) -> dict:
-        "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions, which no loss counts) to the largest, or to `pad_to` = (rows, caption tokens)."
+    def collate(self, batches: list[dict]) -> tuple[dict, dict]:
+        "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions, which no loss counts) to the largest, or to `pad_to` = (rows, caption tokens); and what every member's batch shares, found on the host (`captions_per_image`, when all have the same)."
+        G = {captions_per_image(b["img"]) for b in batches}
+        static = {"captions_per_image": G.pop()} if len(G) == 1 and None not in G else {}
         out = {}
         for key, v0 in batches[0].items():
             if not isinstance(v0, torch.Tensor): continue               # `refs`: read by self-critical training only
@@ -833,13 +839,14 @@ class StackedStep:
                 if key == "caps": size[1] = self.pad_to[1]
             pads = [[x for d in reversed(range(v.dim())) for x in (0, size[d] - v.shape[d])] for v in vs]
             out[key] = torch.stack([F.pad(v, p) for v, p in zip(vs, pads)]).to(self.device)
-        return out
+        if static and len(out["caps"][0]) % static["captions_per_image"]: static = {}   # padded rows must form whole images
+        return out, static
 
-    def grads(self, batch: dict, keys: torch.Tensor):
-        "Every run's gradients (K, ...) and terms (K,) on the stacked `batch`, its draws from `keys` (K,)."
+    def grads(self, batch: dict, keys: torch.Tensor, static: dict | None = None):
+        "Every run's gradients (K, ...) and terms (K,) on the stacked `batch` (with `static`: what every member's batch shares), its draws from `keys` (K,)."
         def member(params, buffers, b, key):
             with keyed(key):
-                loss, stats = functional_call(self.fn, (params, buffers), (b,))
+                loss, stats = functional_call(self.fn, (params, buffers), ({**b, **(static or {})},))
             return loss, (loss, stats)
         with plain_paths():
             return vmap(grad(member, has_aux=True), randomness="error")(self.params, self.buffers, batch, keys)
@@ -872,7 +879,8 @@ class StackedStep:
         "One optimisation step of every run on its own batch: their terms, read after the step (the one host synchronisation)."
         self.fn.train()
         keys = torch.tensor([step_key(r.cfg.seed, r.step) for r in runs], device=self.device)
-        g, (loss, stats) = self.grads(self.collate(batches), keys)
+        batch, static = self.collate(batches)
+        g, (loss, stats) = self.grads(batch, keys, static)
         finite = torch.isfinite(loss).tolist()
         if not all(finite):
             k = finite.index(False)
@@ -882,11 +890,20 @@ class StackedStep:
         cols = {"loss": loss.tolist(), **{n: v.tolist() for n, v in stats.items()}}
         return [{n: c[k] for n, c in cols.items()} for k in range(self.K)]
 
+def stacked_precision(precision: str, device) -> str:
+    "The arithmetic of a stacked step: on the CPU float32 (torch's `vmap` has no backward for layer norm on bfloat16 inputs with float32 weights, which the CPU's autocast leaves mixed; CUDA's autocast runs layer norm in float32), elsewhere the run's own."
+    if torch.device(device).type != "cpu": return precision
+    if precision == "bf16": raise CapbookError("parameter precision='bf16' is invalid for stacked runs on the CPU: allowed values are 'auto' and 'fp32' (torch's vmap cannot differentiate the CPU's mixed bfloat16 layer norm)")
+    return "fp32"
+
 def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
     "The largest batch of `data`'s training split under `cfg` (rows, caption tokens): the one shape a graph-ready step is padded to."
     tr = data.train
-    most = int(np.bincount(tr.cap_img).max()) if cfg.batch_order == "image" else 1   # an image's captions, all in one batch
-    return cfg.batch_size + most - 1, tr.caps.shape[1]
+    if cfg.batch_order != "image": return cfg.batch_size, tr.caps.shape[1]
+    per = np.bincount(tr.cap_img)                                        # an image's captions, all in one batch
+    if per.min() == per.max():                   # whole images of G captions: a multiple of G, so padded rows form images too
+        return -(-cfg.batch_size // int(per[0])) * int(per[0]), tr.caps.shape[1]
+    return cfg.batch_size + int(per.max()) - 1, tr.caps.shape[1]
 
 def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
                 log: Callable[[str], None] = print, fixed: bool = False) -> list[FitResult]:
@@ -905,6 +922,7 @@ def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_
     rank, world, local = dist_info()
     if world > 1: raise CapbookError("stacked runs train in one process: run them without torchrun")
     device = get_device(cfgs[0].device)
+    cfgs = [replace(c, precision=stacked_precision(c.precision, device)) for c in cfgs]
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise CapbookError("stacked runs need bfloat16 or float32 arithmetic: this GPU would need float16's gradient scaler")
     runs = [_Run(m, data, c, d, (metas or [None] * len(models))[i], log, None, rank, world, local, device)

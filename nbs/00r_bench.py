@@ -222,11 +222,12 @@ def step_profile(s: dict, batches: int = 4) -> dict:
 #   product k times as large and leaves the arithmetic per caption unchanged, so it can only win what a batch k times as
 #   large wins over the book's batch: the step at twice the batch bounds what two stacked seeds could gain. Measured:
 #   0.8–1.08x, so the book runs seeds side by side instead. `stacked_speed` (`capbook bench --stacked K`) now times
-#   the stacked step itself (`capbook.train.StackedStep`, at its fixed shape): at the default profile on this 2-core
-#   machine, K = 3 seeds together trained NIC at 2,682 captions/s against the eager step's 2,427, soft attention 577
-#   against 522, Up-Down 470 against 463, the spatial transformer 191 against 727 and the 2D-LSTM + SPCA 102 against
-#   246. The stacked step takes the plain paths (no shrinking batch, one encoder pass per caption), which cost the
-#   last two most. On a CPU the book keeps the eager step; stacking is for the GPU, where every step is launch-bound.
+#   the stacked step itself (`capbook.train.StackedStep`, at its fixed shape, in float32: `stacked_precision`): at the
+#   default profile on this 2-core machine, K = 3 seeds together trained NIC at 2,437 captions/s against the eager
+#   step's 2,114 (bfloat16), GLIED 753 against 829, the spatial transformer 507 against 693, soft attention 450 against
+#   550, Up-Down 332 against 480 and the 2D-LSTM + SPCA 66 against 228. The stacked step takes the plain paths (no
+#   shrinking batch; the 2D-LSTM computes every word map per occurrence), which cost the recurrent models most. On a
+#   CPU the book keeps the eager step; stacking is for the GPU, where every step is launch-bound.
 
 # %%
 #| export
@@ -243,10 +244,11 @@ def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: i
     import dataclasses, tempfile
     from pathlib import Path
     from capbook.models import build, hparams
-    from capbook.train import StackedStep, _Run, fixed_shape
+    from capbook.train import StackedStep, _Run, fixed_shape, stacked_precision
     check_int("stacked", k, lo=1)
     prep, m0 = s["prep"], s["model"]
-    cfg = dataclasses.replace(s["cfg"], draws="keyed", log_every=0, progress=False)
+    cfg = dataclasses.replace(s["cfg"], draws="keyed", log_every=0, progress=False,
+                              precision=stacked_precision(s["cfg"].precision, s["device"]))
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
         for i in range(k):

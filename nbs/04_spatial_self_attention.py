@@ -245,7 +245,7 @@ class SpatialTransformer(CaptionModel):
     def teacher_forcing(self, batch):
         caps = batch["caps"][:, :-1]                             # <start> w_1 ... : (N, T)
         feats, img = batch["feats"], batch.get("img")
-        groups = image_groups(img) if img is not None else None
+        groups = image_groups(img, batch.get("captions_per_image")) if img is not None else None
         if groups is not None:                                   # G captions of each image in a row (image-ordered batches):
             kv = self.encode(feats[groups[0]])                   # one encoder pass per image, its K, V read by its G captions
         elif img is not None and fast():                         # one encoder pass per image, gathered per caption

@@ -102,6 +102,8 @@ def test_stacked_runs_are_one_architecture_differing_in_numbers(data):
         fit_stacked(two(hidden_dim=32), data, [CFG, replace(CFG, seed=1)], [tmp / "a", tmp / "b"], log=quiet)
     with pytest.raises(CapbookError, match="scheduled sampling"):
         fit_stacked(two(), data, [replace(CFG, ss_start=0), replace(CFG, seed=1, ss_start=0)], [tmp / "a", tmp / "b"], log=quiet)
+    with pytest.raises(CapbookError, match="precision='bf16' is invalid for stacked runs on the CPU"):
+        fit_stacked(two(), data, [replace(CFG, precision="bf16"), replace(CFG, seed=1, precision="bf16")], [tmp / "a", tmp / "b"], log=quiet)
     assert not (tmp / "a" / "last.pt").exists()
 
 
