@@ -427,6 +427,7 @@ def _eager_step(runs: list[_Run], batches: list[dict], lrs: list[float], where: 
     draws = contextlib.ExitStack()
     if r.cfg.draws == "keyed":                 # the graph-ready path: keyed draws, plain paths, image groups found on the host
         draws = _keyed_plain(torch.tensor(step_key(r.cfg.seed, r.step), device=r.device))
+        b = {**b, "caps": F.pad(b["caps"], (0, r.data.train.caps.shape[1] - b["caps"].shape[1]))}   # every caption at full width
         if G := captions_per_image(b["img"]): b = {**b, "captions_per_image": G}
     with draws:
         stats = train_step(r.net, r.model, r.objective, r.opt, b, r.device, r.cfg.clip, scaler, where=where, precision=r.cfg.precision)
@@ -549,6 +550,7 @@ class StackedStep:
     def __init__(self, runs: list[_Run], pad_to: tuple[int, int] | None = None):
         self.runs, self.K, self.pad_to = runs, len(runs), pad_to
         r0 = runs[0]
+        self.width = r0.data.train.caps.shape[1]                     # every caption padded to the split's longest
         self.device, self.clip, self.betas, self.eps = r0.device, r0.cfg.clip, (0.9, 0.999), 1e-8
         members = [_Member(r.model, r.objective, r.device, r.cfg.precision) for r in runs]
         self.fn = copy.deepcopy(members[0])                          # the structure every member's weights run through
@@ -582,7 +584,7 @@ class StackedStep:
                 r.avg.avg, r.avg.live = [a[k] for a in self.avg], [v[k] for v in self.live]
 
     def collate(self, batches: list[dict]) -> tuple[dict, dict]:
-        "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions, which no loss counts) to the largest, or to `pad_to` = (rows, caption tokens); and what every member's batch shares, found on the host (`captions_per_image`, when all have the same)."
+        "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions and tokens, which no loss counts) to the largest, the rows to `pad_to[0]` where given, the captions always to the split's full width (as `draws='keyed'` alone: a model that folds (rows, tokens) into one dimension then draws the same keyed numbers); and what every member's batch shares, found on the host (`captions_per_image`, when all have the same)."
         G = {captions_per_image(b["img"]) for b in batches}
         static = {"captions_per_image": G.pop()} if len(G) == 1 and None not in G else {}
         out = {}
@@ -590,11 +592,11 @@ class StackedStep:
             if not isinstance(v0, torch.Tensor): continue               # `refs`: read by self-critical training only
             vs = [b[key] for b in batches]
             size = [max(v.shape[d] for v in vs) for d in range(v0.dim())]
+            if key == "caps": size[1] = self.width
             if self.pad_to:
-                if size[0] > self.pad_to[0] or (key == "caps" and size[1] > self.pad_to[1]):
-                    raise CapbookError(f"a batch of {size[0]} captions ({key} {tuple(size)}) exceeds the stacked step's fixed shape {self.pad_to}")
+                if size[0] > self.pad_to[0]:
+                    raise CapbookError(f"a batch of {size[0]} captions exceeds the stacked step's fixed shape {self.pad_to}")
                 size[0] = self.pad_to[0]
-                if key == "caps": size[1] = self.pad_to[1]
             pads = [[x for d in reversed(range(v.dim())) for x in (0, size[d] - v.shape[d])] for v in vs]
             out[key] = torch.stack([F.pad(v, p) for v, p in zip(vs, pads)]).to(self.device)
         if static and len(out["caps"][0]) % static["captions_per_image"]: static = {}   # padded rows must form whole images

@@ -11,8 +11,8 @@ from capbook.objectives import objective_for
 from capbook.train import TrainConfig, fit, fit_stacked, step_key
 from test_speed import SMALL
 
-STEPS = 3
-CFG = TrainConfig(epochs=1, max_steps=STEPS, batch_size=16, val_beam=1, evals_per_epoch=1, device="cpu", progress=False,
+STEPS = 2
+CFG = TrainConfig(epochs=1, max_steps=STEPS, batch_size=8, val_beam=1, evals_per_epoch=1, device="cpu", progress=False,
                   log_every=0, precision="fp32")
 quiet = lambda s: None
 
