@@ -342,13 +342,17 @@ def dist_info() -> tuple[int, int, int]:
 
 # %%
 #| export
+def step_loss(net, objective: Objective, batch: dict, device, precision: str = "fp32") -> tuple[torch.Tensor, dict]:
+    "The objective's outputs of `net` under autocast and its loss on them in float32: (loss, terms)."
+    with autocast(device, cpu_bf16=precision == "bf16"):
+        out = objective.outputs(net, batch)
+    return objective.loss(out, batch)
+
 def train_step(net, model: CaptionModel, objective: Objective, opt, batch: dict, device, clip: float = 0.0,
                scaler=None, where: str = "", precision: str = "fp32") -> dict:
     "One optimisation step on `batch`; `net` is the model or its DDP wrapper. Returns the loss and the objective's terms."
     batch = to_device(batch, device)
-    with autocast(device, cpu_bf16=precision == "bf16"):
-        out = objective.outputs(net, batch)
-    loss, stats = objective.loss(out, batch)
+    loss, stats = step_loss(net, objective, batch, device, precision)
     if not torch.isfinite(loss):
         feats = batch.get("feats")
         hint = ("the batch's features are not finite: extract them again" if isinstance(feats, torch.Tensor)
@@ -780,14 +784,12 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
 STACKABLE = ("seed", "lr")   # the TrainConfig fields in which runs trained as one stacked model may differ
 
 class _Member(nn.Module):
-    "One run's step as one module, for `functional_call`: the objective runs the model under autocast and scores it in float32, as `train_step`."
+    "One run's model and objective as one module, for `functional_call`: its forward is `train_step`'s loss (`step_loss`)."
     def __init__(self, model: CaptionModel, objective: Objective, device, precision: str):
         super().__init__()
         self.model, self.objective, self.device, self.precision = model, objective, device, precision
     def forward(self, batch: dict):
-        with autocast(self.device, cpu_bf16=self.precision == "bf16"):
-            out = self.objective.outputs(self.model, batch)
-        return self.objective.loss(out, batch)
+        return step_loss(self.model, self.objective, batch, self.device, self.precision)
 
 class StackedStep:
     "The optimisation step of K runs of one architecture as one model: every weight (K, ...), the K gradients from one `vmap`-ed `grad`, each run's gradient-norm clipping, Adam and weight average; the runs' own modules, optimisers and averages become views of the stacked tensors, so that validation, checkpoints and records read each run as if it trained alone."
@@ -909,9 +911,9 @@ def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
         return -(-cfg.batch_size // int(per[0])) * int(per[0]), tr.caps.shape[1]
     return cfg.batch_size + int(per.max()) - 1, tr.caps.shape[1]
 
-def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-                log: Callable[[str], None] = print, fixed: bool = False) -> list[FitResult]:
-    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`), as a captured graph needs."
+def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
+               log: Callable[[str], None] = print, fixed: bool = False) -> tuple[list[_Run], StackedStep]:
+    "The runs of `fit_stacked`, checked (one architecture, configs that differ only in `STACKABLE` fields, teacher-forced objectives) and set up, with the stacked step that trains them."
     if not models: raise CapbookError("fit_stacked needs at least one model")
     if len({len(models), len(cfgs), len(ckpt_dirs)}) > 1:
         raise CapbookError(f"fit_stacked: {len(models)} models, {len(cfgs)} configs and {len(ckpt_dirs)} checkpoint folders differ in number")
@@ -934,7 +936,12 @@ def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_
     for r in runs:
         if type(r.objective).outputs is not Objective.outputs:
             raise CapbookError(f"{type(r.objective).__name__} is not teacher-forced: stacked runs train cross-entropy and hard attention's rule; train it apart")
-    step = StackedStep(runs, fixed_shape(data, cfgs[0]) if fixed else None)
+    return runs, StackedStep(runs, fixed_shape(data, cfgs[0]) if fixed else None)
+
+def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
+                log: Callable[[str], None] = print, fixed: bool = False) -> list[FitResult]:
+    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`), as a captured graph needs."
+    runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed)
     _loop(runs, step)
     return [_finish(r) for r in runs]
 

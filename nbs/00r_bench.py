@@ -244,18 +244,17 @@ def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: i
     import dataclasses, tempfile
     from pathlib import Path
     from capbook.models import build, hparams
-    from capbook.train import StackedStep, _Run, fixed_shape, stacked_precision
+    from capbook.train import stack_runs
     check_int("stacked", k, lo=1)
     prep, m0 = s["prep"], s["model"]
-    cfg = dataclasses.replace(s["cfg"], draws="keyed", log_every=0, progress=False,
-                              precision=stacked_precision(s["cfg"].precision, s["device"]))
+    cfg = dataclasses.replace(s["cfg"], log_every=0, progress=False)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = []
+        models = []
         for i in range(k):
             torch.manual_seed(i)
-            m = build(m0.name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hparams(m0))
-            runs.append(_Run(m, prep, dataclasses.replace(cfg, seed=i), Path(tmp) / str(i), None, lambda x: None, None, 0, 1, 0, s["device"]))
-        step = StackedStep(runs, fixed_shape(prep, cfg))
+            models.append(build(m0.name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hparams(m0)))
+        runs, step = stack_runs(models, prep, [dataclasses.replace(cfg, seed=i, device=str(s["device"])) for i in range(k)],
+                                [Path(tmp) / str(i) for i in range(k)], log=lambda x: None, fixed=True)
         its = [train_batches({**s, "cfg": r.cfg}) for r in runs]
         take = lambda: step(runs, [next(i) for i in its], [cfg.lr] * k)
         for _ in range(warmup): take()
