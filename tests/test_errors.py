@@ -136,7 +136,7 @@ def test_non_finite_loss_stops_at_the_step_with_a_hint(smoke, tmp_path):
 
 @pytest.mark.slow
 def test_bench_smoke_profile(smoke, home):
-    p = cli("bench", "--profile", "smoke", "--family", "sat_soft,ssa", "--batches", "2", home=home)
+    p = cli("bench", "--profile", "smoke", "--family", "sat_soft,ssa", "--batches", "1", home=home)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert set(out["families"]) == {"sat_soft", "ssa"}

@@ -15,6 +15,8 @@ STEPS = 2
 CFG = TrainConfig(epochs=1, max_steps=STEPS, batch_size=8, val_beam=1, evals_per_epoch=1, device="cpu", progress=False,
                   log_every=0, precision="fp32")
 quiet = lambda s: None
+SIZES = {**SMALL, "lstm2d": dict(channels=16), "lstm2d_spca": dict(channels=16),   # the smoke book's 2D state
+         "lstm1d_spca": dict(emb_dim=32, hidden_dim=64)}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def data(smoke):
 
 def _model(name, data, seed, **hp):
     torch.manual_seed(seed)
-    return build(name, len(data.vocab), data.feat_shape[1], data.grid, **{**SMALL.get(name, {}), **hp})
+    return build(name, len(data.vocab), data.feat_shape[1], data.grid, **{**SIZES.get(name, {}), **hp})
 
 
 def _noise_params(name, data, cfg, **hp) -> set:
