@@ -8,6 +8,13 @@ from capbook.core import CapbookError
 BIN = Path(sys.executable).parent
 
 
+def _cmd(proc) -> str:
+    "A process's command line, or '' for one that ended (or became a zombie) while the test looked at it."
+    import psutil
+    try: return " ".join(proc.cmdline())
+    except psutil.Error: return ""
+
+
 @pytest.fixture(scope="module")
 def book(home):
     p = subprocess.run([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2", "--no-docs"], capture_output=True,
@@ -230,12 +237,12 @@ def test_a_killed_book_leaves_no_process_behind(tmp_path):
     book, t0, family = psutil.Process(p.pid), time.time(), []
     while time.time() - t0 < 300:                                   # until both workers run a notebook in a kernel
         family = book.children(recursive=True)
-        if sum("ipykernel" in " ".join(c.cmdline()) for c in family if c.is_running()) >= 2: break
+        if sum("ipykernel" in _cmd(c) for c in family) >= 2: break
         time.sleep(0.5)
-    assert len(family) >= 4, [c.cmdline() for c in family]
+    assert len(family) >= 4, [_cmd(c) for c in family]
     os.kill(p.pid, signal.SIGKILL); p.wait()
     _, alive = psutil.wait_procs(family, timeout=60)
-    assert not alive, [(a.pid, " ".join(a.cmdline())[:120]) for a in alive]
+    assert not alive, [(a.pid, _cmd(a)[:120]) for a in alive]
 
 
 @contextlib.contextmanager
@@ -645,7 +652,7 @@ def test_a_killed_meteor_process_is_replaced_and_scores_stay_exact(book, smoke_d
     import psutil
     p = _start_book(tmp_path / "killed", tmp_path / "book.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=smoke_data)
     me = psutil.Process(p.pid)
-    java = _wait_for(lambda: next((c for c in me.children(recursive=True) if "meteor" in " ".join(c.cmdline()).lower()), None),
+    java = _wait_for(lambda: next((c for c in me.children(recursive=True) if "meteor" in _cmd(c).lower()), None),
                      what="the shared METEOR process")
     os.kill(java.pid, signal.SIGKILL)
     assert p.wait(timeout=600) == 0, (tmp_path / "book.log").read_text()[-3000:]
@@ -681,7 +688,7 @@ def test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes(smok
     err = (tmp_path / "second.log").read_text().strip().splitlines()
     assert len(err) == 1 and "another capbook book is running on this home and profile" in err[0] and f"pid {p.pid}" in err[0], err
     me = psutil.Process(p.pid)
-    kernels = _wait_for(lambda: (k := [c for c in me.children(recursive=True) if "ipykernel" in " ".join(c.cmdline())]) and len(k) == 2 and k,
+    kernels = _wait_for(lambda: (k := [c for c in me.children(recursive=True) if "ipykernel" in _cmd(c)]) and len(k) == 2 and k,
                         what="two kernels")
     time.sleep(3)                                                # inside the notebooks' cells
     os.kill(kernels[0].pid, signal.SIGKILL)
