@@ -4,7 +4,7 @@
 
 # %% ../nbs/00o_docs.ipynb 2
 from __future__ import annotations
-import copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile
+import base64, contextlib, copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 from typing import Callable
 import nbformat
@@ -13,7 +13,7 @@ from .core import CapbookError, atomic_write, io_error, temp_dir
 # %% auto 0
 __all__ = ['STRIP', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html', 'prepare_notebook', 'machine_paths',
            'without_machine_paths', 'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks',
-           'write_book', 'build_site', 'chromium_dom', 'chromium_screenshot']
+           'write_book', 'build_site', 'Chromium', 'chromium_dom', 'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb
 _DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -358,8 +358,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
 
 # %% ../nbs/00o_docs.ipynb
 _CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                   "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                   "--virtual-time-budget=5000"]
+                   "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
 
 _CHROMIUM = ("chromium", "/usr/bin/chromium")
 
@@ -377,28 +376,123 @@ def _as_url(url_or_path: str | Path) -> str:
     if not p.exists(): raise CapbookError(f"{p}: page not found")
     return p.as_uri()
 
-def _run_chromium(args: list[str], timeout: float) -> str:
-    "Run headless Chromium with a fresh profile; returns its stdout, killing the whole process group on a timeout."
-    with tempfile.TemporaryDirectory(prefix="capbook-chromium-") as profile:
-        cmd = [_chromium(), *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try: out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL); proc.communicate()
-            raise CapbookError(f"chromium gave no answer within {timeout} s for {args[-1]}") from None
-    if proc.returncode != 0:
-        last = [l for l in err.splitlines() if l.strip()][-1:] or ["no message"]
-        raise CapbookError(f"chromium failed (exit {proc.returncode}) on {args[-1]}: {last[0]}")
-    return out
+def _devtools_fds(to_browser: int, from_browser: int):
+    "In the browser's process before exec: our pipe ends as its file descriptors 3 (it reads) and 4 (it writes), inheritable."
+    def move():
+        a, b = os.dup2(to_browser, 100), os.dup2(from_browser, 101)   # out of the way first: either may already be 3 or 4
+        os.dup2(a, 3); os.dup2(b, 4)
+    return move
+
+class Chromium:
+    "One headless Chromium for many pages, driven over its DevTools pipe: `with Chromium() as c: c.dom(page)`, `c.screenshot(page, png)`."
+    def __init__(self, timeout: float = 60, budget_ms: int = 5000):
+        self.timeout, self.budget_ms, self.proc = timeout, budget_ms, None
+
+    def __enter__(self) -> "Chromium":
+        exe = _chromium()
+        self._profile = tempfile.TemporaryDirectory(prefix="capbook-chromium-")
+        self._err = tempfile.TemporaryFile()
+        to_r, self._to = os.pipe()
+        self._from, from_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen([exe, *_CHROMIUM_FLAGS, f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe",
+                                          "about:blank"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._err,
+                                         close_fds=False, preexec_fn=_devtools_fds(to_r, from_w), start_new_session=True)
+        finally:
+            os.close(to_r); os.close(from_w)
+        self._buf, self._n, self._events = b"", 0, []
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.proc.poll() is None: self._send("Browser.close", timeout=5)
+            self.proc.wait(timeout=5)
+        except (CapbookError, subprocess.TimeoutExpired, OSError): pass
+        finally:
+            if self.proc.poll() is None: os.killpg(self.proc.pid, signal.SIGKILL); self.proc.wait()
+            for fd in (self._to, self._from): os.close(fd)
+            self._err.close(); self._profile.cleanup()
+
+    def _fail(self, what: str):
+        "Stop in one line: the browser gave no answer (killed with its process group) or ended (its last error line)."
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL); self.proc.wait()
+            raise CapbookError(f"chromium gave no answer within {self.timeout} s for {what}")
+        self._err.seek(0)
+        last = [l for l in self._err.read().decode(errors="replace").splitlines() if l.strip()][-1:] or ["no message"]
+        raise CapbookError(f"chromium failed (exit {self.proc.returncode}) on {what}: {last[0]}")
+
+    def _message(self, deadline: float, what: str) -> dict:
+        "The browser's next message (a reply or an event)."
+        import select
+        while b"\0" not in self._buf:
+            if not select.select([self._from], [], [], max(0.0, deadline - time.time()))[0]: self._fail(what)
+            chunk = os.read(self._from, 1 << 20)
+            if not chunk: self._fail(what)
+            self._buf += chunk
+        msg, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(msg)
+
+    def _send(self, method: str, params: dict | None = None, session: str | None = None, what: str = "", timeout: float | None = None) -> dict:
+        "Call a DevTools method and return its result; events that arrive meanwhile are kept for `_event`."
+        self._n += 1
+        msg = {"id": self._n, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
+        try: os.write(self._to, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError: self._fail(what or method)
+        deadline = time.time() + (timeout or self.timeout)
+        while (reply := self._message(deadline, what or method)).get("id") != self._n: self._events.append(reply)
+        if "error" in reply: raise CapbookError(f"chromium refused {method} for {what}: {reply['error'].get('message')}")
+        return reply["result"]
+
+    def _event(self, name: str, session: str, what: str) -> dict:
+        deadline = time.time() + self.timeout
+        while True:
+            for i, e in enumerate(self._events):
+                if e.get("method") == name and e.get("sessionId") == session: return self._events.pop(i)
+            self._events.append(self._message(deadline, what))
+
+    @contextlib.contextmanager
+    def _page(self, url_or_path: str | Path, size: tuple[int, int] | None = None):
+        "A new tab (of `size` (width, height) if given) with the page loaded and its scripts run; yields (session, url)."
+        url = _as_url(url_or_path)
+        target, s = self._send("Target.createTarget", {"url": "about:blank"}, what=url)["targetId"], None
+        try:
+            s = self._send("Target.attachToTarget", {"targetId": target, "flatten": True}, what=url)["sessionId"]
+            self._send("Page.enable", session=s, what=url)
+            if size: self._send("Emulation.setDeviceMetricsOverride", {"width": size[0], "height": size[1], "deviceScaleFactor": 1,
+                                                                       "mobile": False}, session=s, what=url)
+            if err := self._send("Page.navigate", {"url": url}, session=s, what=url).get("errorText"):
+                raise CapbookError(f"chromium could not open {url}: {err}")
+            self._event("Page.loadEventFired", s, url)
+            # then `budget_ms` of virtual time (paused while a fetch is pending): MathJax and the theme's timers run
+            self._send("Emulation.setVirtualTimePolicy", {"policy": "pauseIfNetworkFetchesPending", "budget": self.budget_ms},
+                       session=s, what=url)
+            self._event("Emulation.virtualTimeBudgetExpired", s, url)
+            yield s, url
+        finally:
+            if self.proc.poll() is None:
+                self._send("Target.closeTarget", {"targetId": target}, what=url)
+                self._events = [e for e in self._events if e.get("sessionId") not in (None, s)]
+
+    def dom(self, url_or_path: str | Path) -> str:
+        "The DOM of a page (a URL or a local file) after its scripts ran, as HTML."
+        with self._page(url_or_path) as (s, url):
+            res = self._send("Runtime.evaluate", {"expression": "document.documentElement.outerHTML", "returnByValue": True},
+                             session=s, what=url)["result"]
+        if "value" not in res: raise CapbookError(f"chromium could not read the DOM of {url}: {res.get('description', res)}")
+        return res["value"]
+
+    def screenshot(self, url_or_path: str | Path, png_path: str | Path, size: tuple[int, int] = (1280, 2000)) -> Path:
+        "Save a `size` (width, height) PNG screenshot of a page (a URL or a local file) to `png_path`, atomically."
+        png_path = Path(png_path).resolve(); png_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._page(url_or_path, size) as (s, url):
+            data = self._send("Page.captureScreenshot", {"format": "png"}, session=s, what=url)["data"]
+        return atomic_write(png_path, lambda t: t.write_bytes(base64.b64decode(data)))
 
 def chromium_dom(url_or_path: str | Path, timeout: float = 60) -> str:
-    "The DOM of a page (a URL or a local file) after its scripts ran, from headless Chromium."
-    return _run_chromium(["--dump-dom", _as_url(url_or_path)], timeout)
+    "The DOM of a page (a URL or a local file) after its scripts ran, from headless Chromium (many pages: one `Chromium`)."
+    with Chromium(timeout) as c: return c.dom(url_or_path)
 
 def chromium_screenshot(url: str | Path, png_path: str | Path, size: tuple[int, int] = (1280, 2000), timeout: float = 60) -> Path:
     "Save a `size` (width, height) PNG screenshot of a page (a URL or a local file) to `png_path`."
-    png_path = Path(png_path).resolve(); png_path.parent.mkdir(parents=True, exist_ok=True)
-    png_path.unlink(missing_ok=True)
-    _run_chromium([f"--screenshot={png_path}", f"--window-size={size[0]},{size[1]}", _as_url(url)], timeout)
-    if not png_path.exists(): raise CapbookError(f"chromium wrote no screenshot to {png_path}")
-    return png_path
+    with Chromium(timeout) as c: return c.screenshot(url, png_path, size)

@@ -230,7 +230,7 @@ class Dropout(nn.Dropout):
     "`nn.Dropout` with p rounded to a multiple of 1/65536: each element zeroed with that probability and the rest scaled by its inverse, drawn on the CPU from 16-bit uniforms (two per 32-bit draw: 2.7x faster than torch's `bernoulli_`, 1.6x than comparing float uniforms); on a GPU, torch's fused kernel; inside `keyed`, from the key."
     def forward(self, x):
         if not self.training or self.p == 0: return x
-        if _KEY[0] is not None:
+        if keyed_draws():
             cut = round(self.p * (1 << 24))                      # P(u < cut) = round(2^24 p) / 2^24, the dropped share
             # x * mask / P(keep)
             return x * (keyed_uniform(x.shape, x.device) >= cut) * ((1 << 24) / ((1 << 24) - cut))

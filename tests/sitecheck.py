@@ -1,9 +1,9 @@
 """The docs site as a reader meets it, checked in headless Chromium: every chapter linked from the landing page, each
 page showing the tables and images its notebook holds, and no error output, machine path or tool chatter anywhere."""
-import os, re
+import re
 from pathlib import Path
 import nbformat
-from capbook.docs import chromium_dom
+from capbook.docs import Chromium
 
 # an absolute path on a build machine: /work/…, /home/…, /root/…, /tmp/…, /Users/…, /mnt/…, /var/folders/…
 MACHINE_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:work|home|root|tmp|Users|mnt|var/folders|opt/conda)/[\w.-]")
@@ -25,18 +25,17 @@ def expected(nb: nbformat.NotebookNode) -> tuple[int, int]:
     return tables, images
 
 
-def check_site(index: Path, kept: Path, shots: Path | None = None) -> dict[str, tuple[int, int]]:
-    "Open the site at `index` and every chapter linked from it; check each against its kept notebook in `kept`. Returns {page: (tables, images) seen}."
+def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict[str, tuple[int, int]]:
+    "Open the site at `index` and every chapter linked from it, in one Chromium (`browser`, else a new one); check each against its kept notebook in `kept`. Returns {page: (tables, images) seen}."
+    if browser is None:
+        with Chromium() as browser: return check_site(index, kept, browser)
     index = Path(index)
-    dom = chromium_dom(index)
+    dom = browser.dom(index)
     linked = set(re.findall(r'href="([\w-]+)\.html', dom))
     pages = {p.stem: p for p in Path(kept).glob("*.ipynb")}
     assert pages, f"no kept notebooks in {kept}"
     assert not (set(pages) - linked - {"index"}), f"chapters the landing page does not link: {sorted(set(pages) - linked - {'index'})}"
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:         # one Chromium per page, as many at once as cores
-        doms = dict(zip(sorted(pages), pool.map(lambda n: dom if n == "index" else chromium_dom(index.parent / f"{n}.html"),
-                                                sorted(pages))))
+    doms = {n: dom if n == "index" else browser.dom(index.parent / f"{n}.html") for n in sorted(pages)}
     seen = {}
     for name, nb_path in sorted(pages.items()):
         html = doms[name]

@@ -10,7 +10,7 @@ import pytest
 
 import capbook.docs as docs
 from capbook.core import CapbookError
-from capbook.docs import build_site, chromium_dom, chromium_screenshot, keep_notebooks, nbdev_directives, prepare_notebook
+from capbook.docs import Chromium, build_site, chromium_dom, chromium_screenshot, keep_notebooks, nbdev_directives, prepare_notebook
 
 pytestmark = pytest.mark.xdist_group("docs")        # one worker builds the module's site
 
@@ -220,10 +220,11 @@ def test_repository_book_site(tmp_path):
     assert "build succeeded." in log and "WARNING" not in log, [l for l in log.splitlines() if "WARNING" in l]   # zero Sphinx warnings
     front = (index.parent / "index.html").read_text()
     assert "data:image/png;base64," in front and "what it holds" in front      # the figure, the chapter table
-    seen = check_site(index, kept)
-    for name in notebooks():
-        if name[:2].isdigit() and not name.startswith("00"):
-            assert seen[name][0] > 0 and seen[name][1] > 0, (name, seen[name])      # every chapter has a table and a figure
-    for name in ("02_show_attend_tell", "03a_spca_tables"):
-        png = chromium_screenshot(index.parent / f"{name}.html", tmp_path / f"{name}.png", size=(1280, 2400)).read_bytes()
-        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 100_000
+    with Chromium() as browser:
+        seen = check_site(index, kept, browser)
+        for name in notebooks():
+            if name[:2].isdigit() and not name.startswith("00"):
+                assert seen[name][0] > 0 and seen[name][1] > 0, (name, seen[name])      # every chapter has a table and a figure
+        for name in ("02_show_attend_tell", "03a_spca_tables"):
+            png = browser.screenshot(index.parent / f"{name}.html", tmp_path / f"{name}.png", size=(1280, 2400)).read_bytes()
+            assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 100_000
