@@ -16,7 +16,7 @@ from .results import Step, replicas
 __all__ = ['FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'sync_parameters',
            'api_modules', 'chapter_status', 'chapter_table', 'results_table', 'verdict_lines', 'book_time',
            'fill_blocks', 'index_blocks', 'readme_text', 'readme_status', 'sync_readme', 'upstream_of', 'plan_keys',
-           'kernel_manager', 'warm_kernel', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan',
+           'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan',
            'select_steps', 'book_lock', 'run_book', 'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
@@ -302,6 +302,12 @@ def _published(f: Path) -> bool:
     "Whether a file of a run folder is one the book publishes: a figure (`.png`) or a table (`table_*.md`, `table_*.csv`)."
     return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
 
+def unchanged(step: Step, profile: str, key: str) -> Path | None:
+    "The executed notebook of `step` if its last execution finished under `key` (its results are current), else None."
+    d = runs_dir() / profile / step.name
+    out, done = d / f"{step.notebook}.ipynb", d / "done.json"
+    return out if done.exists() and out.exists() and load_json(done).get("key") == key else None
+
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it); return (executed notebook path, whether it ran)."
     import papermill as pm
@@ -310,8 +316,8 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
     d = runs_dir() / profile / step.name
     if key is None: key = plan_keys(profile).get(step)
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
-    if not force and done.exists() and out.exists() and load_json(done).get("key") == key:
-        log(f"  {step.name}: unchanged, skipped"); return out, False
+    if not force and (kept := unchanged(step, profile, key)):
+        log(f"  {step.name}: unchanged, skipped"); return kept, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
     for f in filter(_published, d.glob("*")):
         f.unlink()                                # what the last execution drew: this one must draw its own or none
@@ -427,6 +433,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     keyring = plan_keys(profile)                  # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
+    def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
+        return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if jobs > 1:                                  # each kernel inherits its share of the cores
         for k in threads: os.environ[k] = str(_threads(jobs))
@@ -434,8 +442,11 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),)) as pool, \
                 progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             while waiting or running:
-                ready = [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
-                for s in ready[:jobs - len(running)]:
+                while skip := [(s, kept) for s in ready() if not force and (kept := unchanged(s, profile, keyring.get(s)))]:
+                    for s, kept in skip:              # unchanged: skipped here, no worker starts for it
+                        waiting.remove(s); outs[s.name], keys[s.name] = kept, True
+                        log(f"  {s.name}: unchanged, skipped"); bar.update(1)
+                for s in ready()[:jobs - len(running)]:
                     waiting.remove(s)
                     running[pool.submit(run_step, s, profile, force, print, keyring.get(s))] = s
                 if not running: break

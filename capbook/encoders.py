@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torchvision
 from .core import (CapbookError, autocast, check_choice, data_dir, file_digest, get_device, load_torch, progress,
                           save_torch, stable_hash)
 from .data import KarpathyData, load_image, load_rgb, normalize, write_features
@@ -78,11 +77,13 @@ class Encoder(nn.Module):
 # %% ../nbs/00c_encoders.ipynb
 def imagenet_path(name: str) -> Path:
     "Where torch hub keeps `name`'s ImageNet weights (whether or not the file is there)."
+    import torchvision                                           # here, not at the top: 1.3 s that only the backbones need
     url = torchvision.models.get_weight(BACKBONES[check_choice("encoder", name, BACKBONES)].weights).url
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
 
 def _imagenet_file(name: str, spec: BackboneSpec) -> Path:
     "The hub checkpoint of `spec`'s ImageNet weights, downloaded if missing."
+    import torchvision
     url = torchvision.models.get_weight(spec.weights).url
     ckpt = imagenet_path(name)
     if ckpt.is_file(): return ckpt
@@ -133,6 +134,7 @@ def weights_id(name: str, weights: str | Path = "imagenet", seed: int = 0) -> st
 
 def build_backbone(name: str, weights: str | Path = "imagenet", seed: int = 0) -> Encoder:
     "A frozen torchvision trunk from `BACKBONES` with 'imagenet', 'random' (seeded) or a state-dict file's weights."
+    import torchvision
     spec, wid = BACKBONES[check_choice("encoder", name, BACKBONES)], weights_id(name, weights, seed)
     with torch.device("meta"): trunk = spec.cut(getattr(torchvision.models, spec.arch)())
     trunk = trunk.to_empty(device="cpu")

@@ -30,7 +30,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.functional import gaussian_blur
 from PIL import Image
 import matplotlib.pyplot as plt
 from capbook.core import atomic_write
@@ -52,6 +51,7 @@ from capbook.data import load_rgb
 #| export
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
     "Upsample attention weights (L,) on a `grid` to `size`×`size` and Gaussian-smooth them (σ = 1.25 × factor)."
+    from torchvision.transforms.functional import gaussian_blur   # here: importing torchvision takes 1.3 s
     h, w = grid
     a = torch.as_tensor(alpha, dtype=torch.float32).reshape(1, 1, h, w)
     up = F.interpolate(a, size=(size, size), mode="nearest")
