@@ -27,7 +27,8 @@ def cli(*args, home=None, timeout=600):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device='cuda' is valid on a machine with a GPU")
 def test_cuda_without_a_gpu_is_one_line_in_the_notebook(home):
     with pytest.raises(CapbookError) as e:
-        run_step(Step("02_show_attend_tell", {"profile": "smoke", "device": "cuda"}, tag="cuda"), "smoke", log=lambda s: None)
+        run_step(Step("02_show_attend_tell", {"profile": "smoke", "device": "cuda"}, tag="cuda"), "smoke", log=lambda s: None,
+                 key="the step's key is not what this test is about")
     one_line(str(e.value), "parameter device='cuda' is invalid here: no CUDA GPU is visible")
     # the failing cell's error output is the capbook line alone, not a traceback; the traceback is in the log it names
     nb = nbformat.read(home / "runs" / "smoke" / "02_show_attend_tell-cuda" / "02_show_attend_tell.ipynb", as_version=4)
