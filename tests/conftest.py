@@ -56,11 +56,10 @@ def _exclusive(lock: Path):
         yield
 
 
-@pytest.fixture(scope="session")
-def smoke_data(shared_tmp) -> Path:
-    "The smoke data folder (CAPBOOK_DATA) of this test run, built once, in a process with one intra-op thread as a `capbook book -j 2` worker's kernel has: the bits every book on this machine builds."
-    data, done = shared_tmp / "smoke-data", shared_tmp / "smoke-data.built"
-    with _exclusive(shared_tmp / "smoke-data.lock"):
+def _build_smoke_data(shared: Path) -> Path:
+    "Build the run's smoke data folder unless a process of this run has (one at a time, under a lock); return it."
+    data, done = shared / "smoke-data", shared / "smoke-data.built"
+    with _exclusive(shared / "smoke-data.lock"):
         if not done.exists():
             env = {**os.environ, "CAPBOOK_DATA": str(data), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             p = subprocess.run([sys.executable, "-c", "from capbook.prepare import prepare; print(prepare('shapes', 'smoke').describe())"],
@@ -68,6 +67,22 @@ def smoke_data(shared_tmp) -> Path:
             assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
             done.write_text(p.stdout)
     return data
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _smoke_data_early(request, shared_tmp):
+    "Where a test of this run needs the smoke data, start building it at once, in the background, while the tests that need none run (else a worker would wait idle for it, about 10 s)."
+    if any("smoke_data" in i.fixturenames for i in request.session.items):
+        import threading
+        def build():
+            with contextlib.suppress(Exception): _build_smoke_data(shared_tmp)
+        threading.Thread(target=build, daemon=True).start()
+
+
+@pytest.fixture(scope="session")
+def smoke_data(shared_tmp) -> Path:
+    "The smoke data folder (CAPBOOK_DATA) of this test run, built once, in a process with one intra-op thread as a `capbook book -j 2` worker's kernel has: the bits every book on this machine builds (a failed build in the background is built again here, and fails here)."
+    return _build_smoke_data(shared_tmp)
 
 
 @pytest.fixture(scope="session")
