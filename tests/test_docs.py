@@ -130,6 +130,23 @@ def test_screenshot(site, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (800, 600)
 
 
+@pytest.mark.slow
+def test_a_page_that_hangs_is_one_line_and_leaves_no_browser(tmp_path):
+    "A page whose script never yields: the browser is killed with its process group after the timeout, in one line; the same browser class then reads a page again."
+    import psutil
+    (tmp_path / "hang.html").write_text("<html><body><script>while (true) {}</script></body></html>")
+    (tmp_path / "ok.html").write_text("<html><body><p>READ_AGAIN_MARK</p></body></html>")
+    browsers = lambda: {p.pid for p in psutil.process_iter(["name", "status"])           # (a process that ends meanwhile: None)
+                        if "chromium" in (p.info["name"] or "") and p.info["status"] not in (None, psutil.STATUS_ZOMBIE)}
+    before = browsers()
+    with pytest.raises(CapbookError) as e, Chromium(timeout=3) as browser:
+        browser.dom(tmp_path / "hang.html")
+    assert str(e.value) == f"chromium gave no answer within 3 s for {(tmp_path / 'hang.html').as_uri()}"
+    assert not (browser.proc.poll() is None), "the browser is gone"
+    assert not browsers() - before, browsers() - before
+    with Chromium() as browser: assert "READ_AGAIN_MARK" in browser.dom(tmp_path / "ok.html")
+
+
 def test_book_project(tmp_path):
     a, b = tmp_path / "01_a.ipynb", tmp_path / "02_b.ipynb"
     for p in (a, b): nbformat.write(_executed_notebook(), p)
