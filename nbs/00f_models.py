@@ -278,15 +278,11 @@ def image_rows(img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return first, inv
 
 def image_groups(img: torch.Tensor, every: int | None = None) -> tuple[torch.Tensor, int] | None:
-    "For captions whose images are `img` (N,): when they come in equal runs of G captions of one image (an image-ordered batch), each run's first row (N/G,) and G; else None. `every`: G, found on the host beforehand (`captions_per_image`): no check and no host synchronisation, on any path."
-    if every: return torch.arange(0, len(img), every, device=img.device), every
-    n = len(img)
-    if n == 0 or not fast(): return None
-    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=img.device), img[1:] != img[:-1]]).nonzero().squeeze(1)
-    G = n // len(starts)
-    if G * len(starts) != n or not torch.equal(starts, torch.arange(0, n, G, device=img.device)): return None
-    if len(torch.unique(img[starts])) != len(starts): return None      # an image in two runs
-    return starts, G
+    "For captions whose images are `img` (N,): when they come in equal runs of G captions of one image (an image-ordered batch), each run's first row (N/G,) and G; else None. Found by `captions_per_image` on the fast paths; `every`: G, found on the host beforehand: no check and no host synchronisation, on any path."
+    if not every:
+        if len(img) == 0 or not fast(): return None
+        if not (every := captions_per_image(img)): return None          # unequal runs, or an image in two runs
+    return torch.arange(0, len(img), every, device=img.device), every
 
 def captions_per_image(img) -> int | None:
     "G when the captions whose images are `img` (N,) come in equal runs of G captions of distinct images, found on the host (NumPy) before a step; else None. A batch that carries it as `captions_per_image` lets a model encode each image once without looking (`image_groups(img, every=G)`), as a graph-ready step needs."
