@@ -119,8 +119,7 @@ class HardAttentionRule(DoublyStochastic):
         if self.training:
             # b_k = 0.9 b_{k-1} + 0.1 log p(y | s~_k, a), per word (kept while no caption of the batch sampled)
             b = self.baseline * 0.9 + 0.1 * (ll.detach() * sampled).sum() / (C * sampled).sum()
-            if self.tensor_stats: self.baseline.copy_(torch.where(sampled.any(), b, self.baseline))   # no host sync
-            elif sampled.any(): self.baseline.copy_(b)
+            self.baseline.copy_(torch.where(sampled.any(), b, self.baseline))   # b itself where any sampled; no host sync
         return loss, stats
 
 # %% ../nbs/00h_objectives.ipynb
