@@ -28,7 +28,7 @@ class Family:
 
 def families(profile: str = "default", only: list[str] | None = None) -> list[Family]:
     "Each registered model's first run in the book's plan at `profile` (its sizes and recipe); `only`: these model names."
-    from capbook.book import plan
+    from capbook.plan import plan
     from capbook.runner import chapters
     from capbook.models import available
     check_profile(profile)

@@ -4,51 +4,21 @@
 
 # %% ../nbs/00n_book.ipynb 2
 from __future__ import annotations
-import ast, atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
+import atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
 from .core import (CapbookError, atomic_write, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from .runner import check_profile, out_dir, chapters, parameters_source
-from .results import Step, replicas
+from .plan import Step, nbs_dir, notebooks, plan, upstream_of
+from .results import plan_keys
 
 # %% auto 0
-__all__ = ['FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'sync_parameters',
-           'api_modules', 'chapter_status', 'chapter_table', 'results_table', 'verdict_lines', 'book_time',
-           'fill_blocks', 'index_blocks', 'readme_text', 'readme_status', 'sync_readme', 'upstream_of', 'plan_keys',
-           'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times', 'publish', 'build_docs', 'run_plan',
-           'select_steps', 'book_lock', 'run_book', 'write_kernel_config']
-
-# %% ../nbs/00n_book.ipynb
-def nbs_dir() -> Path:
-    "The notebook sources."
-    return Path(__file__).resolve().parent.parent / "nbs"
-
-def notebooks() -> list[str]:
-    "Every notebook of the book in reading order: the index, the chapters (01, 02, 02a, ...), then the engine (00*)."
-    names = sorted(p.stem for p in nbs_dir().glob("*.ipynb") if p.stem != "index")
-    return ["index"] + [n for n in names if not n.startswith("00")] + [n for n in names if n.startswith("00")]
-
-@lru_cache(maxsize=None)
-def _nb_defaults(path: str, mtime: float) -> dict:
-    import papermill as pm
-    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(path).items()}
-
-def nb_defaults(notebook: str) -> dict:
-    "The default values of a notebook's `parameters` cell."
-    p = nbs_dir() / f"{notebook}.ipynb"
-    return dict(_nb_defaults(str(p), p.stat().st_mtime))
-
-def plan(profile: str) -> list[Step]:
-    "The runs that regenerate the book at `profile`, in order: every chapter's training runs first (in reading order), then the other notebooks in reading order, so that an assembly notebook can tabulate the runs of any chapter, a later one's too."
-    check_profile(profile)
-    chs, runs, rest = chapters(), [], []
-    for nb in notebooks():
-        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
-        elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
-        else: rest.append(Step(nb))
-    seeds = [r for s in runs for r in replicas(profile, s)[1:]]   # every row's first seed before any repeat
-    return rest[:1] + runs + seeds + rest[1:]        # the index first
+__all__ = ['FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table',
+           'results_table', 'verdict_lines', 'book_time', 'fill_blocks', 'index_blocks', 'readme_text', 'readme_status',
+           'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times', 'publish',
+           'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
+           'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -208,26 +178,6 @@ def sync_readme(path: Path | None = None, write: bool = True, status: dict[str, 
     return new != old
 
 # %% ../nbs/00n_book.ipynb
-def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
-    "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
-    from capbook.runner import chapters
-    chapter_no = lambda nb: re.match(r"\d*", nb).group()
-    names = [s.name for s in steps]
-    chs = chapters()
-    if step.notebook in chs or step.name not in names: return []    # a chapter's training run reads no other run; nor does a step outside the plan
-    before = steps[:names.index(step.name)]
-    compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
-    return [s for s in before if s.params and s.notebook != step.notebook
-            and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
-
-def plan_keys(profile: str, made: bool = True, fresh: bool = False):
-    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process."
-    from capbook.results import Keys
-    def as_made(u: Step) -> str | None:
-        done = runs_dir() / profile / u.name / "done.json"
-        return load_json(done).get("key") if made and done.exists() else None
-    return Keys(plan(profile), upstream_of, as_made, fresh)
-
 @lru_cache(None)
 def kernel_manager():
     "Papermill's kernel manager with the kernel on local IPC sockets in Jupyter's runtime folder instead of TCP ports: nothing listens on the network, side-by-side runs cannot race for a port, and the kernel has no plain-TCP warning to print. A finished notebook's kernel is shut down without the interrupt that precedes it."
@@ -342,13 +292,17 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
 
 PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a training run's phases (its record's timings)
 
-def book_times(profile: str, steps: list[Step]):
-    "Where the book's time went: each step's notebook minutes (as it last ran), split into the phases its training run recorded; the rest is the notebook's own cells (tables, figures, intervals) and kernel start."
+def book_times(profile: str, steps: list[Step], published: Path | None = None):
+    "Where the book's time went: each step's notebook minutes (as it last ran), split into the phases its training run recorded; the rest is the notebook's own cells (tables, figures, intervals) and kernel start. `published`: a book's time table (its CSV) whose rows stand for the steps that have not run here (a partial book on a fresh clone keeps the other steps' minutes)."
     import pandas as pd
-    rows = []
+    rows, kept = [], {}
+    if published is not None and Path(published).exists():
+        kept = {r["step"]: r for r in pd.read_csv(published).to_dict("records")}
     for s in steps:
         d = runs_dir() / profile / s.name
-        if not (d / "done.json").exists(): continue
+        if not (d / "done.json").exists():
+            if s.name in kept: rows.append(kept[s.name])
+            continue
         total = load_json(d / "done.json")["seconds"]
         t = load_json(d / "record.json")["timings"] if s.params and (d / "record.json").exists() else {}
         ph = {k[:-2]: t.get(k, 0.0) / 60 for k in PHASES}
@@ -372,7 +326,7 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
         made_by[f"notebooks/{s.notebook}.ipynb"] = s.name
     keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks", replace=not partial)
     from capbook.viz import save_table
-    times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
+    times = book_times(profile, plan(profile), dst / "table_book_times.csv") if partial else book_times(profile, steps)   # partial: every step of the plan
     if len(times):
         md = save_table(times, dst / "table_book_times", floatfmt=".2f")
         atomic_write(dst / "table_book_times.md", lambda t: t.write_text(
@@ -382,6 +336,23 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
     write_manifest(dst, profile, made_by, {n: load_json(d)["key"] for n, d in done.items() if d.exists()}, partial=partial)
     return dst
+
+def refresh_published(profile: str = "default", folder: Path | None = None) -> list[str]:
+    "Bring every reader's copy in the book's folder whose step is current but that shows old prose or exported code up to today's notebook (`refresh_copy` on the copy itself, as publishing does on the executed notebook): a docstring or a paragraph republished without rerunning, where no run folder is at hand (a fresh clone). The manifest's hashes follow; returns the refreshed files."
+    import nbformat
+    from capbook.docs import reader_notebook, refresh_copy
+    from capbook.results import MANIFEST, current, file_sha
+    folder = Path(folder or out_dir(profile))
+    todo = [r["file"] for r in current(profile, folder) if r["status"] == "shows old text"]
+    for rel in todo:
+        f = folder / rel
+        nb = reader_notebook(refresh_copy(nbformat.read(f, as_version=4), nbs_dir() / f.name))
+        atomic_write(f, lambda t, nb=nb: nbformat.write(nb, t))
+    if todo:
+        m = load_json(folder / MANIFEST)
+        m["files"] |= {rel: {**m["files"][rel], "sha256": file_sha(folder / rel)} for rel in todo}
+        save_json(folder / MANIFEST, m)
+    return todo
 
 STALE_NOTE = ("```{note}\n**Not yet regenerated by today's code.** This page and its tables come from an earlier version of "
               "capbook (before the book's one training protocol, its seeds and its verdict rule); its numbers will change "

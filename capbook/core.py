@@ -15,8 +15,8 @@ __all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'CapbookError', 'save_traceback', 
            'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time',
            'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch',
            'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
-           'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'cpu_precision', 'progress', 'check_choice',
-           'check_int', 'check_float']
+           'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide', 'cpu_precision', 'progress',
+           'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
@@ -313,6 +313,10 @@ def cpu_name() -> str:
     try: name = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
     except (OSError, StopIteration): name = platform.processor() or platform.machine()
     return f"{name}, {os.cpu_count()} cores"
+
+def wide(x: torch.Tensor) -> torch.Tensor:
+    "`x` in the arithmetic a loss or a log-softmax is taken in: torch's default dtype (float32; float64 inside a key's probe, `capbook.results`), whatever autocast computed it in."
+    return x if x.dtype == torch.get_default_dtype() else x.to(torch.get_default_dtype())
 
 PRECISION_CHOICES = ("auto", "fp32", "bf16")
 

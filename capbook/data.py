@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from .core import (CapbookError, check_choice, check_int, data_dir, file_digests, io_error, load_json, save_json,
+from .core import (CapbookError, wide, check_choice, check_int, data_dir, file_digests, io_error, load_json, save_json,
                           stable_hash, sweep_tmp)
 
 # %% auto 0
@@ -325,7 +325,7 @@ class CaptionData:
         out = {}
         for name, a in self.inputs.items():
             x = torch.from_numpy(np.ascontiguousarray(np.asarray(a[u])[inv]))
-            out[name] = x.float() if x.is_floating_point() else x
+            out[name] = wide(x) if x.is_floating_point() else x
         return out
 
     def num_batches(self, batch_size: int, world: int = 1, epoch: int = 0, seed: int = 0, order: str = "length",
@@ -376,7 +376,7 @@ class CaptionData:
 
 def _as_tensor(a: np.ndarray) -> torch.Tensor:
     x = np.asarray(a)
-    return torch.from_numpy(x.astype(np.float32) if x.dtype.kind == "f" else np.array(x))   # a writable copy
+    return wide(torch.from_numpy(x.astype(np.float32))) if x.dtype.kind == "f" else torch.from_numpy(np.array(x))   # a writable copy
 
 def to_device(batch: dict, device: torch.device | str) -> dict:
     "The batch with every tensor moved to `device` (other entries, such as `refs`, as they are)."

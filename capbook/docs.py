@@ -11,9 +11,10 @@ import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
 # %% auto 0
-__all__ = ['STRIP', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html', 'prepare_notebook', 'machine_paths',
-           'without_machine_paths', 'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks',
-           'write_book', 'build_site', 'Chromium', 'chromium_dom', 'chromium_screenshot']
+__all__ = ['STRIP', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html', 'prepare_notebook', 'exported',
+           'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths', 'reader_notebook', 'slim_notebook',
+           'inflate_notebook', 'keep_notebooks', 'write_book', 'build_site', 'Chromium', 'chromium_dom',
+           'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb
 _DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -96,6 +97,57 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cells.append(cell)
     nb.cells = cells
     return nb
+
+# %% ../nbs/00o_docs.ipynb
+_EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
+
+def exported(source: str) -> bool:
+    "Whether a code cell's `source` is a definition nbdev exports to the package (`#| export`)."
+    return bool(_EXPORT.search(source))
+
+def _text(c) -> str: return "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+
+def _is_run(c) -> bool:
+    "A cell whose outputs are the run's: a code cell that is not an exported definition."
+    return c["cell_type"] == "code" and not exported(_text(c))
+
+def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNode:
+    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring or a paragraph changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
+    import copy
+    if not Path(source).exists(): return nb
+    src = json.loads(Path(source).read_text())["cells"]
+    ran = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    if any(_is_run(c) and c.get("id") not in ran for c in src): return nb
+    cells = []
+    for c in src:
+        if _is_run(c):
+            i = ran[c["id"]]
+            cells.append(nb.cells[i])
+            if i + 1 < len(nb.cells) and _run_parameters(nb.cells[i + 1]):
+                cells.append(nb.cells[i + 1])      # papermill's parameters (or a reader's note of them), after the parameters cell
+        else:
+            new = copy.deepcopy(nb.cells[ran[c["id"]]]) if c.get("id") in ran else None
+            if new is None or new.cell_type != c["cell_type"]:
+                import nbformat
+                new = (nbformat.v4.new_markdown_cell if c["cell_type"] == "markdown" else
+                       nbformat.v4.new_raw_cell if c["cell_type"] == "raw" else nbformat.v4.new_code_cell)(_text(c))
+                if c.get("id"): new["id"] = c["id"]
+                new["metadata"] = c.get("metadata", {})
+            new.source = _text(c)
+            cells.append(new)
+    nb.cells = cells
+    return nb
+
+def copy_current(copy: Path, source: Path) -> bool:
+    "Whether a reader's copy shows its notebook's prose and exported code as they are today."
+    if not Path(source).exists(): return True
+    had = {c.get("id"): _text(c) for c in json.loads(Path(copy).read_text())["cells"]}
+    return all(had.get(c.get("id")) == _text(c) for c in json.loads(Path(source).read_text())["cells"] if not _is_run(c))
+
+def _run_parameters(c) -> bool:
+    "A run's own parameters cell: papermill's injected one, or the one-line note a reader's copy makes of it (`capbook.docs.reader_notebook`)."
+    return "injected-parameters" in c.get("metadata", {}).get("tags", []) or \
+        (c["cell_type"] == "markdown" and _text(c).startswith("*This run used"))
 
 # %% ../nbs/00o_docs.ipynb
 _CHATTER = re.compile(r"PTBTokenizer tokenized|tokens per second|it/s\]|s/it\]|\d+%\|"        # tokenizer, tqdm bars
@@ -200,7 +252,6 @@ def _nbs() -> Path: return Path(__file__).resolve().parent.parent / "nbs"
 
 def keep_notebooks(executed: list[Path], dst: Path, replace: bool = True) -> list[Path]:
     "Write the reader's slim copies of `executed` notebooks to `dst` (images in `dst/img/`), replacing what was there (`replace`), or only those notebooks, the others' copies and images kept (a partial book); return them."
-    from capbook.results import refresh_copy
     dst = Path(dst); dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(dst)
     try:

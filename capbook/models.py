@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import CapbookError
+from .core import CapbookError, wide
 
 # %% auto 0
 __all__ = ['REGISTRY', 'CaptionModel', 'unroll', 'unroll_shrinking', 'fast', 'plain_paths', 'keyed', 'keyed_draws', 'mix64',
@@ -238,7 +238,7 @@ def repeat_batch(batch: Mapping[str, Any], n: int) -> dict:
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0, smoothing: float = 0.0) -> torch.Tensor:
     "Mean negative log-likelihood of `targets` (B, T) under `logits` (B, T, V), ignoring `pad` positions (with `smoothing` ε: against (1-ε)·one-hot + ε/V)."
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad,
+    return F.cross_entropy(wide(logits.reshape(-1, logits.shape[-1])), targets.reshape(-1), ignore_index=pad,
                            label_smoothing=smoothing)
 
 # %% ../nbs/00f_models.ipynb

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import CapbookError, check_choice
+from .core import CapbookError, check_choice, wide
 from .models import CaptionModel, spec, token_nll
 
 # %% auto 0
@@ -94,7 +94,7 @@ class HardAttentionRule(DoublyStochastic):
         mask = (y != self.pad).float()                               # real target words: (B, T)
         words = mask.sum()                                           # sum_j C_j
         # log p(y_jt | s~, a) of every real word: (B, T)
-        lp_tok = -F.cross_entropy(out["logits"].float().transpose(1, 2), y, reduction="none") * mask
+        lp_tok = -F.cross_entropy(wide(out["logits"]).transpose(1, 2), y, reduction="none") * mask
         # -sum_j log p(y_j | s~, a) / sum_j C_j
         nll = -lp_tok.sum() / words
         loss, stats = nll, {"nll": self.stat(nll)}
@@ -170,7 +170,7 @@ class SelfCritical(Objective):
             per = r_s.reshape(-1, self.n)
             base = ((per.sum(1, keepdims=True) - per) / (self.n - 1)).reshape(-1)
         dev = s.logprobs.device
-        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.float32, device=dev),
+        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.get_default_dtype(), device=dev),
                 "reward": float(r_s.mean()), "baseline": float(base.mean()), "greedy_reward": float(r_g.mean())}
 
     def loss(self, out, batch):

@@ -22,9 +22,9 @@ __all__ = ['WARMUP', 'SSA', 'sinusoid', 'FeedForward', 'EncoderLayer', 'DecoderL
 # %% ../nbs/04_spatial_self_attention.ipynb
 def sinusoid(n: int, d: int) -> torch.Tensor:
     "The sinusoidal positional encoding of Vaswani et al.: (n, d)."
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    pos = torch.arange(n, dtype=torch.get_default_dtype())[:, None]
     # 10000^{2i/d}: (d/2,)
-    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.get_default_dtype()) / d)
     pe = torch.zeros(n, d)
     pe[:, 0::2] = torch.sin(pos * freq)                     # PE(pos, 2i)
     pe[:, 1::2] = torch.cos(pos * freq[: d // 2])           # PE(pos, 2i+1)

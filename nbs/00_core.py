@@ -446,6 +446,10 @@ def cpu_name() -> str:
     except (OSError, StopIteration): name = platform.processor() or platform.machine()
     return f"{name}, {os.cpu_count()} cores"
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    "`x` in the arithmetic a loss or a log-softmax is taken in: torch's default dtype (float32; float64 inside a key's probe, `capbook.results`), whatever autocast computed it in."
+    return x if x.dtype == torch.get_default_dtype() else x.to(torch.get_default_dtype())
+
 PRECISION_CHOICES = ("auto", "fp32", "bf16")
 
 def cpu_precision(precision: str, device: torch.device) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
-from capbook.core import check_choice
+from capbook.core import check_choice, wide
 from capbook.models import Dropout, fast, keyed_draws, keyed_uniform
 
 
@@ -194,7 +194,7 @@ class HardAttention(SoftAttention):
     def forward(self, a, pre, h, expected=None):              # a: (B, L, D); h: (R, n), R = B*K; expected: (R,) bool
         B, R = a.shape[0], len(h)
         # log alpha_t: (R, L)
-        logp = F.log_softmax(self.scores(pre, h).float(), -1)
+        logp = F.log_softmax(wide(self.scores(pre, h)), -1)
         alpha = self.keep(logp.exp())                                    # alpha_t: (R, L)
         # sum_i alpha_ti a_i, the expected context: (R, D)
         soft = torch.bmm(alpha.view(B, -1, alpha.shape[-1]).to(a.dtype), a).view(R, -1)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 import torch.nn.functional as F
-from capbook.core import CapbookError
+from capbook.core import CapbookError, wide
 
 
 # %% [markdown]
@@ -171,6 +171,7 @@ def plain_paths():
     try: yield
     finally: _FAST[0] = old
 
+
 # %% [markdown]
 # **Keyed draws.** A run's random numbers normally come from torch's generator, seeded once: the draws a model takes
 # depend on everything drawn before them in the process. Two runs trained as one stacked model (`capbook.train`'s
@@ -303,7 +304,7 @@ def repeat_batch(batch: Mapping[str, Any], n: int) -> dict:
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor, pad: int = 0, smoothing: float = 0.0) -> torch.Tensor:
     "Mean negative log-likelihood of `targets` (B, T) under `logits` (B, T, V), ignoring `pad` positions (with `smoothing` ε: against (1-ε)·one-hot + ε/V)."
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=pad,
+    return F.cross_entropy(wide(logits.reshape(-1, logits.shape[-1])), targets.reshape(-1), ignore_index=pad,
                            label_smoothing=smoothing)
 
 
@@ -323,6 +324,7 @@ assert torch.equal(vmap(_draw)(torch.tensor([7, 8]))[1], _draw(torch.tensor(8)))
 with keyed(torch.tensor(3)): _y = Dropout(0.25).train()(torch.ones(200_000))
 assert abs((_y == 0).float().mean().item() - 0.25) < 0.005 and torch.allclose(_y[_y != 0], torch.tensor(4 / 3))
 print(f"dropped {(_y == 0).float().mean().item():.4f} of 200,000 at p = 0.25")
+
 
 # %% [markdown]
 # ## Configs and the registry

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 from capbook.models import CaptionModel, batch_size as _n_images, check_inputs
-from capbook.core import CapbookError, check_float, check_int
+from capbook.core import CapbookError, check_float, check_int, wide
 from capbook.data import to_device
 
 
@@ -105,7 +105,7 @@ def greedy(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, max_len
     words, alphas = [], []
     for t in range(max_len + 1):
         logits, state, aux = model.step(tok, memory, state)
-        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)
+        lp = _mask(F.log_softmax(wide(logits), -1), done, model, t == max_len)
         if no_repeat_ngram and words: lp = _block_repeats(lp, torch.stack(words, 1), done, no_repeat_ngram, model.pad)
         best, tok = lp.max(-1)
         logp += best
@@ -168,7 +168,7 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
         n = len(images)
         base = (torch.arange(n, device=dev) * K)[:, None]                      # first row of each image
         logits, state, aux = model.step(tok, memory, state)
-        lp = _mask(F.log_softmax(logits.float(), -1), done, model, t == max_len)  # (n*K, V)
+        lp = _mask(F.log_softmax(wide(logits), -1), done, model, t == max_len)  # (n*K, V)
         if no_repeat_ngram: lp = _block_repeats(lp, words, done, no_repeat_ngram, model.pad)
         V = lp.shape[-1]
         flat = (score.view(-1, 1) + lp).view(n, K * V)                          # every beam's every next word: (n, K*V)
@@ -339,7 +339,7 @@ class Ensemble(CaptionModel):
         lps, new, alphas = [], {}, []
         for i, m in enumerate(self.members):
             logits, st, aux = m.step(tokens, self._part(memory, i), self._part(state, i))
-            lps.append(F.log_softmax(logits.float(), -1))     # member i's log p_m(w | w_<t, I): (R, V)
+            lps.append(F.log_softmax(wide(logits), -1))     # member i's log p_m(w | w_<t, I): (R, V)
             new |= {f"{i}.{k}": v for k, v in st.items()}
             if aux.get("alpha") is not None: alphas.append(aux["alpha"])
         # log p~(w) = mean_m log p_m(w): (R, V)
@@ -415,7 +415,7 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     for _ in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
         # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
-        lp = _mask(F.log_softmax(logits.float(), -1).clone(), done, model, last=False)
+        lp = _mask(F.log_softmax(wide(logits), -1).clone(), done, model, last=False)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
@@ -472,7 +472,7 @@ def teacher_forced(model: CaptionModel, batch: Mapping[str, Any]) -> list[Captio
     model.eval()
     batch = dict(batch); check_inputs(model, batch); caps = batch["caps"]
     out = model(batch)
-    lp = F.log_softmax(out["logits"].float(), -1).gather(2, caps[:, 1:, None])[..., 0]   # log p(y_t | ...): (B, T-1)
+    lp = F.log_softmax(wide(out["logits"]), -1).gather(2, caps[:, 1:, None])[..., 0]   # log p(y_t | ...): (B, T-1)
     res = []
     for b, row in enumerate(caps[:, 1:].tolist()):
         n = row.index(model.end) if model.end in row else len(row)                      # words before <end>

@@ -92,7 +92,8 @@ class Run:
                "timings": {**(timings or {}), "wall_s": time.time() - self.t0}, "n_params": n_params,
                "machine": {"python": platform.python_version(), "torch": torch.__version__,
                            "device": str(device or "cpu"), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": cpu_name()},
+                           "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": cpu_name(),
+                           "isa": torch.backends.cpu.get_cpu_capability()},     # the vector instructions its CPU kernels ran (with `precision`: the arithmetic, never in a key)
                "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
         save_json(self.dir / "record.json", rec)
         return rec

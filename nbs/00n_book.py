@@ -24,73 +24,23 @@
 # %%
 #| export
 from __future__ import annotations
-import ast, atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
+import atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
 from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.runner import check_profile, out_dir, chapters, parameters_source
-from capbook.results import Step, replicas
-
+from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
+from capbook.results import plan_keys
 
 # %% [markdown]
 # Profiles, run folders and results records live in `capbook.runner`, with the chapters' declarations.
 
 # %% [markdown]
-# ## The plan, derived
+# ## The plan
 #
-# The book is a list of notebook runs, executed in order, and nothing in it is kept by hand: every notebook in `nbs/`
-# runs, the index first, then the chapters in the order of their names (`01_dataset`, `02_show_attend_tell`,
-# `02a_soft_vs_hard`, `03_spca`, ...), then the engine chapters (`00*`: their inline checks and documentation). A
-# notebook whose `parameters` cell takes a `profile` gets the book's profile. A paper chapter declared with
-# `capbook.runner.register_chapter` runs once per run it declares — the paper's ablations, each the same notebook
-# with other parameters and a `tag` — and an assembly notebook (such as `02a_soft_vs_hard`) then finds each run's
-# results record with `step_record` — the book's own run of that step, or else a hand run (`papermill ... -p ...`)
-# whose parameters are exactly the step's — and builds the paper's tables and figures from them. Tagged runs are not
-# published or shown on the site on their own: their results reach the reader through the assembly notebook.
-
-# %%
-#| export
-def nbs_dir() -> Path:
-    "The notebook sources."
-    return Path(__file__).resolve().parent.parent / "nbs"
-
-def notebooks() -> list[str]:
-    "Every notebook of the book in reading order: the index, the chapters (01, 02, 02a, ...), then the engine (00*)."
-    names = sorted(p.stem for p in nbs_dir().glob("*.ipynb") if p.stem != "index")
-    return ["index"] + [n for n in names if not n.startswith("00")] + [n for n in names if n.startswith("00")]
-
-@lru_cache(maxsize=None)
-def _nb_defaults(path: str, mtime: float) -> dict:
-    import papermill as pm
-    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(path).items()}
-
-def nb_defaults(notebook: str) -> dict:
-    "The default values of a notebook's `parameters` cell."
-    p = nbs_dir() / f"{notebook}.ipynb"
-    return dict(_nb_defaults(str(p), p.stat().st_mtime))
-
-def plan(profile: str) -> list[Step]:
-    "The runs that regenerate the book at `profile`, in order: every chapter's training runs first (in reading order), then the other notebooks in reading order, so that an assembly notebook can tabulate the runs of any chapter, a later one's too."
-    check_profile(profile)
-    chs, runs, rest = chapters(), [], []
-    for nb in notebooks():
-        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
-        elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
-        else: rest.append(Step(nb))
-    seeds = [r for s in runs for r in replicas(profile, s)[1:]]   # every row's first seed before any repeat
-    return rest[:1] + runs + seeds + rest[1:]        # the index first
-
-
-# %% [markdown]
-# The smoke plan: every notebook, the index first; Show-Attend-Tell's seven runs (the legacy recipe's included) and SPCA's nine, by tag.
-
-# %%
-import capbook.book as _book                               # the installed module (a notebook has no __file__)
-_p = _book.plan("smoke")
-assert _p[0].notebook == "index" and {s.notebook for s in _p} == set(_book.notebooks())
-from capbook.results import chapter_steps
-assert len(chapter_steps("smoke", "02_show_attend_tell")) == 8 and len(chapter_steps("smoke", "03_spca")) == 10
+# Which steps the book runs, with their parameters, lives in `capbook.plan` (`plan`, `Step`, `replicas`,
+# `upstream_of`), below both this runner and the keys (`capbook.results`).
 
 # %% [markdown]
 # ### What else is derived: parameters cells, the API modules, the README's chapter table
@@ -265,6 +215,7 @@ def sync_readme(path: Path | None = None, write: bool = True, status: dict[str, 
 
 
 # %%
+import capbook.book as _book                               # the installed module (a notebook has no __file__)
 _md = "a\n<!-- results -->\nold\n<!-- /results -->\nb <!-- other -->"
 assert fill_blocks(_md, {"results": "new"}) == "a\n<!-- results -->\nnew\n<!-- /results -->\nb <!-- other -->"
 assert chapter_status([{"step": "03_spca-base-seed1", "status": "current"}, {"step": "03_spca", "status": "stale"},
@@ -334,26 +285,6 @@ print("\n".join(_book.chapter_table({"02_show_attend_tell": True}).splitlines()[
 
 # %%
 #| export
-def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
-    "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
-    from capbook.runner import chapters
-    chapter_no = lambda nb: re.match(r"\d*", nb).group()
-    names = [s.name for s in steps]
-    chs = chapters()
-    if step.notebook in chs or step.name not in names: return []    # a chapter's training run reads no other run; nor does a step outside the plan
-    before = steps[:names.index(step.name)]
-    compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
-    return [s for s in before if s.params and s.notebook != step.notebook
-            and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
-
-def plan_keys(profile: str, made: bool = True, fresh: bool = False):
-    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process."
-    from capbook.results import Keys
-    def as_made(u: Step) -> str | None:
-        done = runs_dir() / profile / u.name / "done.json"
-        return load_json(done).get("key") if made and done.exists() else None
-    return Keys(plan(profile), upstream_of, as_made, fresh)
-
 @lru_cache(None)
 def kernel_manager():
     "Papermill's kernel manager with the kernel on local IPC sockets in Jupyter's runtime folder instead of TCP ports: nothing listens on the network, side-by-side runs cannot race for a port, and the kernel has no plain-TCP warning to print. A finished notebook's kernel is shut down without the interrupt that precedes it."
@@ -468,13 +399,17 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
 
 PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a training run's phases (its record's timings)
 
-def book_times(profile: str, steps: list[Step]):
-    "Where the book's time went: each step's notebook minutes (as it last ran), split into the phases its training run recorded; the rest is the notebook's own cells (tables, figures, intervals) and kernel start."
+def book_times(profile: str, steps: list[Step], published: Path | None = None):
+    "Where the book's time went: each step's notebook minutes (as it last ran), split into the phases its training run recorded; the rest is the notebook's own cells (tables, figures, intervals) and kernel start. `published`: a book's time table (its CSV) whose rows stand for the steps that have not run here (a partial book on a fresh clone keeps the other steps' minutes)."
     import pandas as pd
-    rows = []
+    rows, kept = [], {}
+    if published is not None and Path(published).exists():
+        kept = {r["step"]: r for r in pd.read_csv(published).to_dict("records")}
     for s in steps:
         d = runs_dir() / profile / s.name
-        if not (d / "done.json").exists(): continue
+        if not (d / "done.json").exists():
+            if s.name in kept: rows.append(kept[s.name])
+            continue
         total = load_json(d / "done.json")["seconds"]
         t = load_json(d / "record.json")["timings"] if s.params and (d / "record.json").exists() else {}
         ph = {k[:-2]: t.get(k, 0.0) / 60 for k in PHASES}
@@ -498,7 +433,7 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
         made_by[f"notebooks/{s.notebook}.ipynb"] = s.name
     keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks", replace=not partial)
     from capbook.viz import save_table
-    times = book_times(profile, plan(profile) if partial else steps)   # partial: every step of the plan that has run
+    times = book_times(profile, plan(profile), dst / "table_book_times.csv") if partial else book_times(profile, steps)   # partial: every step of the plan
     if len(times):
         md = save_table(times, dst / "table_book_times", floatfmt=".2f")
         atomic_write(dst / "table_book_times.md", lambda t: t.write_text(
@@ -508,6 +443,23 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
     write_manifest(dst, profile, made_by, {n: load_json(d)["key"] for n, d in done.items() if d.exists()}, partial=partial)
     return dst
+
+def refresh_published(profile: str = "default", folder: Path | None = None) -> list[str]:
+    "Bring every reader's copy in the book's folder whose step is current but that shows old prose or exported code up to today's notebook (`refresh_copy` on the copy itself, as publishing does on the executed notebook): a docstring or a paragraph republished without rerunning, where no run folder is at hand (a fresh clone). The manifest's hashes follow; returns the refreshed files."
+    import nbformat
+    from capbook.docs import reader_notebook, refresh_copy
+    from capbook.results import MANIFEST, current, file_sha
+    folder = Path(folder or out_dir(profile))
+    todo = [r["file"] for r in current(profile, folder) if r["status"] == "shows old text"]
+    for rel in todo:
+        f = folder / rel
+        nb = reader_notebook(refresh_copy(nbformat.read(f, as_version=4), nbs_dir() / f.name))
+        atomic_write(f, lambda t, nb=nb: nbformat.write(nb, t))
+    if todo:
+        m = load_json(folder / MANIFEST)
+        m["files"] |= {rel: {**m["files"][rel], "sha256": file_sha(folder / rel)} for rel in todo}
+        save_json(folder / MANIFEST, m)
+    return todo
 
 STALE_NOTE = ("```{note}\n**Not yet regenerated by today's code.** This page and its tables come from an earlier version of "
               "capbook (before the book's one training protocol, its seeds and its verdict rule); its numbers will change "
@@ -715,7 +667,6 @@ import logging
 _f = _ns["c"].IPKernelApp.logging_config["filters"]["capbook_tcp"]["()"]()
 assert not _f.filter(logging.makeLogRecord({"msg": "Kernel is running over TCP without encryption. All ..."}))
 assert _f.filter(logging.makeLogRecord({"msg": "any other warning"}))
-
 
 # %% [markdown]
 # ## The book's commands

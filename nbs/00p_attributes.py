@@ -208,8 +208,9 @@ def _batches(n: int, size: int, rng: np.random.Generator | None = None):
     idx = rng.permutation(n) if rng is not None else np.arange(n)
     for s in range(0, n, size): yield np.sort(idx[s:s + size])
 
-def _rows(a: np.ndarray | None, i: np.ndarray, device, dtype=torch.float32) -> torch.Tensor | None:
-    return None if a is None else torch.as_tensor(np.asarray(a[i]), dtype=dtype, device=device)
+def _rows(a: np.ndarray | None, i: np.ndarray, device, dtype=None) -> torch.Tensor | None:
+    "Rows `i` of `a` as a tensor in `dtype` (default: torch's default dtype, float64 inside a key's probe)."
+    return None if a is None else torch.as_tensor(np.asarray(a[i]), dtype=dtype or torch.get_default_dtype(), device=device)
 
 def detect(det: MILDetector, feats: np.ndarray, mask: np.ndarray | None = None, batch_size: int = 128, device="cpu") -> np.ndarray:
     "Image probabilities p_i (N, W) of every image of a feature store (`mask` (N, L): its real regions)."

@@ -27,11 +27,14 @@ from __future__ import annotations
 import ast, base64, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
 from functools import lru_cache
 from pathlib import Path
-from dataclasses import dataclass, field
+
 from typing import Any, Callable
 import numpy as np
 import torch
 from capbook.core import CapbookError, atomic_write, load_json, runs_dir, save_json, stable_hash
+from capbook.docs import copy_current, exported
+from capbook.plan import Step, chapter_steps, nb_defaults, nbs_dir, plan, replicas, upstream_of   # (the tables chapters import Step and chapter_steps from here too)
+
 
 # %% [markdown]
 # ## Keys that know when a number can change
@@ -45,24 +48,46 @@ from capbook.core import CapbookError, atomic_write, load_json, runs_dir, save_j
 #   (comments, docstrings and layout are prose and do not count). The cells a notebook exports to `capbook/` count by
 #   what they compute, below, so a rename or a reordering inside a model keeps every key;
 # - **its parameters and data** — the profile, the training seed, what the shapes generator draws and the encoder's
-#   recipe (`data_key`), and the arithmetic its runs train in (bfloat16 or float32, from the CPU's flags);
+#   recipe (`data_key`). A parameter the step sets is keyed as it is given: `-p precision fp32` is in the key as
+#   `fp32`, and the default `auto` as `auto`;
 # - **a numerical fingerprint of the code it runs** (`probe`): for the model a chapter run trains, a complete run of
 #   the one trainer under that run's own `TrainConfig` on a fixed tiny data set (one epoch of four-caption batches,
 #   validated twice by beam search and CIDEr as the run is, with its weight averaging, schedule and self-critical
-#   stage), then a beam decode of its test images — its losses, validation scores, final weights and captions; for
-#   every step, the **scorer** (the COCO metrics with Java's tokenizer and METEOR, the shapes semantic scores, the
-#   attention on the named object, CIDEr-D's reward), the **statistics** (per-image statistics, the seed t-test,
-#   Holm's correction, the claims' text) and the **drawing** of an attention figure and a table, on fixed inputs.
+#   stage), then a beam decode of its test images — its losses, validation scores, final weights and captions; and
+#   the fingerprints of the shared code the step computes with (`shared_used`): the **scorer** (the COCO metrics with
+#   Java's tokenizer and METEOR, the shapes semantic scores, the attention on the named object, CIDEr-D's reward) and
+#   the **drawing** of an attention figure and a table for a training run, which scores its model and draws its
+#   figures; those two and the **statistics** (per-image statistics, the seed t-test, Holm's correction, the claims'
+#   text) for a tables chapter; for any other notebook, those whose functions its cells name. A change to the
+#   verdict rule re-keys the tables chapters and no training run.
 #
-# Each fingerprint runs on one thread in float32, with every generator seeded, so it is bit-identical from run to run
-# and on every machine of one kind (same CPU instructions, same library builds), and takes seconds: the keys of the
-# whole default book are computed in about 20 s. On another kind of CPU float32's last bits may differ; a key that
-# differs there marks steps to rerun, never keeps a stale one.
+# **What a key leaves out: the machine.** The arithmetic a run trained in — the device, bfloat16 or float32 (`auto`
+# picks bfloat16 on a CPU with bfloat16 kernels), the CPU's vector instructions — is written in its record
+# (`precision`, `machine.isa`) and its `params.yaml`, never in its key. The digits of a run are reproducible on one
+# kind of machine and its conclusions on any (`01_dataset`), so a book made in bfloat16 on an AVX-512 machine is
+# current on an AVX2 machine that would train in float32, as long as the code, parameters and data are the same.
+#
+# **A fingerprint that is the same on every CPU.** Each fingerprint runs on one thread with every generator seeded,
+# **in float64** (`torch.set_default_dtype` inside `_probing`: the data path, the losses and the log-softmaxes follow
+# torch's default dtype through `capbook.core.wide`, which is float32 everywhere else), and keeps its numbers to
+# `PROBE_DIGITS` = 6 significant digits. Why float64 and not float32 rounded: a float32 probe differs across CPU kinds
+# by up to 1 % — an attention layer's score bias has a zero gradient in exact arithmetic (a softmax does not see a
+# shift), so its gradient is rounding noise, which Adam normalises into steps of the learning rate's size, in a
+# direction the last bits decide. In float64 that noise is 1e-17, far below Adam's ε, and the bias stays put.
+# Measured on the default plan's 34 model probes and the shared ones (2,136 numbers), the same machine with its
+# vector instructions lowered (`ATEN_CPU_CAPABILITY=avx2` and `=default`, `ONEDNN_MAX_CPU_ISA=AVX2`,
+# `MKL_ENABLE_INSTRUCTIONS=AVX2`) against AVX-512: no token or count differs, 1,870–2,023 numbers are bit-identical,
+# and the largest relative difference is 1.3e-10 (that same bias; every other number 6e-12 or less). Six digits leave
+# four orders of magnitude of margin: a number changes its sixth digit across machines only if it lies within 1e-10
+# of a rounding boundary, about one chance in 10⁵ per number, while any change of the code that moves a published
+# number (reported to 0.1 CIDEr) moves these numbers by far more than 1e-6. `tests/test_results.py` recomputes every
+# published key under the lowered instruction sets, with one and two threads, and finds them equal; it also changes
+# one model's initialisation and one attention equation's constant and finds exactly their steps re-keyed.
+#
+# A fingerprint takes seconds: the keys of the whole default book are computed in about 25 s.
 
 # %%
 #| export
-_EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
-
 def _without_docstrings(tree: ast.AST) -> ast.AST:
     "`tree` with every docstring (a string expression opening a module, class or function body) removed."
     for node in ast.walk(tree):
@@ -86,7 +111,7 @@ def code_cells(path: Path) -> list[str]:
 def notebook_code(path: Path) -> dict:
     "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
     src = code_cells(path)
-    layout = "".join("E" if _EXPORT.search(s) else "C" for s in src)
+    layout = "".join("E" if exported(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
 
 
@@ -145,6 +170,7 @@ def data_key(params: dict, encoder: str | None = None) -> str | None:
 # %%
 #| export
 PROBE_SEED = 20261126
+PROBE_DIGITS = 6   # significant digits a fingerprint keeps: the float64 probes differ by at most 1.3e-10 (relative) across the CPU kinds measured (see below)
 
 @lru_cache(None)
 def _probe_scenes(n: int) -> tuple:
@@ -191,18 +217,18 @@ print(_pp.train.refs[0][0])
 @contextlib.contextmanager
 def _probing():
     "One thread, a scratch data folder, every generator restored afterwards."
-    threads, env = torch.get_num_threads(), os.environ.get("CAPBOOK_DATA")
+    threads, env, dtype = torch.get_num_threads(), os.environ.get("CAPBOOK_DATA"), torch.get_default_dtype()
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     with tempfile.TemporaryDirectory(prefix="capbook-probe-") as tmp:
-        os.environ["CAPBOOK_DATA"] = tmp; torch.set_num_threads(1)
+        os.environ["CAPBOOK_DATA"] = tmp; torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
         try: yield Path(tmp)
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(threads); torch.set_default_dtype(dtype)
             if env is None: os.environ.pop("CAPBOOK_DATA", None)
             else: os.environ["CAPBOOK_DATA"] = env
             random.setstate(states[0]); np.random.set_state(states[1]); torch.set_rng_state(states[2])
 
-def _numbers(x: Any, digits: int = 9) -> Any:
+def _numbers(x: Any, digits: int = PROBE_DIGITS) -> Any:
     "`x` with every float rounded to `digits` significant digits (tensors and arrays as lists), for hashing."
     if isinstance(x, torch.Tensor): x = x.detach().cpu().double().numpy()
     if isinstance(x, np.ndarray): x = x.tolist()
@@ -268,7 +294,8 @@ def probe(step) -> dict:
             scfg, objective = scst_setup(prep, dataclasses.replace(p, scst_epochs=1), cfg)
             runs.append(fit(model, prep, dataclasses.replace(scfg, batch_size=4), tmp / "scst", log=_quiet, objective=objective))
         caps = decode_split(model, prep.test, p.beam_size, prep.max_len, 100, "cpu", **decoding(p))
-    drop = lambda h: {k: drop(v) if isinstance(v, dict) else v for k, v in h.items() if not k.endswith("_s")}   # timings are not numbers of the code
+    drop = lambda h: {k: drop(v) if isinstance(v, dict) else v for k, v in h.items()
+                      if not k.endswith("_s") and k != "key"}   # timings and cache keys (a source file's hash) are not numbers of the code
     return _numbers({"model": name, "history": [[drop(h) for h in r.history] for r in runs],
                      "best": [[r.best_epoch, r.best_at] for r in runs], "inputs": drop(inputs),
                      "weights": {k: float((w.double() ** 2).sum()) for k, w in model.state_dict().items() if w.is_floating_point()},
@@ -286,6 +313,7 @@ assert _f == probe(_st) and _f["model"] == "nic"
 print(_f["best"], [round(h["loss"], 4) for h in _f["history"][0]], _f["captions"][0])
 assert budget(_st) == {"epochs": 1}                       # the smoke profile's one epoch departs from the protocol's 15
 assert budget(_Step("06_baselines", {"profile": "default", "model": "nic", "scst_epochs": 0}, "nic")) == {}
+
 
 # %% [markdown]
 # ### The scorer, the statistics, the drawing
@@ -393,12 +421,27 @@ def helpers_used(path: Path) -> list[str]:
     code = " ".join(code_cells(path))
     return [h for h in HELPER_PROBES if re.search(rf"\b{h}\b", code)]
 
+SHARED_PROBES = {"scorer": scorer_probe, "stats": stats_probe, "drawing": drawing_probe}
+# The names by which a notebook's own cells reach a shared probe's code (a chapter run reaches the scorer and the
+# drawing through the runner, a tables chapter all three through the rows it tabulates).
+SHARED_NAMES = {"scorer": ("coco_scores", "evaluate", "semantic_scores", "attention_correctness", "CiderD", "image_stats", "stage_stats"),
+                "stats": ("Claims", "seed_t_test", "holm", "merge_seeds", "row_record", "stage_stats", "compared_runs"),
+                "drawing": ("attention_figure", "save_table", "show_table", "attention_rows", "label_points")}
+RUN_SHARED = ("scorer", "drawing")   # what a chapter's training run computes with beyond its model: its record's metrics, its figures
+
+def shared_used(path: Path, run: bool = False, tables: bool = False) -> list[str]:
+    "The shared probes (`SHARED_PROBES`) in the key of a step of notebook `path`: a training run's (`run`) the scorer and the drawing; a tables chapter's (`tables`: it tabulates earlier runs) all three; and any step's, those whose code the cells it runs name (`SHARED_NAMES`; its exported cells define code for others)."
+    if tables: return list(SHARED_PROBES)
+    code = " ".join(c for c in code_cells(path) if not exported(c))      # what it runs, not what it defines for others
+    return [s for s in SHARED_PROBES if (run and s in RUN_SHARED) or any(re.search(rf"\b{n}\b", code) for n in SHARED_NAMES[s])]
+
 
 # %% [markdown]
 # ## Step keys
 #
 # `Keys` computes the keys of the steps of one plan, each fingerprint once (the seeds of a row share their row's
-# probe; the scorer, statistics and drawing probes are shared by every step). A chapter run's key holds its own probe;
+# probe; the scorer, statistics and drawing probes are computed once for the steps that use them). A chapter run's key
+# holds its own probe, the scorer's and the drawing's;
 # an assembly notebook's, the keys of the runs it tabulates; an engine chapter's (`00*`, whose examples exercise the
 # whole package), every model's probe. A notebook that calls one of the drawing helpers outside the shared drawing
 # probe (`HELPER_PROBES`: `capbook.viz.label_points`, which places a scatter plot's labels,
@@ -437,11 +480,11 @@ class Keys:
             except (CapbookError, OSError): pass  # a cache that cannot be written is recomputed next time
         return value
 
-    @property
-    def shared(self) -> dict:
-        if "shared" not in self._probes:
-            with _probing(): self._keep("shared", {"scorer": scorer_probe(), "stats": stats_probe(), "drawing": drawing_probe()})
-        return self._probes["shared"]
+    def shared(self, name: str) -> str:
+        "The hash of a shared probe (`SHARED_PROBES`: the scorer, the statistics, the drawing)."
+        if f"shared {name}" not in self._probes:
+            with _probing(): self._keep(f"shared {name}", stable_hash(SHARED_PROBES[name](), 16))
+        return self._probes[f"shared {name}"]
 
     def helper(self, name: str) -> str:
         "The hash of a drawing helper's probe (`HELPER_PROBES`)."
@@ -464,29 +507,32 @@ class Keys:
         return stable_hash(sorted({self.probe(s) for s in self.steps if s.notebook in chs}), 16)
 
     def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None) -> str:
-        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here)."
+        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here): its code, parameters, data and the fingerprints of what it computes with, never the machine's arithmetic."
         from capbook.runner import chapters
-        from capbook.core import cpu_precision, get_device
-        from capbook.book import nbs_dir
+        ups = self.upstream(step, self.steps)
         if upstream_keys is None:
-            upstream_keys = {u.name: (self.made(u) if self.made else None) or self.get(u) for u in self.upstream(step, self.steps)}
-        ch = chapters().get(step.notebook)
-        part = {"nb": nb or notebook_code(nbs_dir() / f"{step.notebook}.ipynb"), "params": step.params,
-                "upstream": upstream_keys, "shared": stable_hash(self.shared, 16)}
-        if "profile" in step.params:
-            part["data"] = data_key(step.params, ch.encoder if ch else None)
-            try: part["precision"] = cpu_precision(step.params.get("precision", "auto"), get_device(step.params.get("device", "auto")))
-            except CapbookError: part["precision"] = step.params.get("precision")   # the run stops on it, in its notebook
+            upstream_keys = {u.name: (self.made(u) if self.made else None) or self.get(u) for u in ups}
+        ch, path = chapters().get(step.notebook), nbs_dir() / f"{step.notebook}.ipynb"
+        part = {"nb": nb or notebook_code(path), "params": step.params, "upstream": upstream_keys}
+        if "profile" in step.params: part["data"] = data_key(step.params, ch.encoder if ch else None)
         if ch is not None:
             part["probe"] = self.probe(step)
             if b := budget(step): part["budget"] = b   # the protocol's budget adds nothing: a key names only a departure from it
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
-        for h in helpers_used(nbs_dir() / f"{step.notebook}.ipynb"): part[f"helper {h}"] = self.helper(h)
+        for s in shared_used(path, run=ch is not None, tables=bool(ups)): part[f"shared {s}"] = self.shared(s)
+        for h in helpers_used(path): part[f"helper {h}"] = self.helper(h)
         return stable_hash(part, 16)
 
     def get(self, step) -> str:
         if step.name not in self._keys: self._keys[step.name] = self.key(step)
         return self._keys[step.name]
+
+def plan_keys(profile: str, made: bool = True, fresh: bool = False):
+    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process."
+    def as_made(u: Step) -> str | None:
+        done = runs_dir() / profile / u.name / "done.json"
+        return load_json(done).get("key") if made and done.exists() else None
+    return Keys(plan(profile), upstream_of, as_made, fresh)
 
 
 
@@ -499,36 +545,16 @@ from capbook.book import nbs_dir as _nbs
 assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points", "show_table"] and helpers_used(_nbs() / "05_glied.ipynb") == []
 labels_probe(), rows_probe(), show_probe()[:80]
 
-
 # %% [markdown]
 # ## One room for results
 #
-# Everything a table needs to find a row's numbers lives here, beside the keys: the plan's `Step` and its repeats over
-# seeds (`replicas`), every results record of a profile (`records`: the book's runs in `runs/<profile>/`, hand runs,
+# Everything a table needs to find a row's numbers lives here, beside the keys (the plan's `Step`, its repeats over
+# seeds, `replicas`, and a chapter's runs, `chapter_steps`, are `capbook.plan`'s): every results record of a profile (`records`: the book's runs in `runs/<profile>/`, hand runs,
 # and the records the published book keeps in `figures/records/`), the record of one step (`step_record`), a table
 # row's seeds merged (`row_record`, `merge_seeds`) and the rows an assembly notebook compares (`compared_runs`).
 
 # %%
 #| export
-@dataclass
-class Step:
-    "One notebook run of the plan: notebook stem, parameters, and a tag for runs of the same notebook."
-    notebook: str
-    params: dict = field(default_factory=dict)
-    tag: str = ""
-    replica: int = 0                # a chapter run repeated with training seed `replica` (0: the row's own run)
-    @property
-    def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
-
-def replicas(profile: str, step: Step) -> list[Step]:
-    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
-    from capbook.runner import SEEDS, chapters
-    tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
-    n = SEEDS[profile]
-    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = ch.seeds.get(step.tag, n)   # a row with no verdict: 1
-    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
-
-
 RECORDS = "records"      # the published book's folder of its runs' records (figures/records/<step>.json.gz)
 
 def records(profile: str, notebook: str | None = None) -> list[dict]:
@@ -645,7 +671,6 @@ def _as_run(params: dict, sizes: dict) -> dict:
 
 def step_record(profile: str, step: Step) -> dict:
     "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
-    from capbook.book import nb_defaults
     from capbook.runner import chapters
     ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
     sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
@@ -657,11 +682,6 @@ def step_record(profile: str, step: Step) -> dict:
         raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
                            f"run `capbook book --profile {profile}` first")
     return same[-1]
-
-def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
-    "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
-    from capbook.book import plan
-    return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
 
 def row_record(profile: str, step: Step) -> dict:
     "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`merge_seeds`)."
@@ -691,7 +711,6 @@ _b = restored_maps(kept_maps(_a))
 assert _b.shape == _a.shape and torch.allclose(_a, _b, rtol=2**-10, atol=1e-7)
 assert torch.allclose(restored_maps(kept_maps(_b)), _b) and kept_maps(None) is None
 
-
 # %% [markdown]
 # ## The published book, checked
 #
@@ -718,45 +737,6 @@ def published_files(folder: Path) -> list[Path]:
     top = [f for f in folder.glob("*") if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))]
     return sorted(top) + sorted((folder / "notebooks").glob("*.ipynb")) + sorted((folder / RECORDS).glob("*.json.gz"))
 
-def _text(c) -> str: return "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-
-def _is_run(c) -> bool:
-    "A cell whose outputs are the run's: a code cell that is not an exported definition."
-    return c["cell_type"] == "code" and not _EXPORT.search(_text(c))
-
-def refresh_copy(nb: Any, source: Path) -> Any:
-    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring or a paragraph changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
-    import copy
-    if not Path(source).exists(): return nb
-    src = json.loads(Path(source).read_text())["cells"]
-    ran = {c.get("id"): i for i, c in enumerate(nb.cells)}
-    if any(_is_run(c) and c.get("id") not in ran for c in src): return nb
-    cells = []
-    for c in src:
-        if _is_run(c):
-            i = ran[c["id"]]
-            cells.append(nb.cells[i])
-            if i + 1 < len(nb.cells) and "injected-parameters" in nb.cells[i + 1].get("metadata", {}).get("tags", []):
-                cells.append(nb.cells[i + 1])      # papermill's parameters, after the parameters cell
-        else:
-            new = copy.deepcopy(nb.cells[ran[c["id"]]]) if c.get("id") in ran else None
-            if new is None or new.cell_type != c["cell_type"]:
-                import nbformat
-                new = (nbformat.v4.new_markdown_cell if c["cell_type"] == "markdown" else
-                       nbformat.v4.new_raw_cell if c["cell_type"] == "raw" else nbformat.v4.new_code_cell)(_text(c))
-                if c.get("id"): new["id"] = c["id"]
-                new["metadata"] = c.get("metadata", {})
-            new.source = _text(c)
-            cells.append(new)
-    nb.cells = cells
-    return nb
-
-def copy_current(copy: Path, source: Path) -> bool:
-    "Whether a reader's copy shows its notebook's prose and exported code as they are today."
-    if not Path(source).exists(): return True
-    had = {c.get("id"): _text(c) for c in json.loads(Path(copy).read_text())["cells"]}
-    return all(had.get(c.get("id")) == _text(c) for c in json.loads(Path(source).read_text())["cells"] if not _is_run(c))
-
 def write_manifest(folder: Path, profile: str, made_by: dict[str, str], keys: dict[str, str], partial: bool = False) -> dict:
     "Write `folder/book.json`: `made_by` {file relative to folder: step name} with each file's hash, `keys` {step: key as it ran}; `partial`: the entries of the steps not republished stay."
     folder = Path(folder)
@@ -781,7 +761,6 @@ MEASUREMENTS = {"table_rehearsal.md": _rehearsal_table_is_its_record}
 
 def current(profile: str = "default", folder: Path | None = None) -> list[dict]:
     "Every published item of the book at `profile` (in `folder`, default its output folder) with the step that made it and whether it is current under today's keys (see above)."
-    from capbook.book import nbs_dir, plan_keys
     from capbook.runner import out_dir
     folder = Path(folder or out_dir(profile))
     m = load_json(folder / MANIFEST) if (folder / MANIFEST).exists() else {"files": {}, "steps": {}}

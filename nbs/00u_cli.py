@@ -28,7 +28,9 @@ import argparse, inspect, json, os, sys
 from pathlib import Path
 from capbook.core import CapbookError, check_int, cpu_precision, error_line, get_device, io_error, os_error_line
 from capbook.runner import PROFILES, check_profile
-from capbook.book import book_lock, build_docs, chapter_status, nbs_dir, run_book, sync_parameters, sync_readme
+from capbook.book import book_lock, build_docs, chapter_status, run_book, sync_parameters, sync_readme
+from capbook.plan import nbs_dir
+
 
 # %% [markdown]
 # *capbook:* the command line is its own module, the top layer: it imports the book (`capbook.book`), the benchmark
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:                            # the environment: read-only or full disk, a file as a folder
         print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
     return 0
+
 
 # %% [markdown]
 # Each command with an example, as `capbook --help` ends:

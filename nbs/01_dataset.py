@@ -58,8 +58,10 @@
 # - *the scale:* the one above for every compared row, with no row narrowed to fit (16 channels starved the 2D state).
 #
 # **What "current" promises across machines.** Every published number carries the key of the step that made it
-# (`nbs/00t_results`): its notebook's code, parameters and data, the arithmetic it trained in, and a numerical
-# fingerprint of the code it runs; `make test` fails when a published item's key is not today's. The data are the
+# (`nbs/00t_results`): its notebook's code, parameters and data, and a numerical fingerprint of the code it runs,
+# computed in float64 so that it is the same on every CPU; `make test` fails when a published item's key is not
+# today's. The arithmetic a run trained in (bfloat16 or float32, the CPU's instructions) is written in its record, not
+# in its key: a book made on one kind of CPU is current on another. The data are the
 # same everywhere: the generator draws the same images from the same seed, and the default book's shapes encoder is
 # shipped (`data/encoders/shapes-default-s0.pt`) rather than trained on each machine, because its training, like any
 # float32 computation, is bit-identical only on machines of one kind. The training runs are not bit-identical across

@@ -212,7 +212,7 @@ def test_baseline_records_stop_on_other_data(monkeypatch):
 
 def test_plan_runs_every_chapter_before_any_assembly_notebook():
     "An assembly notebook may tabulate a later chapter's runs (SPCA's Table 4 reads the baselines): they run first, and feed its key."
-    from capbook.book import plan, upstream_of
+    from capbook.plan import plan, upstream_of
     steps = plan("smoke")
     names = [s.name for s in steps]
     last_run = max(i for i, s in enumerate(steps) if s.notebook in ("02_show_attend_tell", "06_baselines"))

@@ -28,7 +28,7 @@ def book(home):
 @pytest.fixture(scope="module")
 def site(book):
     "`capbook docs`: the site of the fixture's book, built from its kept notebooks alone (as `capbook book` ends; the kill test runs that path)."
-    from capbook.book import notebooks
+    from capbook.plan import notebooks
     home, _ = book
     p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "smoke"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and f"docs site of {len(notebooks())} chapters" in p.stdout, p.stdout + p.stderr
@@ -107,7 +107,7 @@ def test_docs_command_rebuilds_the_site_a_reader_meets(book, site):
 
 
 def test_step_record_prefers_book_run_then_exact_hand_run(home):
-    from capbook.book import nb_defaults
+    from capbook.plan import nb_defaults
     from capbook.results import step_record
     from capbook.core import save_json
     runs = home / "runs" / "paper"                       # a profile no other test uses
@@ -210,7 +210,7 @@ def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
 def test_tensorboard_shows_every_training_run_of_the_book(book):
     "tensorboard --logdir runs/smoke lists a run per training step of the plan, with its loss and validation curves."
     import socket, time, urllib.request
-    from capbook.book import plan
+    from capbook.plan import plan
     from capbook.runner import chapters
     home, _ = book
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
@@ -364,7 +364,7 @@ def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
     for ext in ("py", "ipynb"):
         src = (nbs / f"01_dataset.{ext}").read_text()
         (nbs / f"04_toy.{ext}").write_text(src.replace("The data: shapes, its card", "Toy: a chapter added for a test"))
-    monkeypatch.setattr(B, "nbs_dir", lambda: nbs)
+    monkeypatch.setattr(B, "nbs_dir", lambda: nbs); monkeypatch.setattr("capbook.plan.nbs_dir", lambda: nbs)
     register_chapter(Chapter("04_toy", "Toy et al. 2026, A toy", "https://arxiv.org/abs/0000.00000", RunConfig,
                              model=lambda p: "sat_soft", runs={"": {}, "big": {"batch_size": 128}}, epochs={"smoke": 1},
                              label=lambda p: "toy", figure=lambda p: "fig_toy.png"))
@@ -468,7 +468,8 @@ def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
 
 def test_only_selects_chapters_steps_and_patterns():
     "`capbook book --only`: a notebook selects its every run, a pattern the matching steps, a step itself; a pattern matching nothing stops in one line."
-    from capbook.book import plan, select_steps
+    from capbook.book import select_steps
+    from capbook.plan import plan
     steps = plan("default")
     spca = select_steps(steps, ["03_spca"])
     assert spca and all(s.notebook == "03_spca" for s in spca) and len(spca) == sum(s.notebook == "03_spca" for s in steps)
@@ -550,7 +551,7 @@ def _training_finished(runs: Path) -> bool:
 def test_a_book_killed_in_every_phase_ends_with_the_same_figures(book, tmp_path):
     "SIGKILL a book (-j 2) of two of a chapter's runs and its assembly step, in a fresh home, in its phases — while it builds its data, while it trains, while it scores, while it publishes, while it builds the site — then let it finish: the same tables and figures as the book fixture's uninterrupted book (whose data was built the same way, one thread), no half-written file, and the last run recomputes only the steps left unfinished. The other runs the assembly step reads are the fixture's, copied in, and so are the keys' fingerprints (the kills are about the book's work). `make test` kills it in one of the five phases, drawn by the seed; `make soak` (CAPBOOK_EVERY=1) in all five, and kills whole books. CAPBOOK_KILL_SEED repeats a draw."
     import os, random, shutil, time
-    from capbook.book import plan, upstream_of
+    from capbook.plan import plan, upstream_of
     seed = int(os.environ.get("CAPBOOK_KILL_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     ref_home, _ = book

@@ -40,7 +40,7 @@ def _parameter_cells(name):
 
 
 def test_every_notebook_is_in_the_plan_and_runnable_ones_have_one_parameters_cell():
-    from capbook.book import notebooks, plan
+    from capbook.plan import notebooks, plan
     from capbook.runner import chapters
     assert sorted(notebooks()) == sorted(p.stem for p in NBS)
     steps = plan("smoke")
@@ -88,7 +88,7 @@ def test_no_history_on_the_site():
 def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
     "The book matches a run to its step by the notebook's parameters cell as papermill parses it: a field it cannot parse (e.g. an '=' in its comment) would leave every assembly chapter without its runs."
     import dataclasses
-    from capbook.book import nb_defaults
+    from capbook.plan import nb_defaults
     from capbook.runner import chapters
     for nb, ch in chapters().items():
         assert set(nb_defaults(nb)) == {f.name for f in dataclasses.fields(ch.params)}, nb

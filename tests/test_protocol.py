@@ -152,7 +152,7 @@ def test_verdicts_over_seeds_state_cider_and_semantic_f1():
 
 
 def test_the_plan_repeats_every_chapter_run_over_the_profile_seeds():
-    from capbook.book import plan
+    from capbook.plan import plan
     from capbook.results import chapter_steps, replicas
     from capbook.runner import SEEDS, chapters
     steps = plan("default")

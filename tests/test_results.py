@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 from capbook import results as R
-from capbook.book import plan_keys, nbs_dir
+from capbook.plan import nbs_dir
+from capbook.results import plan_keys
 from capbook.models import REGISTRY
 from capbook.runner import chapters
 
@@ -22,9 +23,15 @@ def base():
     return K, {s.name: K.get(s) for s in K.steps}
 
 
+def _shared(K) -> dict:
+    "A keyring's shared fingerprints (scorer, statistics, drawing), computed where it has not yet."
+    for name in R.SHARED_PROBES: K.shared(name)
+    return {k: v for k, v in K._probes.items() if k.startswith("shared ")}
+
+
 def _keys(base_keyring, keep_shared=True):
     K = plan_keys(PROFILE, made=False, fresh=True)
-    if keep_shared: K._probes["shared"] = base_keyring.shared
+    if keep_shared: K._probes.update(_shared(base_keyring))
     return {s.name: K.get(s) for s in K.steps}
 
 
@@ -104,15 +111,95 @@ def test_a_longer_budget_changes_exactly_the_steps_that_train_at_it(base, monkey
     assert R.budget(next(s for s in K.steps if s.name in runs)) == {"epochs": 2}
 
 
+def _changed_by(K, keys, monkeypatch, name, patch):
+    "The steps whose key changes when shared probe `name`'s code is patched (the models' fingerprints kept as they were)."
+    _shared(K)
+    patch(monkeypatch)
+    K2 = plan_keys(PROFILE, made=False, fresh=True)
+    K2._probes.update({k: v for k, v in K._probes.items() if k != f"shared {name}"})
+    now = {s.name: K2.get(s) for s in K2.steps}
+    return {n for n in keys if now[n] != keys[n]}
+
+
+def _roles(K):
+    "The plan's training runs, its tables chapters (they tabulate earlier runs) and its engine notebooks, by step name."
+    runs = {s.name for s in K.steps if s.notebook in chapters()}
+    tables = {s.name for s in K.steps if K.upstream(s, K.steps)}
+    return runs, tables, {s.name for s in K.steps if s.notebook.startswith("00")}
+
+
 def test_a_change_to_the_scorer_changes_every_step_that_scores(base, monkeypatch):
     K, keys = base
     import capbook.metrics as M
     coco = M.coco_scores
-    monkeypatch.setattr(M, "coco_scores", lambda gts, res, **kw: ({**(o := coco(gts, res, **kw))[0], "CIDEr": o[0]["CIDEr"] * 1.01}, o[1]))
-    K2 = plan_keys(PROFILE, made=False, fresh=True)
-    K2._probes.update({k: v for k, v in K._probes.items() if k != "shared"})      # the models' fingerprints as they were
-    now = {s.name: K2.get(s) for s in K2.steps}
-    assert all(now[n] != keys[n] for n in keys)
+    def patch(mp): mp.setattr(M, "coco_scores", lambda gts, res, **kw: ({**(o := coco(gts, res, **kw))[0], "CIDEr": o[0]["CIDEr"] * 1.01}, o[1]))
+    changed = _changed_by(K, keys, monkeypatch, "scorer", patch)
+    runs, tables, engine = _roles(K)
+    assert runs and tables and runs | tables <= changed                     # every run scores its model; every table its rows
+    assert "01_dataset" in changed and "index" not in changed                # the data chapter scores its references; the index scores nothing
+
+
+def test_a_change_to_the_verdict_rule_changes_the_tables_chapters_and_no_run(base, monkeypatch):
+    "The statistics' fingerprint enters only the steps that test claims: the tables chapters (whose verdicts README quotes) and the engine notebooks that define and exercise the statistics."
+    K, keys = base
+    import capbook.metrics as M
+    t_test = M.seed_t_test
+    def patch(mp): mp.setattr(M, "seed_t_test", lambda *a, **k: {**(o := t_test(*a, **k)), "p": None if o.get("p") is None else min(1.0, 1.5 * o["p"])})
+    changed = _changed_by(K, keys, monkeypatch, "stats", patch)
+    runs, tables, engine = _roles(K)
+    assert tables and tables <= changed and not changed & runs
+    assert changed - tables <= engine and "00j_metrics" in changed and "00m_runner" in changed
+    assert "01_dataset" not in changed and "index" not in changed
+
+
+def test_a_changed_attention_constant_changes_exactly_the_steps_that_train_it(base, monkeypatch):
+    "Soft attention's scores scaled by 1.05 (a constant of its equation e_ti = w^T tanh(W_a a_i + W_h h_t-1)): the runs whose model holds a soft (or hard) attention module re-key, with the tables that read them and the engine chapters; no other step."
+    from capbook.attention import SoftAttention
+    from capbook.models import build
+    from capbook.runner import model_hparams
+    K, keys = base
+    scores = SoftAttention.scores
+    monkeypatch.setattr(SoftAttention, "scores", lambda self, pre, h: 1.05 * scores(self, pre, h))
+    now = _keys(K)
+    prep = R.probe_data()
+    def uses(s):
+        ch, p, name = R.resolved(s)
+        m = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **model_hparams(name, p))
+        return any(isinstance(x, SoftAttention) for x in m.modules())
+    soft = {s.name for s in K.steps if s.notebook in chapters() and uses(s)}
+    runs, tables, engine = _roles(K)
+    assert soft and soft != runs
+    assert {n for n in keys if now[n] != keys[n]} == _downstream(K, soft) | engine
+
+
+ISA_CHECK = """
+import json, sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+from capbook.book import plan_keys
+K = plan_keys("default", made=False, fresh=True)
+print(json.dumps({"isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+                  "keys": {s.name: K.get(s) for s in K.steps}}))
+"""
+
+
+def test_every_published_key_is_the_same_with_the_cpus_vector_instructions_lowered(tmp_path):
+    "Another kind of CPU computes the published keys: every step of the default plan, recomputed in subprocesses with torch's, oneDNN's and MKL's instruction sets lowered to AVX2 and to plain code, on one thread and on two, has the key the book's manifest publishes."
+    import os, subprocess, sys
+    root = nbs_dir().parent
+    published = json.loads((root / "figures" / "book.json").read_text())["steps"]
+    lowered = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    configs = [({"ATEN_CPU_CAPABILITY": "default", **lowered}, 1), ({"ATEN_CPU_CAPABILITY": "avx2", **lowered}, 2)]
+    procs = [subprocess.Popen([sys.executable, "-c", ISA_CHECK, str(threads)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **env, "OMP_NUM_THREADS": str(threads), "CAPBOOK_HOME": str(root),
+                                   "CAPBOOK_DATA": str(tmp_path / "data")})
+             for env, threads in configs]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for (env, threads), p, (out, err) in zip(configs, procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["isa"] == env["ATEN_CPU_CAPABILITY"].upper() and got["threads"] == threads
+        assert set(got["keys"]) <= set(published) and len(got["keys"]) > 100
+        assert {n: k for n, k in got["keys"].items() if published[n] != k} == {}, f"keys differ under {env}, {threads} thread(s)"
 
 
 def test_every_published_item_is_current(monkeypatch):
@@ -185,7 +272,7 @@ def test_fingerprints_are_kept_between_processes(tmp_path, monkeypatch):
 
 def test_every_row_a_verdict_rests_on_carries_three_seeds():
     "The default plan repeats every compared row over three seeds (Show-Attend-Tell's headline rows over five), except the SPCA rows no verdict rests on, trained once; the smoke plan trains each row once."
-    from capbook.book import plan
+    from capbook.plan import plan
     runs = lambda profile, nb: {s.tag: len(R.replicas(profile, s)) for s in plan(profile) if s.notebook == nb and not s.replica}
     assert runs("default", "03_spca") == {"": 3, "base": 3, "1d": 3, "soft": 3, "S": 1, "C": 1, "C-S": 1, "S-C": 1, "k1": 1, "k5": 1}
     assert runs("default", "02_show_attend_tell")[""] == 5 and runs("default", "06_baselines")["nic"] == 3

@@ -1,0 +1,136 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # plan
+#
+# > Which steps the book runs, with their parameters, and which earlier runs each one reads.
+
+# %%
+#| default_exp plan
+
+# %%
+#| export
+from __future__ import annotations
+import ast, re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from capbook.runner import check_profile, chapters
+
+
+# %% [markdown]
+# ## The plan, derived
+#
+# The book is a list of notebook runs, executed in order, and nothing in it is kept by hand: every notebook in `nbs/`
+# runs, the index first, then the chapters in the order of their names (`01_dataset`, `02_show_attend_tell`,
+# `02a_soft_vs_hard`, `03_spca`, ...), then the engine chapters (`00*`: their inline checks and documentation). A
+# notebook whose `parameters` cell takes a `profile` gets the book's profile. A paper chapter declared with
+# `capbook.runner.register_chapter` runs once per run it declares — the paper's ablations, each the same notebook
+# with other parameters and a `tag` — and an assembly notebook (such as `02a_soft_vs_hard`) then finds each run's
+# results record with `step_record` — the book's own run of that step, or else a hand run (`papermill ... -p ...`)
+# whose parameters are exactly the step's — and builds the paper's tables and figures from them. Tagged runs are not
+# published or shown on the site on their own: their results reach the reader through the assembly notebook.
+
+# %%
+#| export
+@dataclass
+class Step:
+    "One notebook run of the plan: notebook stem, parameters, and a tag for runs of the same notebook."
+    notebook: str
+    params: dict = field(default_factory=dict)
+    tag: str = ""
+    replica: int = 0                # a chapter run repeated with training seed `replica` (0: the row's own run)
+    @property
+    def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
+
+def replicas(profile: str, step: Step) -> list[Step]:
+    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
+    from capbook.runner import SEEDS
+    tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
+    n = SEEDS[profile]
+    if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = ch.seeds.get(step.tag, n)   # a row with no verdict: 1
+    return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
+
+def nbs_dir() -> Path:
+    "The notebook sources."
+    return Path(__file__).resolve().parent.parent / "nbs"
+
+def notebooks() -> list[str]:
+    "Every notebook of the book in reading order: the index, the chapters (01, 02, 02a, ...), then the engine (00*)."
+    names = sorted(p.stem for p in nbs_dir().glob("*.ipynb") if p.stem != "index")
+    return ["index"] + [n for n in names if not n.startswith("00")] + [n for n in names if n.startswith("00")]
+
+@lru_cache(maxsize=None)
+def _nb_defaults(path: str, mtime: float) -> dict:
+    import papermill as pm
+    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(path).items()}
+
+def nb_defaults(notebook: str) -> dict:
+    "The default values of a notebook's `parameters` cell."
+    p = nbs_dir() / f"{notebook}.ipynb"
+    return dict(_nb_defaults(str(p), p.stat().st_mtime))
+
+def plan(profile: str) -> list[Step]:
+    "The runs that regenerate the book at `profile`, in order: every chapter's training runs first (in reading order), then the other notebooks in reading order, so that an assembly notebook can tabulate the runs of any chapter, a later one's too."
+    check_profile(profile)
+    chs, runs, rest = chapters(), [], []
+    for nb in notebooks():
+        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
+        elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
+        else: rest.append(Step(nb))
+    seeds = [r for s in runs for r in replicas(profile, s)[1:]]   # every row's first seed before any repeat
+    return rest[:1] + runs + seeds + rest[1:]        # the index first
+
+def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
+    "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
+    return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
+
+
+# %% [markdown]
+# The smoke plan: every notebook, the index first; Show-Attend-Tell's eight runs (the legacy recipe's included) and SPCA's ten, by tag.
+
+# %%
+import capbook.plan as _plan                               # the installed module (a notebook has no __file__)
+_p = _plan.plan("smoke")
+assert _p[0].notebook == "index" and {s.notebook for s in _p} == set(_plan.notebooks())
+assert len(_plan.chapter_steps("smoke", "02_show_attend_tell")) == 8 and len(_plan.chapter_steps("smoke", "03_spca")) == 10
+
+
+# %% [markdown]
+# ## Which runs a step reads
+#
+# An assembly notebook (a tables chapter such as `02a_soft_vs_hard`) tabulates the runs of its own chapter and of the
+# chapters its chapter declares it `compares` with; the book runs it after them, and its key holds their keys
+# (`capbook.results.Keys`). A training run reads no other run.
+
+# %%
+#| export
+def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
+    "The earlier runs an assembly notebook tabulates: its chapter's (`02a_...` reads `02_...`) and those of the chapters it `compares` with."
+    chapter_no = lambda nb: re.match(r"\d*", nb).group()
+    names = [s.name for s in steps]
+    chs = chapters()
+    if step.notebook in chs or step.name not in names: return []    # a chapter's training run reads no other run; nor does a step outside the plan
+    before = steps[:names.index(step.name)]
+    compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
+    return [s for s in before if s.params and s.notebook != step.notebook
+            and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
+
+
+# %%
+_steps = _plan.plan("smoke")
+_ups = {s.name: [u.name for u in upstream_of(s, _steps)] for s in _steps}
+assert _ups["02_show_attend_tell"] == [] and "02_show_attend_tell" in _ups["02a_soft_vs_hard"]
