@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast, base64, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
 from functools import lru_cache
 from pathlib import Path
-
 from typing import Any, Callable
 import numpy as np
 import torch
