@@ -774,3 +774,20 @@ def test_every_row_of_what_survives_what_is_a_test():
     for row in rows:
         names = re.findall(r"`(test_\w+)`", row.rsplit("|", 2)[1])
         assert names and all(f"def {n}(" in here for n in names), row
+
+
+def test_a_partial_book_keeps_the_time_table_rows_of_the_steps_it_did_not_run(tmp_path, monkeypatch):
+    "A book run with `--only` on a clone that has no other run folders: the published time table's rows of the other steps stay; a step run here replaces its row; the total sums both."
+    import pandas as pd
+    from capbook.book import book_times
+    from capbook.core import save_json
+    monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
+    steps = [Step("00_core"), Step("00a_shapes"), Step("00b_data")]
+    save_json(tmp_path / "runs" / "smoke" / "00a_shapes" / "done.json", {"key": "k", "seconds": 60.0})
+    phases = {k: 0.0 for k in ("data", "train", "val", "test", "measure", "figure")}
+    row = lambda step, minutes: {"step": step, "minutes": minutes, **phases, "rest": minutes, "captions / s": None}
+    pd.DataFrame([row("00_core", 2.0), row("00a_shapes", 9.0), row("total (one after another)", 11.0)]).to_csv(tmp_path / "t.csv", index=False)
+    df = book_times("smoke", steps, tmp_path / "t.csv")
+    assert df["step"].tolist() == ["00_core", "00a_shapes", "total (one after another)"]     # 00b_data ran nowhere
+    assert df["minutes"].tolist() == [2.0, 1.0, 3.0] and df["rest"].tolist() == [2.0, 1.0, 3.0]
+    assert book_times("smoke", steps)["step"].tolist() == ["00a_shapes", "total (one after another)"]   # a whole book: its own runs

@@ -245,3 +245,27 @@ def test_repository_book_site(tmp_path):
         for name in ("02_show_attend_tell", "03a_spca_tables"):
             png = browser.screenshot(index.parent / f"{name}.html", tmp_path / f"{name}.png", size=(1280, 2400)).read_bytes()
             assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 100_000
+
+
+def test_a_readers_copy_refreshed_in_place_keeps_its_outputs_and_parameters_note(tmp_path):
+    "A published reader's copy (no run folder at hand) brought up to a changed paragraph: the new text, the run's outputs and its one-line parameters note as they were; a copy already current is rewritten byte for byte."
+    import json
+    from pathlib import Path
+    from capbook.docs import copy_current, reader_notebook, refresh_copy
+    root = Path(__file__).parent.parent
+    copy_path, src_path = root / "figures" / "notebooks" / "02a_soft_vs_hard.ipynb", root / "nbs" / "02a_soft_vs_hard.ipynb"
+    write = lambda nb: (buf := io.StringIO(), nbformat.write(nb, buf))[0].getvalue()
+    same = reader_notebook(refresh_copy(nbformat.read(copy_path, as_version=4), src_path))
+    assert write(same) == copy_path.read_text()
+    src = json.loads(src_path.read_text())
+    md = next(c for c in src["cells"] if c["cell_type"] == "markdown" and len("".join(c["source"])) > 40)
+    md["source"] = "A paragraph rewritten since the run.\n"
+    (new_src := tmp_path / src_path.name).write_text(json.dumps(src))
+    assert not copy_current(copy_path, new_src)
+    nb = reader_notebook(refresh_copy(nbformat.read(copy_path, as_version=4), new_src))
+    (out := tmp_path / "copy.ipynb").write_text(write(nb))
+    assert copy_current(out, new_src)
+    old = nbformat.read(copy_path, as_version=4)
+    outputs = lambda n: [c.get("outputs") for c in n.cells if c.cell_type == "code"]
+    notes = lambda n: [c.source for c in n.cells if c.cell_type == "markdown" and c.source.startswith("*This run used")]
+    assert outputs(nb) == outputs(old) and notes(nb) == notes(old) and len(notes(nb)) == 1
