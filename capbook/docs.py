@@ -128,7 +128,6 @@ def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNo
         else:
             new = copy.deepcopy(nb.cells[ran[c["id"]]]) if c.get("id") in ran else None
             if new is None or new.cell_type != c["cell_type"]:
-                import nbformat
                 new = (nbformat.v4.new_markdown_cell if c["cell_type"] == "markdown" else
                        nbformat.v4.new_raw_cell if c["cell_type"] == "raw" else nbformat.v4.new_code_cell)(_text(c))
                 if c.get("id"): new["id"] = c["id"]
