@@ -14,10 +14,12 @@ from .data import to_device
 from .decode import decode_split, teacher_forced, pad_captions, Caption
 
 # %% auto 0
-__all__ = ['METEOR_ENV', 'FROM_SUMS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized', 'meteor_score',
-           'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate', 'write_results',
-           'read_results', 'score_results', 'attention_on_references', 'CiderD', 'image_stats', 'draws', 'resampled',
-           'bootstrap', 'seed_t_test', 'holm', 'simulate_verdicts', 'results_row', 'semantic_table']
+__all__ = ['METEOR_ENV', 'FROM_SUMS', 'SIZE_SETTINGS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized',
+           'meteor_score', 'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
+           'write_results', 'read_results', 'score_results', 'attention_on_references', 'CiderD', 'image_stats',
+           'draws', 'resampled', 'bootstrap', 'pseudo_values', 'components', 'pooled', 'seed_means_t_test',
+           'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'simulate_verdicts', 'size_sweep', 'results_row',
+           'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -456,54 +458,96 @@ def _t(q: float, df: float) -> float:
     from scipy.stats import t
     return float(t.ppf(q, df))
 
-def _t_two_sided(x: float, df: float) -> float:
-    "P(|T_df| > |x|)."
+def _t_two_sided(x, df):
+    "P(|T_df| > |x|), elementwise."
     from scipy.stats import t
-    return float(2 * t.sf(abs(x), df))
+    return 2 * t.sf(np.abs(x), df)
 
-def _image_variance(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None, resamples: int, seed: int,
-                    exact: bool = True) -> float:
-    "V_img: the variance over test-image draws of the seed-averaged metric (×100) of `a`, or of its difference from `b`'s."
-    n = len(a[0])
-    if metric == "CIDEr" and exact:                   # a mean over images: Var* of the mean of d is mean((d - d_bar)^2) / n
-        d = 100 * (np.mean(a, 0) - (np.mean(b, 0) if b is not None else 0))
-        return float(np.mean((d - d.mean()) ** 2) / n)
-    w = draws(n, resamples, seed)
-    d = np.mean([resampled(st, metric, w) for st in a], 0)                      # (R,) the seed mean on each draw
-    if b is not None: d = d - np.mean([resampled(st, metric, w) for st in b], 0)
-    return float(np.var(d))
+def pseudo_values(stats: np.ndarray, metric: str) -> np.ndarray:
+    "Per-image values (×100) whose mean is the corpus metric and whose spread over images its sampling spread: CIDEr's own per-image scores; for a ratio of sums (corpus BLEU-4, micro F1) the delta method's linearisation at the corpus sums T, u_i = m(T) + n ∇m(T)·(t_i - t̄). (n,) for `image_stats`' (n, ...) rows."
+    t = np.asarray(stats, dtype=np.float64)
+    if metric == "CIDEr": return 100 * t
+    n, T = len(t), t.sum(0)
+    f = lambda x: FROM_SUMS[metric](x, n)                      # the metric of summed statistics, row by row
+    h = 1e-6 * np.maximum(np.abs(T), 1.0)                       # central differences, one statistic at a time: (d,)
+    grad = (f(T + np.diag(h)) - f(T - np.diag(h))) / (2 * h)    # ∇m(T): (d,)
+    return 100 * (float(f(T[None])[0]) + n * (t - T / n) @ grad)
+
+def _mean_squares(y: np.ndarray):
+    "Per side y (..., S, n): the seed scores' sample variance over seeds (S - 1 df) and the residual mean square of the seeds × images table ((S - 1)(n - 1) df), both (...)."
+    S, n = y.shape[-2:]
+    seed = y.mean(-1)                                                              # ȳ_s· : (..., S)
+    img = y.mean(-2)                                                               # ȳ_·i : (..., n)
+    resid = y - seed[..., :, None] - img[..., None, :] + seed.mean(-1)[..., None, None]
+    return seed.var(-1, ddof=1), (resid ** 2).sum((-2, -1)) / ((S - 1) * (n - 1))
+
+def components(sides: list[tuple[float, np.ndarray]]) -> dict:
+    "The crossed seeds × images decomposition of Σ_k sign_k · mean(y_k), each side `(sign, y)` with y (..., S_k, n) per-image values of S_k seeds on the same n images: the estimate, the variance parts with their degrees of freedom, the pooled variance V and df ν (Satterthwaite, each part at f = ν_k²/(ν_k + 4), at least min S - 1); a side of one seed: the images alone."
+    n = sides[0][1].shape[-1]
+    S = [y.shape[-2] for _, y in sides]
+    value = sum(sg * y.mean((-2, -1)) for sg, y in sides)                          # Δ̂: (...)
+    d = sum(sg * y.mean(-2) for sg, y in sides)                                     # d_i, seed-averaged: (..., n)
+    ms_d = d.var(-1, ddof=1)                                                        # MS_d, n - 1 df
+    if min(S) < 2:                                                                  # no seed spread: the images alone
+        return {"value": value, "V": ms_d / n, "df": np.full_like(ms_d, n - 1.0), "images_only": True, "parts": {}}
+    seeds, ms_e = zip(*(_mean_squares(y) for _, y in sides))
+    parts = {f"seeds {k}": (v / Sk, np.full_like(v, Sk - 1.0)) for k, (v, Sk) in enumerate(zip(seeds, S))}
+    # σ̂²_c = MS_d - Σ_m MS_e,m / S_m, its Satterthwaite df; the part is σ̂²_c / n, never below 0
+    c = ms_d - sum(e / Sk for e, Sk in zip(ms_e, S))
+    den = ms_d ** 2 / (n - 1) + sum((e / Sk) ** 2 / ((Sk - 1) * (n - 1)) for e, Sk in zip(ms_e, S))
+    parts["model × image"] = (np.maximum(c, 0) / n, np.where(den > 0, c ** 2 / np.where(den > 0, den, 1), n - 1.0))
+    V, df = pooled(parts, min(S) - 1.0)
+    return {"value": value, "V": V, "df": df, "images_only": False, "parts": parts}
+
+def pooled(parts: dict, floor: float):
+    "The variance parts `{name: (v_k, ν_k)}` pooled: V = Σ v_k and Satterthwaite's ν = V² / Σ_k v_k² / f_k, each part at f_k = ν_k² / (ν_k + 4), never below `floor` (Hsu's min S - 1)."
+    V = sum(v for v, _ in parts.values())
+    inv = sum(np.where(v > 0, v ** 2 * (f + 4) / np.maximum(f, 1e-12) ** 2, 0.0) for v, f in parts.values())   # v_k² / f_k
+    return V, np.maximum(floor, np.where(inv > 0, V ** 2 / np.where(inv > 0, inv, 1), np.inf))
+
+def seed_means_t_test(a, b, level: float = 0.95) -> dict:
+    "The rule on one number per seed (a measurement with no per-image part, e.g. attention correctness over a run's words): the difference of the seed means, the seeds' parts pooled as `components` pools them, its interval, p and verdict on 'a > b'."
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    value = float(a.mean() - b.mean())
+    if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
+    V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
+    V, df = float(V), float(df)
+    half = _t((1 + level) / 2, df) * np.sqrt(V)
+    p = float(_t_two_sided(value / np.sqrt(V), df)) if V > 0 else (0.0 if value else 1.0)
+    return {"value": value, "lo": value - half, "hi": value + half, "df": df, "p": p, "images_only": False,
+            "verdict": str(_verdicts(value, value - half, value + half))}
+
+def _verdicts(value, lo, hi):
+    return np.where(lo > 0, "holds", np.where(hi < 0, "does not hold", "cannot tell"))
 
 def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
-                resamples: int = 2000, seed: int = 0) -> dict:
-    "The mean over seeds of a metric (×100) and its t-interval with the seed as the unit of replication, the test images' variance added; with `b` (another model's seeds, on the same images) the difference, its interval, two-sided p and the verdict on 'a > b'. One seed on a side: no verdict, and the interval is over the images alone."
+                paired: bool = False) -> dict:
+    "The mean over seeds of a metric (×100) and its t-interval over seeds and test images (`components`); with `b` (another model's seeds on the same images) the difference, its interval, two-sided p and the verdict on 'a > b'; `paired`: `b[s]` is the start `a[s]` continued (a stage against its own start), tested on the per-seed differences. One seed on a side: no verdict, the interval over the images alone."
     if not a or (b is not None and not b): raise CapbookError("seed_t_test: every model needs at least one seed's statistics")
     n = len(a[0])
     if any(len(x) != n for x in [*a, *(b or [])]):
         raise CapbookError(f"seed_t_test: seeds scored on {sorted({len(x) for x in [*a, *(b or [])]})} images; score every seed on the same test images")
-    full = np.ones((1, n))
-    score = lambda st: float(resampled(st, metric, full)[0])                   # m(a_s): one seed's metric on the test split
-    sides = [[score(st) for st in a]] + ([[score(st) for st in b]] if b is not None else [])
-    value = float(np.mean(sides[0]) - (np.mean(sides[1]) if b is not None else 0.0))
-    v_img = _image_variance(a, metric, b, resamples, seed)
-    out = {"value": value, "level": level, "seeds": tuple(len(x) for x in sides) if b is not None else len(a)}
-    if min(len(x) for x in sides) < 2:                 # no estimate of the training variance: the images alone, no verdict
-        half = _t((1 + level) / 2, max(n - 1, 1)) * np.sqrt(v_img)
-        out |= {"lo": value - half, "hi": value + half, "df": float(n - 1), "p": None, "images_only": True}
-        if b is not None: out["verdict"] = "one seed: no verdict"
-        return out
-    # s^2 / S for each side, and the images: the variance components with their degrees of freedom
-    parts = [(np.var(x, ddof=1) / len(x), len(x) - 1) for x in sides] + [(v_img, max(n - 1, 1))]
-    V = sum(v for v, _ in parts)
-    # Welch-Satterthwaite: nu = V^2 / sum_k v_k^2 / df_k
-    df = V ** 2 / sum(v ** 2 / d for v, d in parts) if V > 0 else float("inf")
+    if paired and (b is None or len(b) != len(a)):
+        raise CapbookError(f"seed_t_test: a paired test needs one start per stage seed, got {len(a)} and {len(b or [])}")
+    ya = np.stack([pseudo_values(x, metric) for x in a])                          # (S_a, n)
+    yb = None if b is None else np.stack([pseudo_values(x, metric) for x in b])   # (S_b, n)
+    sides = [(1.0, ya - yb)] if paired else [(1.0, ya)] + ([(-1.0, yb)] if yb is not None else [])
+    c = components(sides)
+    value, V, df = float(c["value"]), float(c["V"]), float(c["df"])
     half = _t((1 + level) / 2, df) * np.sqrt(V)
-    out |= {"lo": value - half, "hi": value + half, "df": float(df), "images_only": False,
-            "p": _t_two_sided(value / np.sqrt(V), df) if V > 0 else (0.0 if value else 1.0)}
-    if b is not None: out["verdict"] = "holds" if out["lo"] > 0 else "does not hold" if out["hi"] < 0 else "cannot tell"
+    out = {"value": value, "lo": value - half, "hi": value + half, "df": df, "level": level, "paired": paired,
+           "images_only": c["images_only"], "parts": {k: float(v) for k, (v, _) in c["parts"].items()},
+           "seeds": len(a) if b is None else (len(a), len(b)), "images": n,
+           "seed sd": tuple(float(np.std(y.mean(-1), ddof=1)) if len(y) > 1 else None for _, y in sides),   # per side, ×100
+           "mean": tuple(float(y.mean()) for _, y in sides),
+           "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
+    out["p"] = None if c["images_only"] else float(_t_two_sided(value / np.sqrt(V), df)) if V > 0 else (0.0 if value else 1.0)
+    if b is not None:
+        out["verdict"] = "one seed: no verdict" if c["images_only"] else str(_verdicts(value, out["lo"], out["hi"]))
     return out
 
 def holm(p: list[float | None], alpha: float = 0.05) -> list[bool]:
-    "Holm's step-down correction over one table's verdicts: which of the p-values (None: no test) are significant with the family-wise error held at `alpha`."
+    "Holm's step-down correction over one family of tests: which of the p-values (None: no test) are significant with the family-wise error held at `alpha`."
     idx = sorted((i for i, x in enumerate(p) if x is not None), key=lambda i: p[i])
     keep, m = [False] * len(p), len(idx)
     for k, i in enumerate(idx):
@@ -512,17 +556,48 @@ def holm(p: list[float | None], alpha: float = 0.05) -> list[bool]:
         keep[i] = True
     return keep
 
+def compound_p(ps: list[float], all_parts: bool = True) -> float:
+    "One p for a claim made of several tests: 'every part holds' is the intersection-union test, its p the largest; 'some part holds' is Bonferroni's, k times the smallest (at most 1)."
+    return float(max(ps)) if all_parts else float(min(1.0, len(ps) * min(ps)))
+
 # %% ../nbs/00j_metrics.ipynb
-def simulate_verdicts(spread: float, delta: float = 0.0, seeds: int = 3, trials: int = 1000, images: int = 1000,
-                      noise: float = 0.3, seed: int = 0) -> dict:
-    "The verdicts of `seed_t_test` on `trials` simulated comparisons: CIDEr per image gamma(2, 0.5) (mean 1), each seed's shift N(0, spread), per-image noise N(0, noise), model a ahead by `delta` seed sds. Returns the shares of 'holds', 'does not hold' and 'cannot tell'."
-    rng = np.random.default_rng([seed, seeds, int(round(spread * 1e4)), int(round(delta * 100))])
+def simulated_scores(rng, spreads: tuple[float, float], seeds: tuple[int, int], trials: int, images: int = 1000,
+                     noise: float = 0.4, interaction: float = 0.15, delta: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    "Per-image scores of two models, (trials, S_a, images) and (trials, S_b, images), on shared test splits: image difficulty Γ(2, 0.5), a normal seed effect for each model (mean one, relative sd `spreads`), mean-one log-normal factors for its image effects (`interaction`) and each seed's per-image noise (`noise`); model a ahead by a factor 1 + `delta`."
+    g = rng.gamma(2.0, 0.5, (trials, 1, images))                                   # the split's difficulty: (T, 1, n)
+    unit = lambda sd, shape: np.exp(sd * rng.standard_normal(shape) - sd ** 2 / 2)  # a mean-one factor
+    out = []
+    for sd, S, up in zip(spreads, seeds, (delta, 0.0)):
+        seed = np.maximum(1 + sd * rng.standard_normal((trials, S, 1)), 0.01)     # the seed's effect: N(1, sd²), kept above 0
+        y = (1 + up) * g * seed * unit(interaction, (trials, 1, images)) * unit(noise, (trials, S, images))
+        out.append(y)
+    return out[0], out[1]
+
+def simulate_verdicts(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[int, int] = (3, 3), delta: float = 0.0,
+                      trials: int = 10_000, images: int = 1000, noise: float = 0.4, interaction: float = 0.15,
+                      seed: int = 0, level: float = 0.95, chunk: int = 500) -> dict:
+    "The verdicts of the book's rule (`components`, as `seed_t_test` applies it to CIDEr) on `trials` simulated comparisons (`simulated_scores`): the shares of 'holds', 'does not hold' and 'cannot tell', the false-verdict rate ('holds' or 'does not hold') with its Monte-Carlo standard error and 95 % interval."
+    rng = np.random.default_rng([seed, *seeds, *(int(round(s * 1e4)) for s in spreads), int(round(delta * 1e4)),
+                                 int(round(noise * 1e4)), int(round(interaction * 1e4)), images])
     count = {"holds": 0, "does not hold": 0, "cannot tell": 0}
-    for _ in range(trials):
-        img = rng.gamma(2.0, 0.5, images)                                      # the test split's difficulty: (images,)
-        a, b = ([img + shift + rng.normal(0, spread) + rng.normal(0, noise, images) for _ in range(seeds)] for shift in (delta * spread, 0.0))
-        count[seed_t_test(a, "CIDEr", b)["verdict"]] += 1
-    return {k: v / trials for k, v in count.items()}
+    for start in range(0, trials, chunk):
+        a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, noise, interaction, delta)
+        c = components([(1.0, a), (-1.0, b)])
+        from scipy.stats import t
+        half = t.ppf((1 + level) / 2, c["df"]) * np.sqrt(c["V"])
+        v = _verdicts(c["value"], c["value"] - half, c["value"] + half)
+        for k in count: count[k] += int((v == k).sum())
+    out = {k: v / trials for k, v in count.items()}
+    rate = out["holds"] + out["does not hold"]
+    se = float(np.sqrt(max(rate * (1 - rate), 1 / trials) / trials))
+    return {**out, "false verdicts": rate, "mc se": se, "mc 95%": (rate - 1.96 * se, rate + 1.96 * se), "trials": trials}
+
+SIZE_SETTINGS = [(r, s) for s in ((3, 3), (3, 5), (5, 3), (5, 5)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
+
+def size_sweep(trials: int = 10_000, base: float = 0.03, images: int = 1000, **kw) -> list[dict]:
+    "`simulate_verdicts` with no true difference over the settings the book works in (`SIZE_SETTINGS`): model a's seed spread `ratio` times model b's (`base`, relative), 3 or 5 seeds a side."
+    return [{"spread ratio": r, "seeds": f"{s[0]} vs {s[1]}",
+             **simulate_verdicts((base * r, base), s, trials=trials, images=images, **kw)} for r, s in SIZE_SETTINGS]
 
 # %% ../nbs/00j_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
