@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import ast, contextlib, dataclasses, inspect, os, platform, re, time
+import ast, contextlib, dataclasses, hashlib, inspect, os, platform, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -474,7 +474,7 @@ def _seeds(stats: dict | list | None) -> list[dict] | None:
     return None if any(s is None for s in stats) else stats
 
 def interval_cells(stats: dict | list[dict] | None, metrics: tuple[str, ...] = CI_METRICS) -> dict:
-    "A table row's 95 % intervals, one cell per metric ('[lo, hi]', ×100): Student's t over its seeds with the test images' variance added (`capbook.metrics.seed_t_test`); a row of one seed gets the test images' interval alone, marked 'images only'; '—' where a run kept no captions."
+    "A table row's 95 % intervals, one cell per metric ('[lo, hi]', ×100): Student's t over its seeds and test images, each variance component counted once (`capbook.metrics.seed_t_test`); a row of one seed gets the test images' interval alone, marked 'images only'; '—' where a run kept no captions."
     from capbook.metrics import seed_t_test
     st = _seeds(stats)
     def cell(m):
@@ -493,76 +493,155 @@ def seed_cells(rec: dict, which: str | None = None) -> dict:
     sd = lambda c: f"{np.std([r[c] for r in rows], ddof=1):.1f}" if len(rows) > 1 and all(c in r for r in rows) else "—"
     return {"seeds": len(runs), **{f"{m} sd": sd(c) for m, c in SEED_METRICS.items()}}
 
-def paired_verdict(a: dict | list | None, b: dict | list | None, metric: str = "CIDEr", also: tuple[str, ...] = ("semantic F1",)) -> dict:
-    "The test of the claim 'a scores higher than b' on the same test images with the seed as the unit of replication (`capbook.metrics.seed_t_test`): difference, 95 % t-interval, p, and holds / does not hold / cannot tell — or 'one seed: no verdict' where a row has one seed; the text adds the verdict on each `also` metric and says where they disagree."
+def paired_verdict(a: dict | list | None, b: dict | list | None, metric: str = "CIDEr", also: tuple[str, ...] = ("semantic F1",),
+                   paired: bool = False, best: str | None = None) -> dict:
+    "The test of the claim 'a scores higher than b' on the same test images with the seed as the unit of replication (`capbook.metrics.seed_t_test`): difference, 95 % t-interval, p, and holds / does not hold / cannot tell — or 'one seed: no verdict' where a row has one seed; the text adds the verdict on each `also` metric and says where they disagree. `paired`: `a` is a stage that continued `b` seed by seed (self-critical after cross-entropy): the test is on the per-seed differences, and a stage that kept its start in every seed is no test at all ('kept its start in every seed', `best` the stage's own best score beside it)."
     from capbook.metrics import seed_t_test
     A, B = _seeds(a), _seeds(b)
     if A is None or B is None: return {"verdict": "cannot tell: captions not kept", "p": None, "text": "cannot tell: a run kept no test captions"}
     if metric not in A[0]: return {"verdict": f"cannot tell: no {metric}", "p": None, "text": f"cannot tell: no {metric} on this data"}
-    test = lambda m: seed_t_test([s[m] for s in A], m, [s[m] for s in B])
+    if paired and len(A) == len(B) and all(np.array_equal(x[metric], y[metric]) for x, y in zip(A, B)):
+        return {"verdict": "kept its start in every seed", "p": None, "value": 0.0, "paired": True,
+                "text": "kept its start in every seed: no test" + (f" ({best})" if best else "")}
+    test = lambda m: seed_t_test([s[m] for s in A], m, [s[m] for s in B], paired=paired)
     def fmt(m, r):
         if r["images_only"]:
             return f"{r['verdict']} ({m} {r['value']:+.1f}; over the test images alone 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"
+        over = f"paired t over {len(A)} seeds" if paired else f"t over {len(A)} vs {len(B)} seeds"
         return (f"{r['verdict']} ({m} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}], "
-                f"t over {len(A)} vs {len(B)} seeds, df {r['df']:.1f}, " + (f"p {r['p']:.3f})" if r["p"] >= 0.001 else "p < 0.001)"))
+                f"{over} and the test images, df {r['df']:.1f}, " + (f"p {r['p']:.3f})" if r["p"] >= 0.001 else "p < 0.001)"))
     r, others = test(metric), {m: test(m) for m in also if m != metric and m in A[0]}
     text = fmt(metric, r) + "".join(f"; on {m}: {fmt(m, o)}" for m, o in others.items())
     if not r["images_only"] and any(o["verdict"] != r["verdict"] for o in others.values()): text += " - the metrics disagree"
     return {**r, "also": others, "text": text}
 
+def test_id(a, b, metric: str, paired: bool = False) -> str | None:
+    "What a comparison tests, by content: the hash of both rows' per-image statistics of `metric` and the design; two claims with the same id are one test (the same two rows named twice, or a stage that kept its start compared again)."
+    A, B = _seeds(a), _seeds(b)
+    if A is None or B is None or metric not in A[0]: return None
+    side = lambda X: hashlib.sha256(b"".join(np.ascontiguousarray(s[metric], dtype=np.float64).tobytes() for s in X)).hexdigest()
+    return stable_hash([metric, paired, *sorted([side(A), side(B)])], 10)      # 'a above b' and 'b above a': one test
+
+def stage_best(rec: dict, which: str = "scst") -> str:
+    "A stage's own best validation CIDEr (×100) per seed against the score it started from, from its records' histories: what a stage that kept its start reached."
+    runs = rec.get("seed_runs", [rec])
+    pairs = []
+    for r in runs:
+        val = [100 * e["val CIDEr"] for e in r["stages"][which]["history"] if "val CIDEr" in e]
+        if val: pairs.append(f"{max(val[1:], default=float('nan')):.1f} vs {val[0]:.1f}")
+    return "its best validation CIDEr against its start's: " + ", ".join(pairs) if pairs else ""
+
 class Claims:
-    "The verdicts one table or section states, judged together: `test` is `paired_verdict` recorded under a label; `note` says how many verdicts were stated and which survive Holm's correction over them."
+    "The verdicts of one paper chapter, judged as one family: `test` is `paired_verdict` under a label with the paper's words it tests (`source`); the same comparison named twice is one test (`test_id`), and Holm's correction runs over the chapter's distinct tests; `table(section)` and `note(section)` show one table's share of the family."
     def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
-    def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` for the correction; `epochs`: the two rows' budgets (`row_epochs`), named in the claim and its text where they differ."
-        r = paired_verdict(a, b, kw.pop("metric", self.metric), **kw)
+    def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
+             paired: bool = False, **kw) -> dict:
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`); `epochs`: the two rows' budgets (`row_epochs`), named in the claim and its text where they differ; `paired`: a stage against its own start."
+        metric = kw.pop("metric", self.metric)
+        r = paired_verdict(a, b, metric, paired=paired, **kw)
         if epochs is not None and epochs[0] != epochs[1]:
             budgets = f"{epochs[0]:g} vs {epochs[1]:g} epochs"
             label, r = f"{label} ({budgets})", {**r, "text": f"{r['text']}; the budgets differ, {budgets}"}
-        self.tests[label] = r
-        return r
+        tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
+        self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric}
+        return self.tests[label]
 
     def text(self, label: str, a, b, **kw) -> str:
         return self.test(label, a, b, **kw)["text"]
 
-    def add(self, label: str, verdict: str, p: float | None) -> dict:
-        "A claim judged from several tests (e.g. 'higher in CIDEr and in relation F1': holds when every one holds, its p the largest of theirs, the intersection-union test)."
-        self.tests[label] = r = {"verdict": verdict, "p": p}
+    def add(self, label: str, parts: dict[str, dict], all_parts: bool = True, source: str = "", section: str = "",
+            verdict: str | None = None) -> dict:
+        "A claim judged from several tests `parts` (metric: `paired_verdict`): 'every part holds' (`all_parts`) holds when every part holds, its p the intersection-union p (the largest), and does not hold when one part is reliably the other way (Bonferroni's p over the parts); 'some part holds' the reverse. `verdict` overrides the rule (a claim whose words read a test otherwise)."
+        from capbook.metrics import compound_p
+        vs, ps = [t["verdict"] for t in parts.values()], [t.get("p") for t in parts.values()]
+        if verdict is None:
+            if any(t["verdict"].startswith(("cannot tell:", "kept")) for t in parts.values()): verdict = next(v for v in vs if v.startswith(("cannot tell:", "kept")))
+            elif None in ps: verdict = "one seed: no verdict"
+            elif all_parts: verdict = "holds" if all(v == "holds" for v in vs) else "does not hold" if "does not hold" in vs else "cannot tell"
+            else: verdict = "holds" if "holds" in vs else "does not hold" if all(v == "does not hold" for v in vs) else "cannot tell"
+        p = None
+        if None not in ps and verdict in ("holds", "does not hold", "cannot tell"):
+            refuted = verdict == "does not hold"
+            p = compound_p(ps, all_parts=(all_parts != refuted))   # IUT for "every part", Bonferroni for "some part"
+        ids = sorted(t.get("test") or "" for t in parts.values())
+        tid = hashlib.sha256("|".join([str(all_parts), *ids]).encode()).hexdigest()[:10] if p is not None else None
+        if tid and len(parts) == 1: tid = ids[0]                 # one part: the same test as that part's
+        self.tests[label] = r = {"verdict": verdict, "p": p, "test": tid, "source": source, "section": section,
+                                 "parts": parts, "all_parts": all_parts, "text": verdict}
         return r
 
+    def survivors(self) -> dict[str, bool]:
+        "Each stated verdict (one with a p-value): does it survive Holm's correction over the chapter's distinct tests?"
+        from capbook.metrics import holm
+        distinct = {}
+        for k, r in self.tests.items():
+            if r.get("p") is not None: distinct.setdefault(r["test"] or k, r["p"])
+        keep = dict(zip(distinct, holm(list(distinct.values()), self.alpha)))
+        return {k: keep[r["test"] or k] for k, r in self.tests.items() if r.get("p") is not None}
+
     def holm_cell(self, label: str) -> str:
-        "'survives' / 'does not survive' Holm's correction, or '—' for a claim that states no verdict."
+        "'survives' / 'does not survive' Holm's correction over the chapter, or '—' for a claim that states no verdict."
         keep = self.survivors()
         return "—" if label not in keep else "survives" if keep[label] else "does not survive"
 
-    def survivors(self) -> dict[str, bool]:
-        "Each stated verdict (one with a p-value): does it survive Holm's correction over the table's?"
-        from capbook.metrics import holm
-        stated = {k: r["p"] for k, r in self.tests.items() if r.get("p") is not None}
-        return dict(zip(stated, holm(list(stated.values()), self.alpha)))
+    def distinct(self) -> int:
+        "How many distinct tests the chapter's family holds."
+        return len({r["test"] or k for k, r in self.tests.items() if r.get("p") is not None})
 
-    def note(self) -> str:
-        "One paragraph under the table: verdicts stated, how many hold or not after Holm's correction, and those that name none."
-        keep, none = self.survivors(), [k for k, r in self.tests.items() if r.get("p") is None]
-        m, sig = len(keep), [k for k, s in keep.items() if s]
-        head = f"**Multiplicity.** This table tests {len(self.tests)} claim{'s' * (len(self.tests) != 1)} on {self.metric}"
-        if not m:
-            return head + ": none states a verdict (each rests on a row with one seed, or on runs that kept no captions)."
-        raw = [k for k in keep if self.tests[k]["verdict"] in ("holds", "does not hold")]
-        text = (f"{head} and states {m} verdict{'s' * (m != 1)} (the other metrics beside each are secondary and not counted): "
-                f"{len(raw)} {'is' if len(raw) == 1 else 'are'} decided at 5 % one by one; with Holm's correction over the {m} "
-                f"(family-wise error {100 * self.alpha:.0f} %) {len(sig)} survive{'s' * (len(sig) == 1)}"
-                + (": " + "; ".join(f"{k} ({self.tests[k]['verdict']})" for k in sig) if sig else "") + ".")
-        if none: text += f" {len(none)} comparison{'s' * (len(none) != 1)} state{'s' * (len(none) == 1)} no verdict (one seed, or no captions kept)."
+    def note(self, section: str | None = None) -> str:
+        "One paragraph under a table: its claims, the verdicts it states, how many are decided one by one and after Holm's correction over the chapter's distinct tests, and those that state none."
+        keep = self.survivors()
+        mine = {k: r for k, r in self.tests.items() if section is None or r["section"] == section}
+        stated = [k for k in mine if k in keep]
+        none = [k for k in mine if k not in keep]
+        head = f"**Multiplicity.** {'This table' if section is not None else 'This chapter'} tests {len(mine)} claim{'s' * (len(mine) != 1)}"
+        if not stated:
+            return head + ": none states a verdict (each rests on a row with one seed, a stage that kept its start, or runs that kept no captions)."
+        dup = len(stated) - len({mine[k]["test"] or k for k in stated})
+        raw = [k for k in stated if mine[k]["verdict"] in ("holds", "does not hold")]
+        sig = [k for k in stated if keep[k]]
+        text = (f"{head} and states {len(stated)} verdict{'s' * (len(stated) != 1)}"
+                + (f" ({dup} of them the same test as another claim, counted once)" if dup else "")
+                + f": {len(raw)} {'is' if len(raw) == 1 else 'are'} decided at 5 % one by one; with Holm's correction over the "
+                f"chapter's {self.distinct()} distinct test{'s' * (self.distinct() != 1)} (family-wise error {100 * self.alpha:.0f} %; "
+                f"the other metrics beside a claim are secondary and not counted) {len(sig)} survive{'s' * (len(sig) == 1)}"
+                + (": " + "; ".join(f"{k} ({mine[k]['verdict']})" for k in sig) if sig else "") + ".")
+        if none: text += (f" {len(none)} claim{'s' * (len(none) != 1)} state{'s' * (len(none) == 1)} no verdict "
+                          "(one seed, a stage that kept its start in every seed, or no captions kept).")
         return text
 
-    def table(self):
-        "The verdicts as a table (claim, verdict, p, Holm): what a tables chapter publishes as `table_*_verdicts` and the README's verdict lines read."
+    def table(self, section: str | None = None):
+        "The verdicts as a table (claim, the paper's words it tests, verdict, p, Holm over the chapter, test id): what a tables chapter publishes as `table_*_verdicts` and the README's verdict lines read."
         import pandas as pd
-        return pd.DataFrame([{"claim": k, "verdict": r["verdict"], "p": r.get("p"), "Holm": self.holm_cell(k)}
-                             for k, r in self.tests.items()], columns=["claim", "verdict", "p", "Holm"])
+        design = lambda r: ({"design": ("paired" if r.get("paired") else "unpaired") + f" {r.get('metric', '')}",
+                             "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
+                             "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
+                             "image sd": r.get("image sd")} if "seed sd" in r and r.get("p") is not None else {})
+        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "design", "seeds", "images", "seed sd", "mean", "image sd"]
+        return pd.DataFrame([{"claim": k, "in the paper": r.get("source", ""), "verdict": r["verdict"], "p": r.get("p"),
+                              "Holm": self.holm_cell(k), "test": r.get("test") or "", **design(r)}
+                             for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)
+
+def book_family(tables: dict, alpha: float = 0.05):
+    "Holm's correction over every distinct verdict of the book: `tables` {chapter: its published verdicts}; one row per distinct test (the chapters and claims naming it joined), with its (first) chapter's Holm result beside the book-wide one."
+    import pandas as pd
+    from capbook.metrics import holm
+    rows = {}
+    for ch, df in tables.items():
+        for r in df.itertuples(index=False):
+            if pd.isna(r.p): continue
+            key = r.test if isinstance(r.test, str) and r.test else f"{ch}:{r.claim}"
+            if key in rows:                                  # the same test named again, here or in another chapter
+                e = rows[key]
+                if ch not in e["chapter"].split(", "): e["chapter"] += f", {ch}"
+                if r.claim not in e["claims"].split("; "): e["claims"] += f"; {r.claim}"
+                continue
+            rows[key] = {"chapter": ch, "claims": r.claim, "verdict": r.verdict, "p": float(r.p), "Holm in its chapter": r.Holm}
+    out = pd.DataFrame(list(rows.values()), columns=["chapter", "claims", "verdict", "p", "Holm in its chapter"])
+    out["Holm over the book"] = ["survives" if k else "does not survive" for k in holm(list(out["p"]), alpha)]
+    return out.sort_values("p", kind="stable").reset_index(drop=True)
 
 def figure_pick(ev: dict, gt: dict | None) -> int:
     "The first test image whose caption names at least two objects of the image (0 without ground truth)."
@@ -688,25 +767,37 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
 
 
 # %% [markdown]
-# A table's claims through `Claims`: a difference well outside the seeds' spread holds and survives Holm's correction,
-# one inside it cannot be told, and a row of one seed states no verdict. (Per-image CIDEr as `image_stats` gives it.)
+# A chapter's claims through `Claims`: a difference well outside the seeds' spread holds and survives Holm's correction,
+# one inside it cannot be told, and a row of one seed states no verdict. The same comparison under a second name is the
+# same test, counted once; a stage that kept its start in every seed is no test; a stage that moved is tested seed by
+# seed against its start; a compound claim takes the intersection-union p. (Per-image CIDEr as `image_stats` gives it.)
 
 # %%
 _rng = np.random.default_rng(0)
 _img = _rng.gamma(2.0, 0.5, 300)
 _row = lambda shift, S: [{"CIDEr": _img + shift + _rng.normal(0, 0.02) + _rng.normal(0, 0.2, 300)} for _ in range(S)]
 _cl = Claims()
-_base = _row(0.0, 3)
-assert _cl.test("clear", _row(0.4, 3), _base)["verdict"] == "holds"
+_base, _up = _row(0.0, 3), _row(0.4, 3)
+assert _cl.test("clear", _up, _base, source="Table 1, CIDEr: 2 vs 1", section="t1")["verdict"] == "holds"
 assert _cl.test("within the spread", _row(0.005, 3), _base)["verdict"] == "cannot tell"
 assert _cl.test("one seed", _row(0.4, 1), _base)["verdict"] == "one seed: no verdict"
-assert _cl.survivors() == {"clear": True, "within the spread": False}
-assert list(_cl.table()["Holm"]) == ["survives", "does not survive", "—"]      # what a tables chapter publishes
-assert "states 2 verdicts" in _cl.note() and "1 survives: clear (holds)" in _cl.note() and "1 comparison states no verdict" in _cl.note()
-_cl2 = Claims(); _cl2.test("longer", _row(0.4, 3), _base, epochs=(30, 15)); _cl2.test("same", _row(0.4, 3), _base, epochs=(15, 15))
+assert _cl.test("clear, said again", _up, _base)["test"] == _cl.tests["clear"]["test"]          # one test, two names
+assert test_id(_base, _up, "CIDEr") == _cl.tests["clear"]["test"]                              # and either way round
+assert _cl.test("the stage raised it", _base, _base, paired=True)["verdict"] == "kept its start in every seed"
+_stage = [{"CIDEr": s["CIDEr"] + 0.03 + _rng.normal(0, 0.002)} for s in _base]                 # each seed continued, a little higher
+assert _cl.test("the stage that moved", _stage, _base, paired=True)["verdict"] == "holds"
+_both = _cl.add("higher in both", {"CIDEr": _cl.tests["clear"], "again": _cl.tests["the stage that moved"]})
+assert _both["verdict"] == "holds" and _both["p"] == max(_cl.tests["clear"]["p"], _cl.tests["the stage that moved"]["p"])
+assert _cl.distinct() == 4 and _cl.survivors()["clear"] and not _cl.survivors()["within the spread"]
+assert list(_cl.table("t1")["in the paper"]) == ["Table 1, CIDEr: 2 vs 1"]                      # what a tables chapter publishes
+assert "1 of them the same test as another claim, counted once" in _cl.note() and "2 claims state no verdict" in _cl.note()
+_cl2 = Claims(); _cl2.test("longer", _up, _base, epochs=(30, 15)); _cl2.test("same", _up, _base, epochs=(15, 15))
 assert list(_cl2.tests) == ["longer (30 vs 15 epochs)", "same"]                # a claim across budgets names them
 assert _cl2.tests["longer (30 vs 15 epochs)"]["text"].endswith("the budgets differ, 30 vs 15 epochs")
 assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(_base[:1])["CIDEr 95% CI"].endswith("images only")
+_fam = book_family({"a": _cl.table(), "b": _cl2.table()})
+assert len(_fam) == _cl.distinct() and "longer (30 vs 15 epochs)" in _fam.loc[0, "claims"] + "".join(_fam["claims"])   # the same test in two chapters: once
+assert set(_fam["Holm over the book"]) <= {"survives", "does not survive"}
 print(_cl.tests["clear"]["text"]); print(_cl.note())
 
 # %% [markdown]
