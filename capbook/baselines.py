@@ -299,7 +299,8 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     figure=lambda p: f"fig_baseline_{p.model}_attention.png",
     check=baselines_check,
     encoder="resnet101",
-    compares=("02_show_attend_tell", "03_spca", "04_spatial_self_attention", "05_glied"),
+    compares=("02_show_attend_tell", "03_spca", "04_spatial_self_attention", "05_glied",   # every row of the book, and
+              "02a_soft_vs_hard", "03a_spca_tables", "04a_ssa_tables", "05a_glied_tables"),  # every chapter's verdicts
     figures=("fig_baselines_comparison.png",),
 ))
 

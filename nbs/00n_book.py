@@ -136,7 +136,7 @@ def results_table(folder: Path) -> str:
     return "\n".join(lines)
 
 def verdict_lines(folder: Path) -> str:
-    "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per table noted)."
+    "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per chapter noted)."
     import pandas as pd
     from capbook.results import MANIFEST
     folder = Path(folder)
@@ -144,17 +144,22 @@ def verdict_lines(folder: Path) -> str:
     out = []
     for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
         df = pd.read_csv(f)
-        by = lambda v, df=df: [f"{c}{'' if h == 'survives' else ' (not after Holm)'}" for c, h in
+        by = lambda v, df=df: [f"{c}{' (survives Holm)' if h == 'survives' else ''}" for c, h in
                                df.loc[df["verdict"] == v, ["claim", "Holm"]].itertuples(index=False)]
         cannot, none = df["verdict"].str.startswith("cannot tell").sum(), df["verdict"].str.contains("no verdict").sum()
+        kept = df["verdict"].str.startswith("kept its start").sum()
         parts = [f"**holds**: {', '.join(by('holds'))}" if by("holds") else "",
                  f"**does not hold**: {', '.join(by('does not hold'))}" if by("does not hold") else "",
-                 f"cannot tell: {cannot}" if cannot else "", f"no verdict (one seed): {none}" if none else ""]
+                 f"cannot tell: {cannot}" if cannot else "", f"no verdict (one seed): {none}" if none else "",
+                 f"stage kept its start (no test): {kept}" if kept else ""]
         nb = made.get(f.name, f.stem)
         part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
         what = f" ({part.replace('table', 'Table ')})" if part else ""
         out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
-    return "\n".join(out) or "*No tables chapter of this book has published its verdicts yet.*"
+    if not out: return "*No tables chapter of this book has published its verdicts yet.*"
+    return ("Holm's correction runs per chapter over its distinct tests (\"survives Holm\": what it keeps) and, in the "
+            "all-models chapter, over the whole book.\n\n"
+            + "\n".join(out))
 
 def book_time(folder: Path) -> str:
     "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`."

@@ -346,9 +346,9 @@ def scorer_probe() -> dict:
                      "cider_d": cider.score(words, prep.test.refs)})
 
 def stats_probe() -> dict:
-    "The numbers and words the tables' statistics give on fixed inputs: per-image statistics, seed t-tests, Holm's correction, a claims note, merged seeds."
-    from capbook.metrics import image_stats, seed_t_test
-    from capbook.runner import Claims
+    "The numbers and words the tables' statistics give on fixed inputs: per-image statistics, seed t-tests (unpaired, paired, a kept start, a compound claim), Holm's correction over a chapter and over the book, a claims note and table, the rule's simulated size, merged seeds."
+    from capbook.metrics import image_stats, seed_t_test, seed_means_t_test, simulate_verdicts
+    from capbook.runner import Claims, book_family
     prep = probe_data()
     _, _, words = _candidates(prep)
     st = image_stats(list(prep.test.keys), words, prep.test.refs, prep.gt)
@@ -356,11 +356,17 @@ def stats_probe() -> dict:
     seeds = lambda shift: [{k: v + shift + 0.05 * g.standard_normal(v.shape) for k, v in st.items()} for _ in range(3)]
     a, b = seeds(0.1), seeds(0.0)
     claims = Claims()
-    t = claims.test("a above b", a, b)
+    t = claims.test("a above b", a, b, source="the paper")
     claims.test("b above a", b, a)
+    claims.test("a above b, paired", a, b, paired=True)
+    claims.test("kept", a, a, paired=True)
+    claims.add("both", {"CIDEr": t, "BLEU-4": claims.test("a above b (BLEU-4)", a, b, metric="BLEU-4")})
     rec = lambda s, c: {"params": {"seed": s}, "metrics": {"CIDEr": c, "semantic": {"all": {"f1": c / 2}}}, "timings": {"train_s": 1.0 + s}}
     return _numbers({"stats": st, "t": seed_t_test([x["CIDEr"] for x in a], "CIDEr", [x["CIDEr"] for x in b]),
-                     "text": t["text"], "note": claims.note(),
+                     "text": t["text"], "note": claims.note(), "table": claims.table().to_dict("list"),
+                     "family": book_family({"a": claims.table()}).to_dict("list"),
+                     "seed means": seed_means_t_test([1.0, 1.2, 1.1], [0.8, 0.9, 1.0]),
+                     "size": simulate_verdicts((0.05, 0.02), (3, 5), trials=200, images=50, seed=PROBE_SEED),
                      "merged": {k: v for k, v in merge_seeds([rec(0, 1.0), rec(1, 1.2), rec(2, 0.9)]).items() if k != "seed_runs"}})
 
 def drawing_probe() -> dict:
@@ -424,7 +430,8 @@ SHARED_PROBES = {"scorer": scorer_probe, "stats": stats_probe, "drawing": drawin
 # The names by which a notebook's own cells reach a shared probe's code (a chapter run reaches the scorer and the
 # drawing through the runner, a tables chapter all three through the rows it tabulates).
 SHARED_NAMES = {"scorer": ("coco_scores", "evaluate", "semantic_scores", "attention_correctness", "CiderD", "image_stats", "stage_stats"),
-                "stats": ("Claims", "seed_t_test", "holm", "merge_seeds", "row_record", "stage_stats", "compared_runs"),
+                "stats": ("Claims", "seed_t_test", "holm", "merge_seeds", "row_record", "stage_stats", "compared_runs",
+                          "simulate_verdicts", "size_sweep", "seed_means_t_test", "book_family", "chapter_verdicts", "paired_verdict"),
                 "drawing": ("attention_figure", "save_table", "show_table", "attention_rows", "label_points")}
 RUN_SHARED = ("scorer", "drawing")   # what a chapter's training run computes with beyond its model: its record's metrics, its figures
 
@@ -700,6 +707,20 @@ def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | N
                            f"run `capbook book --profile {profile}` again")
     return steps, recs
 
+
+PAPER_CHAPTERS = ("02a_soft_vs_hard", "03a_spca_tables", "04a_ssa_tables", "05a_glied_tables")   # whose verdicts the book-wide family reads
+
+def chapter_verdicts(profile: str, chapters: tuple[str, ...] = PAPER_CHAPTERS, published: Path | None = None) -> dict:
+    "Each paper chapter's verdicts, `{chapter: DataFrame}` (its `table_*_verdicts.csv` together): from the book's own run of the chapter, else from the published book (`figures/`, by its manifest); a chapter with neither is left out."
+    import pandas as pd
+    folder = Path(published or nbs_dir().parent / "figures")
+    made = load_json(folder / MANIFEST)["files"] if (folder / MANIFEST).exists() else {}
+    out = {}
+    for ch in chapters:
+        files = sorted((runs_dir() / profile / ch).glob("table_*_verdicts.csv"))
+        if not files: files = sorted(folder / f for f, e in made.items() if e.get("step") == ch and f.endswith("_verdicts.csv"))
+        if files: out[ch] = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    return out
 
 # %% [markdown]
 # A published record keeps the attention maps of the first `FIGURE_IMAGES` test images (of a row's first seed) in
