@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
+from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims, paired_verdict
+from capbook.papers import CLAIM_SOURCES
 from capbook.results import FIGURE_IMAGES, chapter_steps, compared_runs, row_record, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
@@ -131,7 +132,7 @@ if "att. mass" in T:
                  f"{100 * recs['']['metrics']['attention']['mass_uniform']:.1f} % there.")
 seeds = sorted({len(r.get("seed_runs", [r])) for r in recs.values()})
 display(Markdown(f"Measured on this run of the book (each row the mean over its training seeds: {' or '.join(map(str, seeds))}; "
-                 "the verdicts below are Student's t over the seeds with the test images' variance added):\n\n" + "\n".join(lines)))
+                 "the verdicts below are Student's t over the seeds and the test images, each variance component counted once):\n\n" + "\n".join(lines)))
 
 # %% [markdown]
 # ## What the captions say: semantic precision and recall
@@ -237,18 +238,22 @@ display(Markdown(save_table(abl, run.path("table_sat_ablation"), floatfmt=".2f")
 # %%
 A = abl.set_index("run")
 full, nopen, nogate = A.index
-claims = Claims()                                                  # this section's verdicts, corrected together
-v = lambda label, a, b: claims.text(label, stats[a], stats[b])     # "a scores a higher CIDEr than b": t over seeds, images added
+claims = Claims()                                                  # the chapter's claims: one family
+v = lambda label, a, b, source, **kw: claims.text(label, stats[a], stats[b], source=source, **kw)   # "a scores higher than b": t over seeds and images
+def measured(a, b):                                                # a difference the paper states no claim about: measured, not tested
+    r = paired_verdict(stats[a], stats[b], also=())
+    return f"{r['value']:+.1f} CIDEr" + (f" (95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])" if "lo" in r else "")
 g = recs[""].get("gate_beta")
 display(Markdown("\n".join([
     f"- **Penalty:** with it, CIDEr {A.loc[full, 'CIDEr']:.1f} vs {A.loc[nopen, 'CIDEr']:.1f} without and BLEU-4 "
     f"{A.loc[full, 'BLEU-4']:.1f} vs {A.loc[nopen, 'BLEU-4']:.1f}; the claim that the penalty raises CIDEr "
-    f"{v('the penalty raises CIDEr', '', 'no-penalty')}. Captions are {A.loc[full, 'mean length']:.2f} words long on average with it and {A.loc[nopen, 'mean length']:.2f} "
+    f"{v('the penalty raises CIDEr', '', 'no-penalty', CLAIM_SOURCES['the penalty raises CIDEr'])}. Captions are {A.loc[full, 'mean length']:.2f} words long on average with it and {A.loc[nopen, 'mean length']:.2f} "
     f"without, using {A.loc[full, 'distinct words']} vs {A.loc[nopen, 'distinct words']} distinct words.",
-    f"- **Gate:** with it, CIDEr {A.loc[full, 'CIDEr']:.1f} vs {A.loc[nogate, 'CIDEr']:.1f} without; the claim that "
-    f"the gate raises CIDEr {v('the gate raises CIDEr', '', 'no-gate')}.",
-    f"- **Soft against hard attention** (the paper's Table 1: hard above soft in BLEU-4 on all three datasets, soft above hard in METEOR on COCO and Flickr30k): soft "
-    f"above hard in CIDEr {v('soft above hard', '', sel)}; attention above none {v('attention above none', '', 'none')}."]
+    f"- **Gate:** with it, CIDEr {A.loc[full, 'CIDEr']:.1f} vs {A.loc[nogate, 'CIDEr']:.1f} without, a difference of "
+    f"{measured('', 'no-gate')} (the paper claims no score for the gate, only where its value is larger: the next lines).",
+    f"- **Hard against soft attention** (the paper's Table 1: hard above soft in BLEU-4 on all three datasets, soft above hard in METEOR on COCO and Flickr30k): hard "
+    f"above soft in BLEU-4 {v('hard above soft (BLEU-4)', sel, '', CLAIM_SOURCES['hard above soft (BLEU-4)'], metric='BLEU-4')}; attention above none "
+    f"{v('attention above none', '', 'none', CLAIM_SOURCES['attention above none'])}."]
     + ([f"- **Gate values:** mean β is {g['object_words']:.3f} at steps that emit an object noun and "
         f"{g['other_words']:.3f} at the others: the paper's observation "
         f"{'holds' if g['object_words'] > g['other_words'] else 'does not hold'} here."]

@@ -30,6 +30,7 @@ import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError
 from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, row_epochs
+from capbook.papers import CLAIM_SOURCES
 from capbook.results import FIGURE_IMAGES, compared_runs, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
@@ -80,13 +81,15 @@ display(Markdown(show_table(table1, run.path("table_ssa_table1"), floatfmt=".2f"
 M = {k: results_row(recs[k]["metrics"]) for k in recs}
 P = ssa_table1().set_index("model")
 gap = lambda col: M["ssa", ""].get(col, np.nan) - M["sat", ""].get(col, np.nan)
-judged = Claims()            # the chapter's verdicts, corrected together (the note after the temperature's)
+judged = Claims()            # the chapter's claims: one family (the note after the temperature's)
+soft_above = 'soft attention above the transformer (BLEU-4)'    # the paper's Table 1 direction: below Show-Attend-Tell
 E = lambda *ks: tuple(row_epochs(recs[k]) for k in ks)   # the rows' budgets, named in a claim where they differ
 display(Markdown(
     f"Measured on this run of the book (the mean over each row's seeds): the transformer scores {gap('BLEU-4'):+.1f} BLEU-4, "
     f"{gap('METEOR'):+.1f} METEOR and {gap('CIDEr'):+.1f} CIDEr against soft attention; on the same test "
-    f"images, the transformer above soft attention {judged.text('transformer above soft attention (CIDEr)', stats['ssa', ''], stats['sat', ''], epochs=E(('ssa', ''), ('sat', '')))} and, in "
-    f"BLEU-4, {judged.text('transformer above soft attention (BLEU-4)', stats['ssa', ''], stats['sat', ''], metric='BLEU-4', epochs=E(('ssa', ''), ('sat', '')))}. The paper's Table 1: "
+    f"images, soft attention above the transformer in BLEU-4 (the direction of the paper's Table 1) "
+    f"{judged.text(soft_above, stats['sat', ''], stats['ssa', ''], metric='BLEU-4', epochs=E(('sat', ''), ('ssa', '')), source=CLAIM_SOURCES[soft_above])}; "
+    f"the paper reports no CIDEr. The paper's Table 1: "
     f"{P.loc['Proposed Model', 'BLEU-4'] - P.loc['Show, Attend and Tell', 'BLEU-4']:+.1f} BLEU-4 and "
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
     "below Show-Attend-Tell: \"Further work has to be done to improve the model's performance\")."))
@@ -125,7 +128,7 @@ display(Markdown(
     f"with it on the first seed's captions (a measurement, not a tested verdict). BLEU-4: paper {H.loc['paper', 'BLEU-4']:.1f}, standard {H.loc['standard', 'BLEU-4']:.1f}; CIDEr: "
     f"paper {H.loc['paper', 'CIDEr']:.1f}, standard {H.loc['standard', 'CIDEr']:.1f}. That the larger τ is beneficial "
     f"(\"beneficial\" read as a higher CIDEr, on the same test images): "
-    f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'])}.\n\n"
+    f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'], source=CLAIM_SOURCES[warmer])}.\n\n"
     + judged.note()))
 _ = save_table(judged.table(), run.path("table_ssa_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
 

@@ -36,7 +36,9 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, late_gain, curve_end, row_epochs
+from capbook.runner import (start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, late_gain,
+                            curve_end, row_epochs, paired_verdict, stage_best, book_family)
+from capbook.papers import CLAIM_SOURCES
 from capbook.results import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
@@ -81,8 +83,8 @@ prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0
 # ## The table
 #
 # Test split, beam 3 for every row. Scores ×100: the mean over the row's training seeds, their standard deviation, and a
-# 95 % interval by Student's t with the seed as the unit of replication and the test images' variance added
-# (`capbook.metrics.seed_t_test`): how far the number would move with other seeds and another test set of the same
+# 95 % interval by Student's t with the seed as the unit of replication, over the seeds and the test images, each
+# variance component counted once (`capbook.metrics.seed_t_test`): how far the number would move with other seeds and another test set of the same
 # size; a row of one seed (the smoke and paper profiles) gets the test images' interval alone, marked so. "—": the run
 # kept no captions of that stage.
 
@@ -201,17 +203,24 @@ display(Markdown(save_table(scst, run.path("table_baselines_scst"), floatfmt=".1
 # ## What the runs say
 #
 # What the runs say, computed from the table above. Each comparison is a claim "the first scores a higher CIDEr" on
-# the same test images (`capbook.runner.Claims`): Student's *t* over the rows' training seeds with the test images'
-# variance added; *holds* when the 95 % interval of the difference is above zero, *does not hold* when below, *cannot
-# tell* when it contains zero, *one seed: no verdict* for rows trained once. The last line says how many verdicts the
-# list states and which survive Holm's correction over them.
+# the same test images (`capbook.runner.Claims`), each quoting the paper's words or table cells it tests: Student's *t*
+# over the rows' training seeds and the test images, each variance component counted once; a self-critical stage
+# against its own start is paired seed by seed, and a stage that kept its start in every seed is no test. *Holds* when
+# the 95 % interval of the difference is above zero, *does not hold* when below, *cannot tell* when it contains zero,
+# *one seed: no verdict* for rows trained once. Where a paper's table puts a model below another (SPCA's Table 4 has
+# SCA-CNN below Soft-Attention*, GLIED's Table 2 its base below CT), the claim is stated in the paper's direction. The
+# last line says how many verdicts the list states and which survive Holm's correction over the chapter's distinct tests.
 
 # %%
-judged = Claims()
+judged = Claims()                                          # the chapter's claims: one family
+def claim(label, a, b_, **kw):                             # "a scores a higher CIDEr than b", with the paper's words it tests
+    return judged.text(label, stats[a], stats[b_], source=CLAIM_SOURCES[label], **kw)
 best = T["CIDEr"].idxmax()
 second = T["CIDEr"].drop(best).idxmax()
+ahead = paired_verdict(stats[best], stats[second], also=(), paired=second == best.removesuffix(" + SCST"))
 lines = [f"The best caption metrics: **{best}** ({T.loc[best, 'CIDEr']:.1f} CIDEr, {T.loc[best, 'BLEU-4']:.1f} BLEU-4); "
-         f"ahead of the next, {second}: {judged.text(f'{best} above {second}', stats[best], stats[second], epochs=(E[best], E[second]))}."]
+         f"ahead of the next, {second}, by {ahead.get('value', float('nan')):+.1f} CIDEr"
+         + (f" (95% CI [{ahead['lo']:+.1f}, {ahead['hi']:+.1f}]; a ranking, not a claim of the papers, so not counted)" if "lo" in ahead else "") + "."]
 if has_sem:
     sem = T["F1 all"].idxmax()
     lines.append(f"The most accurate statements: **{sem}** (semantic F1 {T.loc[sem, 'F1 all']:.1f}).")
@@ -221,13 +230,66 @@ if "att. mass" in T and T["att. mass"].notna().any():
     look = T["att. mass"].idxmax()
     lines.append(f"The attention most on the named object: **{look}** ({T.loc[look, 'att. mass']:.1f} % of its mass, "
                  f"peak on the object {T.loc[look, 'att. hit']:.0f} % of the time).")
-for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("SCA-CNN", "Soft-Attention"),
-              ("Show and Tell (NIC)", "LSTM, image every step"), ("GLIED", "Up-Down"), ("GLIED base", "CT (6-block transformer decoder)")):
-    lines.append(f"{a} above {b_}: {judged.text(f'{a} above {b_}', stats[a], stats[b_], epochs=(E[a], E[b_]))}.")
+for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("Soft-Attention", "SCA-CNN"),
+              ("Soft-Attention", "LSTM, image every step"), ("GLIED", "Up-Down"), ("CT (6-block transformer decoder)", "GLIED base")):
+    label = f"{a.removesuffix(' (6-block transformer decoder)')} above {b_}"
+    lines.append(f"{label}: {claim(label, a, b_, epochs=(E[a], E[b_]))}.")
 for a in ("Att2in", "Up-Down", "GLIED"):
-    kept = int((scst.loc[scst["model"] == a, "kept"] == "cross-entropy model").sum())
-    lines.append(f"Self-critical training raised {a}'s CIDEr: {judged.text(f'self-critical training raised {a}', stats[a + ' + SCST'], stats[a])}"
-                 + (f"; its relation F1 moved {T.loc[a + ' + SCST', 'F1 relations'] - T.loc[a, 'F1 relations']:+.1f}" if has_sem else "")
-                 + f" (the stage kept the cross-entropy model in {kept} of {(scst['model'] == a).sum()} seeds).")
+    label = f"self-critical training raised {a}"
+    lines.append(f"Self-critical training raised {a}'s CIDEr (its stage against its own start, seed by seed): "
+                 f"{claim(label, a + ' + SCST', a, paired=True, best=stage_best(recs[next(k for l, _, k, _ in MODELS if l == a)]))}"
+                 + (f"; its relation F1 moved {T.loc[a + ' + SCST', 'F1 relations'] - T.loc[a, 'F1 relations']:+.1f}" if has_sem else "") + ".")
 display(Markdown("\n".join(f"- {l}" for l in lines) + "\n\n" + judged.note()))
 _ = save_table(judged.table(), run.path("table_baselines_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
+
+# %% [markdown]
+# ## Every verdict of the book, one family
+#
+# Each paper chapter judges its claims as one family: Holm's correction over the chapter's distinct tests (the same
+# comparison named twice, or a "+ SCST" claim whose stages kept their start, counts once), each claim quoting the
+# paper's words or table cells it tests. A reader who takes the book's verdicts together, as the README lists them,
+# should hold them to the stricter family of all of them: below, every distinct test of the paper chapters and of this
+# one, Holm's correction over all of them beside its chapter's. A test two chapters share (GLIED above Up-Down is in
+# GLIED's chapter and in this one) is one row.
+
+# %%
+from capbook.results import chapter_verdicts
+family = book_family({**chapter_verdicts(profile), "06a_baselines_tables": judged.table()})
+display(Markdown(save_table(family, run.path("table_baselines_book_family"), floatfmt=".3g")
+                 + f"\n\n{len(family)} distinct tests; {(family['Holm in its chapter'] == 'survives').sum()} survive Holm's "
+                 f"correction in their chapter, {(family['Holm over the book'] == 'survives').sum()} over the whole book."))
+
+# %% [markdown]
+# ## The rule's error rate at each of the book's comparisons
+#
+# The verdict rule's size — how often it says "holds" or "does not hold" when the two models are equal — depends on the
+# two rows' seed spreads, seed counts and model × image spread. `02b_protocol` measures it over a grid of settings;
+# here each unpaired CIDEr comparison of the book is simulated with its own observed spreads (seed sd and image sd
+# relative to the rows' means), seed counts and test-split size, under no true difference (`capbook.metrics.simulate_verdicts`,
+# 10,000 trials each at the default profile): the false-verdict rate the book's rule has *at that comparison*.
+
+# %%
+from capbook.metrics import simulate_verdicts
+trials = 500 if profile == "smoke" else 10_000
+size_rows = []
+tables = {**chapter_verdicts(profile), "06a_baselines_tables": judged.table()}
+seen = set()
+for ch, df in tables.items():
+    for _, r in df.iterrows():
+        if r.get("design") != "unpaired CIDEr" or r["test"] in seen: continue
+        seen.add(r["test"])
+        sd, mean, S = ([float(x) for x in str(col).split(", ")] for col in (r["seed sd"], r["mean"], r["seeds"].replace(" vs ", ", ")))
+        image_sd = 0.0 if pd.isna(r["image sd"]) else float(r["image sd"])
+        # the generator's per-image difference has an interaction sd of √3 · `interaction` · the mean (two models' own
+        # mean-one factors, each of sd `interaction`, on image difficulties with E g² = 1.5): matched to the observed one
+        sim = simulate_verdicts((sd[0] / mean[0], sd[1] / mean[1]), (int(S[0]), int(S[1])), trials=trials, images=int(r["images"]),
+                                interaction=image_sd / np.mean(mean) / np.sqrt(3))
+        size_rows.append({"chapter": ch, "claim": r["claim"], "seeds": r["seeds"], "seed sd (×100)": r["seed sd"], "image sd (×100)": image_sd,
+                          "false verdicts (%)": 100 * sim["false verdicts"],
+                          "Monte-Carlo 95% (%)": f"[{100 * sim['mc 95%'][0]:.1f}, {100 * sim['mc 95%'][1]:.1f}]"})
+size = pd.DataFrame(size_rows)
+if len(size):
+    display(Markdown(save_table(size, run.path("table_baselines_rule_size"), floatfmt=".2f")
+                     + f"\n\nThe largest: {size['false verdicts (%)'].max():.2f} % ({trials:,} trials a comparison)."))
+else:
+    display(Markdown("No comparison of this book states a verdict over seeds (every row has one seed): there is no size to simulate."))

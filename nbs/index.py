@@ -62,9 +62,9 @@
 #
 # Every model below was trained on the same shapes data set, features and trainer under one protocol (15 epochs, or
 # 30 where a row was still gaining at 15; the learning rate annealed to zero, weights averaged, the evaluation of best
-# validation CIDEr kept), over three or more seeds, and tested on the same 1,000 images with beam 3. A claim holds
-# when the 95 % interval of the difference (Student's t over seeds, the test images' variance added) lies above zero,
-# and the book says "cannot tell" when it contains zero. Scores ×100.
+# validation CIDEr kept), over three or more seeds, and tested on the same 1,000 images with beam 3. A claim, quoted
+# from its paper, holds when the 95 % interval of the difference (t over seeds and images) is above zero, "cannot
+# tell" when it contains zero; simulated, the rule errs at most 5 % of the time. Scores ×100.
 #
 # <!-- results -->
 # <!-- /results -->
