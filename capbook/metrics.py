@@ -453,15 +453,14 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
     return out
 
 # %% ../nbs/00j_metrics.ipynb
-def _t(q: float, df: float) -> float:
-    "Student's t quantile q with df degrees of freedom."
+def _judged(value, V, df, level: float = 0.95):
+    "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = P(|T_ν| > |value| / √V) (0 or 1 where V = 0) and the verdict read off the interval, elementwise: the one place every test of the book turns its variance into a verdict."
     from scipy.stats import t
-    return float(t.ppf(q, df))
-
-def _t_two_sided(x, df):
-    "P(|T_df| > |x|), elementwise."
-    from scipy.stats import t
-    return 2 * t.sf(np.abs(x), df)
+    value, V, df = np.asarray(value, dtype=np.float64), np.asarray(V, dtype=np.float64), np.asarray(df, dtype=np.float64)
+    half = t.ppf((1 + level) / 2, df) * np.sqrt(V)
+    lo, hi = value - half, value + half
+    p = np.where(V > 0, 2 * t.sf(np.abs(value) / np.sqrt(np.where(V > 0, V, 1)), df), np.where(value != 0, 0.0, 1.0))
+    return lo, hi, p, np.where(lo > 0, "holds", np.where(hi < 0, "does not hold", "cannot tell"))
 
 def pseudo_values(stats: np.ndarray, metric: str) -> np.ndarray:
     "Per-image values (×100) whose mean is the corpus metric and whose spread over images its sampling spread: CIDEr's own per-image scores; for a ratio of sums (corpus BLEU-4, micro F1) the delta method's linearisation at the corpus sums T, u_i = m(T) + n ∇m(T)·(t_i - t̄). (n,) for `image_stats`' (n, ...) rows."
@@ -511,14 +510,8 @@ def seed_means_t_test(a, b, level: float = 0.95) -> dict:
     value = float(a.mean() - b.mean())
     if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
     V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
-    V, df = float(V), float(df)
-    half = _t((1 + level) / 2, df) * np.sqrt(V)
-    p = float(_t_two_sided(value / np.sqrt(V), df)) if V > 0 else (0.0 if value else 1.0)
-    return {"value": value, "lo": value - half, "hi": value + half, "df": df, "p": p, "images_only": False,
-            "verdict": str(_verdicts(value, value - half, value + half))}
-
-def _verdicts(value, lo, hi):
-    return np.where(lo > 0, "holds", np.where(hi < 0, "does not hold", "cannot tell"))
+    lo, hi, p, verdict = _judged(value, V, df, level)
+    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict)}
 
 def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
                 paired: bool = False) -> dict:
@@ -533,17 +526,16 @@ def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = N
     yb = None if b is None else np.stack([pseudo_values(x, metric) for x in b])   # (S_b, n)
     sides = [(1.0, ya - yb)] if paired else [(1.0, ya)] + ([(-1.0, yb)] if yb is not None else [])
     c = components(sides)
-    value, V, df = float(c["value"]), float(c["V"]), float(c["df"])
-    half = _t((1 + level) / 2, df) * np.sqrt(V)
-    out = {"value": value, "lo": value - half, "hi": value + half, "df": df, "level": level, "paired": paired,
+    value, df = float(c["value"]), float(c["df"])
+    lo, hi, p, verdict = _judged(value, c["V"], df, level)
+    out = {"value": value, "lo": float(lo), "hi": float(hi), "df": df, "level": level, "paired": paired,
            "images_only": c["images_only"], "parts": {k: float(v) for k, (v, _) in c["parts"].items()},
            "seeds": len(a) if b is None else (len(a), len(b)), "images": n,
            "seed sd": tuple(float(np.std(y.mean(-1), ddof=1)) if len(y) > 1 else None for _, y in sides),   # per side, ×100
            "mean": tuple(float(y.mean()) for _, y in sides),
            "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
-    out["p"] = None if c["images_only"] else float(_t_two_sided(value / np.sqrt(V), df)) if V > 0 else (0.0 if value else 1.0)
-    if b is not None:
-        out["verdict"] = "one seed: no verdict" if c["images_only"] else str(_verdicts(value, out["lo"], out["hi"]))
+    out["p"] = None if c["images_only"] else float(p)
+    if b is not None: out["verdict"] = "one seed: no verdict" if c["images_only"] else str(verdict)
     return out
 
 def holm(p: list[float | None], alpha: float = 0.05) -> list[bool]:
@@ -583,9 +575,7 @@ def simulate_verdicts(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[
     for start in range(0, trials, chunk):
         a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, noise, interaction, delta)
         c = components([(1.0, a), (-1.0, b)])
-        from scipy.stats import t
-        half = t.ppf((1 + level) / 2, c["df"]) * np.sqrt(c["V"])
-        v = _verdicts(c["value"], c["value"] - half, c["value"] + half)
+        v = _judged(c["value"], c["V"], c["df"], level)[3]
         for k in count: count[k] += int((v == k).sum())
     out = {k: v / trials for k, v in count.items()}
     rate = out["holds"] + out["does not hold"]

@@ -447,13 +447,18 @@ class Claims:
                                  "parts": parts, "all_parts": all_parts, "text": verdict}
         return r
 
+    def _family(self) -> dict[str, float]:
+        "The chapter's distinct tests, `{test id (or the label of a claim without one): p}`: what Holm's correction runs over."
+        family = {}
+        for k, r in self.tests.items():
+            if r.get("p") is not None: family.setdefault(r["test"] or k, r["p"])
+        return family
+
     def survivors(self) -> dict[str, bool]:
         "Each stated verdict (one with a p-value): does it survive Holm's correction over the chapter's distinct tests?"
         from capbook.metrics import holm
-        distinct = {}
-        for k, r in self.tests.items():
-            if r.get("p") is not None: distinct.setdefault(r["test"] or k, r["p"])
-        keep = dict(zip(distinct, holm(list(distinct.values()), self.alpha)))
+        family = self._family()
+        keep = dict(zip(family, holm(list(family.values()), self.alpha)))
         return {k: keep[r["test"] or k] for k, r in self.tests.items() if r.get("p") is not None}
 
     def holm_cell(self, label: str) -> str:
@@ -463,7 +468,7 @@ class Claims:
 
     def distinct(self) -> int:
         "How many distinct tests the chapter's family holds."
-        return len({r["test"] or k for k, r in self.tests.items() if r.get("p") is not None})
+        return len(self._family())
 
     def note(self, section: str | None = None) -> str:
         "One paragraph under a table: its claims, the verdicts it states, how many are decided one by one and after Holm's correction over the chapter's distinct tests, and those that state none."

@@ -254,7 +254,8 @@ _ = save_table(judged.table(), run.path("table_baselines_verdicts"), floatfmt=".
 
 # %%
 from capbook.results import chapter_verdicts
-family = book_family({**chapter_verdicts(profile), "06a_baselines_tables": judged.table()})
+tables = {**chapter_verdicts(profile), "06a_baselines_tables": judged.table()}     # every paper chapter's verdicts, and this one's
+family = book_family(tables)
 display(Markdown(save_table(family, run.path("table_baselines_book_family"), floatfmt=".3g")
                  + f"\n\n{len(family)} distinct tests; {(family['Holm in its chapter'] == 'survives').sum()} survive Holm's "
                  f"correction in their chapter, {(family['Holm over the book'] == 'survives').sum()} over the whole book."))
@@ -272,7 +273,6 @@ display(Markdown(save_table(family, run.path("table_baselines_book_family"), flo
 from capbook.metrics import simulate_verdicts
 trials = 500 if profile == "smoke" else 10_000
 size_rows = []
-tables = {**chapter_verdicts(profile), "06a_baselines_tables": judged.table()}
 seen = set()
 for ch, df in tables.items():
     for _, r in df.iterrows():
