@@ -12,7 +12,7 @@ from torch import nn
 from .core import CapbookError, check_float, check_int, save_torch
 from .attention import MultiHeadAttention
 from .models import CaptionModel, Dropout, fast, image_groups, image_rows, register
-from .runner import Chapter, RunConfig, register_chapter
+from .runner import Chapter, RunConfig, register_chapter, scst_budget
 from .ssa import WARMUP, FeedForward, sinusoid
 
 # %% auto 0
@@ -66,6 +66,7 @@ class GLIEDConfig:
     d_hidden: int = 2048            # F's hidden width (not stated: Vaswani et al.'s 4 d_h)
     dropout: float = 0.1            # in G, F and on attention weights (not stated: Vaswani et al.'s)
     global_visual: bool = True      # Eq. 7: region groupings I~ replace I in the global aspect
+    visual_position: bool = True    # Eq. 7 over grid cells: each cell's position added before H_vd (what an object region carries); False: cells without position
     global_attribute: bool = True   # Eq. 8: attribute collocations t~ around the input word
     local: bool = True              # Eq. 11: local cross-modal distilling over I and A
     max_positions: int = 64         # longest caption the positional table covers
@@ -76,18 +77,18 @@ class GLIEDConfig:
         if self.d_model % self.heads:
             raise CapbookError(f"parameter d_model={self.d_model} is invalid: expected a multiple of heads={self.heads}")
         check_float("dropout", self.dropout, lo=0, hi=0.95)
-        for n in ("global_visual", "global_attribute", "local"):
+        for n in ("global_visual", "visual_position", "global_attribute", "local"):
             if not isinstance(getattr(self, n), bool):
                 raise CapbookError(f"parameter {n}={getattr(self, n)!r} is invalid: expected True or False")
         return self
 
     @property
     def variant(self) -> str:
-        "The Table 4 row this setting is."
+        "The Table 4 row this setting is (grid cells without position: named so)."
         return {(False, False, False): "Base", (True, False, False): "+ global visual", (False, True, False): "+ global attribute",
                 (True, True, False): "+ global", (False, False, True): "+ local", (True, True, True): "GLIED",
                 (True, False, True): "+ global visual + local", (False, True, True): "+ global attribute + local"}[
-            (self.global_visual, self.global_attribute, self.local)]
+            (self.global_visual, self.global_attribute, self.local)] + (" (cells without position)" if self.global_visual and not self.visual_position else "")
 
 class GLIED(CaptionModel):
     "The cross-modal base model (Eq. 3–6) with global visual (Eq. 7), global attribute (Eq. 8–10) and local (Eq. 11) distilling."
@@ -103,6 +104,8 @@ class GLIED(CaptionModel):
         self.register_buffer("pe", sinusoid(cfg.max_positions, d), persistent=False)
         self.drop = Dropout(p)
         if cfg.global_visual: self.H_vd, self.g_vd, self.post_vd = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p), Refine(d, cfg.d_hidden, p)
+        if cfg.global_visual and cfg.visual_position:                            # the cells' positions: no weights, no draws
+            self.register_buffer("pe_cells", sinusoid(grid[0] * grid[1], d), persistent=False)
         if cfg.global_attribute: self.H_ad, self.g_ad = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p)
         self.H_x, self.g_x = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p)
         self.cross, self.post = CrossModal(d, p), Refine(d, cfg.d_hidden, p)
@@ -130,10 +133,14 @@ class GLIED(CaptionModel):
         if I_mask is not None: mem["I_mask"] = I_mask
         src = I
         if cfg.global_visual:
-            # I~ = G(H_vd(I, I, I), I) (Eq. 7): (B, L, d)
-            It = self.g_vd(self.H_vd(I, mask=I_mask)[0], I)
-            # I~ <- G(G(F(I~), I~), I), the post-processing of Eq. 5
-            src = self.post_vd(It, I)
+            Ip = I
+            if cfg.visual_position and I_mask is None and I.shape[1] == len(self.pe_cells):
+                # I_p = I + P, P the sinusoid of each grid cell's row-major index (the spatial transformer's): (B, L, d)
+                Ip = I + self.pe_cells
+            # I~ = G(H_vd(I_p, I_p, I_p), I_p) (Eq. 7): (B, L, d)
+            It = self.g_vd(self.H_vd(Ip, mask=I_mask)[0], Ip)
+            # I~ <- G(G(F(I~), I~), I_p), the post-processing of Eq. 5
+            src = self.post_vd(It, Ip)
         put = lambda name, kv: mem.update({f"k_{name}": kv[0], f"v_{name}": kv[1]})
         put("v", self.cross.H.keys_values(src))                   # H_v over I, or over I~ (Eq. 10)
         if not cfg.global_attribute: put("a", self.cross.H.keys_values(A))     # H_a over A (Eq. 4)
@@ -223,7 +230,8 @@ def direct_glied(m: GLIED, feats: torch.Tensor, attrs: torch.Tensor, caps: torch
     A = m.E.weight[attrs[attrs != m.pad]] @ m.W_E.weight.T + m.W_E.bias
     x = m.E.weight[caps] @ m.W_E.weight.T + m.W_E.bias + m.pe[:len(caps)]
     causal = torch.ones(len(caps), len(caps), dtype=torch.bool).tril()
-    It = F_(m.post_vd, G(m.g_vd, direct_attention(m.H_vd, I, I), I), I) if cfg.global_visual else I      # Eq. 7
+    Ip = I + m.pe_cells if cfg.global_visual and cfg.visual_position and len(I) == len(m.pe_cells) else I   # positions
+    It = F_(m.post_vd, G(m.g_vd, direct_attention(m.H_vd, Ip, Ip), Ip), Ip) if cfg.global_visual else I      # Eq. 7
     q = G(m.g_ad, direct_attention(m.H_ad, x, A), x) if cfg.global_attribute else x                     # Eq. 8
     xt = G(m.g_x, direct_attention(m.H_x, q, q, causal), q)                                            # Eq. 3 / 9
     s = direct_attention(m.cross.H, xt, It) + (0 if cfg.global_attribute else direct_attention(m.cross.H, xt, A))
@@ -292,7 +300,7 @@ class GLIEDParams(GLIEDConfig, RunConfig):
     d_model: int | None = None          # None: the profile's (paper 512, default and smoke 64)
     heads: int | None = None            # n; None: the profile's, for a d_attn of 64 as every transformer of the book (paper 8, default and smoke 1)
     d_hidden: int | None = None         # None: the profile's (4 d_model)
-    scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (paper 20, default 2)
+    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (paper 20, default 10: 2/3 of the cross-entropy epochs)
     attr_epochs: int | None = None      # the attribute detector's epochs; None: the profile's
     attr_keep: int = 0                  # attributes kept per image; 0: as many as there are regions (§4.2)
     attr_threshold: float = 0.5         # keep detections of probability at least this (always the first); 0: a fixed count as in the paper
@@ -333,11 +341,13 @@ GLIED_CHAPTER = register_chapter(Chapter(
     url="https://doi.org/10.24963/ijcai.2019/708",
     params=GLIEDParams,
     model=lambda p: "glied",
-    runs={tag: {"global_visual": v, "global_attribute": a, "local": l, **({} if tag in ("", "base") else {"scst_epochs": 0})}
-          for tag, (v, a, l) in _TABLE4.items()},                     # GLIED and the base: + SCST (Table 1); Table 4
+    runs={**{tag: {"global_visual": v, "global_attribute": a, "local": l,
+                   **({"scst_baseline": "both"} if tag in ("", "base") else {"scst_epochs": 0})}
+             for tag, (v, a, l) in _TABLE4.items()},                  # GLIED and the base: + SCST, both baselines (Table 1); Table 4
+          "no-position": {"visual_position": False, "scst_epochs": 0}},   # GLIED over cells without position: the departure's cost
     epochs={"smoke": 1, "default": 15, "paper": 25},       # the protocol's budget, every epoch (GLIED: at most 25, early stopping)
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
-           "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 2, "attr_epochs": 15},
+           "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": scst_budget(15), "attr_epochs": 15},
            "paper": {"d_embed": 256, "d_model": 512, "heads": 8, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
     train={},                                             # the protocol; the warm-up: its registry entry
     label=lambda p: p.variant,

@@ -158,9 +158,13 @@ class SelfCritical(Objective):
         b = {k: v.index_select(0, keep) if isinstance(v, torch.Tensor) else [v[i] for i in first] for k, v in batch.items()}
         was = net.training
         net.eval()
-        with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^
+        dev = b["caps"].device
+        # w^, in float32 as validation decodes it (autocast off): at most max_len words, then <end>
+        with torch.no_grad(), torch.autocast(dev.type, enabled=False):
+            greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len + 1, end_by=True)
         net.train(was)
-        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len)      # w^s ~ p(w | I)
+        # w^s ~ p(w | I), in the run's training arithmetic: at most max_len words, then <end>
+        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
         refs = b["refs"]                                                     # each image's reference word lists
         r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
         r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
@@ -169,8 +173,7 @@ class SelfCritical(Objective):
             # b_i = (sum_j r(w^s_j) - r(w^s_i)) / (n - 1) over the image's other samples
             per = r_s.reshape(-1, self.n)
             base = ((per.sum(1, keepdims=True) - per) / (self.n - 1)).reshape(-1)
-        dev = s.logprobs.device
-        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.get_default_dtype(), device=dev),
+        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.get_default_dtype(), device=s.logprobs.device),
                 "reward": float(r_s.mean()), "baseline": float(base.mean()), "greedy_reward": float(r_g.mean())}
 
     def loss(self, out, batch):

@@ -151,7 +151,7 @@ def budget(step) -> dict:
 
 def probe(step) -> dict:
     "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."
-    from capbook.runner import decoding, model_hparams, scst_setup, train_config
+    from capbook.runner import decoding, model_hparams, scst_arms, scst_setup, train_config
     from capbook.models import build
     from capbook.train import fit
     from capbook.decode import decode_split
@@ -165,9 +165,13 @@ def probe(step) -> dict:
         small = dict(epochs=1, batch_size=4, precision="fp32", device="cpu", progress=False, log_every=0, ckpt_every=0, seed=0)
         cfg = dataclasses.replace(train_config(ch, p, name, prep.max_len), **small)
         runs = [fit(model, prep, cfg, tmp / "xe", log=_quiet)]
-        if p.scst_epochs:                         # the self-critical stage, one epoch of it
-            scfg, objective = scst_setup(prep, dataclasses.replace(p, scst_epochs=1), cfg)
-            runs.append(fit(model, prep, dataclasses.replace(scfg, batch_size=4), tmp / "scst", log=_quiet, objective=objective))
+        if p.scst_epochs:                         # each self-critical arm, one epoch of it, continuing the cross-entropy run
+            xe = {k: v.clone() for k, v in model.state_dict().items()}
+            for arm, baseline in scst_arms(p):
+                model.load_state_dict(xe)
+                scfg, objective = scst_setup(prep, dataclasses.replace(p, scst_epochs=1), cfg, baseline)
+                runs.append(fit(model, prep, dataclasses.replace(scfg, batch_size=4), tmp / arm, log=_quiet, objective=objective,
+                                start=tmp / "xe" / "last.pt"))
         caps = decode_split(model, prep.test, p.beam_size, prep.max_len, 100, "cpu", **decoding(p))
     drop = lambda h: {k: drop(v) if isinstance(v, dict) else v for k, v in h.items()
                       if not k.endswith("_s") and k != "key"}   # timings and cache keys (a source file's hash) are not numbers of the code
@@ -453,8 +457,8 @@ def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
         d = runs_dir() / profile / s.name
         if s.notebook not in chs or not (d / "record.json").exists(): continue
         rec = load_json(d / "record.json", "results record")
-        caps = {w: load_torch(d / f, "test captions")
-                for w, f in (("final", "test_captions.pt"), ("xe", "test_captions-xe.pt")) if (d / f).exists()}
+        files = [("final", d / "test_captions.pt")] + [(f.stem.removeprefix("test_captions-"), f) for f in sorted(d.glob("test_captions-*.pt"))]
+        caps = {w: load_torch(f, "test captions") for w, f in files if f.exists()}   # the final captions, and each earlier stage's
         rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]} for w, c in caps.items()}
         if not s.replica:                             # a row's figures draw its first seed's maps
             rec["test_alpha"] = {w: {"grid": list(c["grid"]), "maps": [kept_maps(a) for a in c["alpha"][:FIGURE_IMAGES]]}

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00m_runner.ipynb 2
 from __future__ import annotations
-import ast, contextlib, dataclasses, hashlib, inspect, os, platform, re, time
+import ast, contextlib, dataclasses, hashlib, inspect, math, os, platform, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -16,12 +16,13 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
 
 # %% auto 0
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADDER', 'CHAPTERS', 'SEEDS', 'CI_METRICS',
-           'SEED_METRICS', 'check_profile', 'out_dir', 'Run', 'start_run', 'protocol_epochs', 'RunConfig',
-           'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
-           'ChapterRun', 'measured', 'record_stage', 'results_ids', 'save_test_captions', 'stage_stats',
-           'epochs_trained', 'row_epochs', 'late_gain', 'curve_end', 'interval_cells', 'seed_cells', 'paired_verdict',
-           'test_id', 'stage_best', 'Claims', 'book_family', 'figure_pick', 'timed', 'self_critical', 'scst_setup',
-           'chapter_data', 'decoding', 'train_config', 'run_chapter']
+           'SEED_METRICS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_PATIENCE', 'SCST_WARMUP', 'check_profile', 'out_dir', 'Run',
+           'start_run', 'protocol_epochs', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
+           'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
+           'results_ids', 'save_test_captions', 'stage_stats', 'epochs_trained', 'row_epochs', 'late_gain', 'curve_end',
+           'interval_cells', 'seed_cells', 'paired_verdict', 'test_id', 'stage_best', 'Claims', 'book_family',
+           'figure_pick', 'timed', 'scst_budget', 'scst_arms', 'self_critical', 'scst_setup', 'chapter_data',
+           'decoding', 'train_config', 'run_chapter']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -126,7 +127,7 @@ class RunConfig:
     no_repeat_ngram: int = 0        # no n-gram of this size twice in a caption (0: off, as the papers)
     scst_epochs: int | None = 0     # then self-critical training on CIDEr-D for this many epochs (0: none; None: the chapter's default)
     scst_lr: float = 5e-5           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
-    scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
+    scst_baseline: str = "greedy"   # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean | both: two arms from one start
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
     recipe: str = "protocol"        # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
@@ -144,8 +145,7 @@ class RunConfig:
         check_float("lr", self.lr, lo=1e-7, hi=1.0)
         if self.scst_epochs is not None: check_int("scst_epochs", self.scst_epochs, lo=0)
         check_float("scst_lr", self.scst_lr, lo=1e-9, hi=1.0)
-        from capbook.objectives import SCST_BASELINES
-        check_choice("scst_baseline", self.scst_baseline, SCST_BASELINES)
+        check_choice("scst_baseline", self.scst_baseline, SCST_ARMS)
         from capbook.train import PRECISIONS
         check_choice("precision", self.precision, PRECISIONS); check_choice("recipe", self.recipe, RECIPES)
         get_device(self.device)
@@ -218,8 +218,8 @@ class Chapter:
     seeds: dict[str, int] = field(default_factory=dict)   # tag -> seeds in place of SEEDS where a profile repeats runs: more for a headline claim in the 3-seed test's reach, 1 for a row no verdict rests on
 
     def resolve(self, p: Any) -> Any:
-        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`), and a learning rate left None the profile's (`PROFILE_LR`)."
-        fill = {k: v for k, v in self.sizes.get(p.profile, {}).items() if getattr(p, k, 0) is None}
+        "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`: a value, or a function of `p`), and a learning rate left None the profile's (`PROFILE_LR`)."
+        fill = {k: v(p) if callable(v) else v for k, v in self.sizes.get(p.profile, {}).items() if getattr(p, k, 0) is None}
         if getattr(p, "lr", 0) is None and "lr" not in fill: fill["lr"] = PROFILE_LR.get(p.profile, _train_default("lr"))
         return dataclasses.replace(p, **fill) if fill else p
 
@@ -537,27 +537,48 @@ def timed(phase: dict, key: str):
     try: yield
     finally: phase[key] = phase.get(key, 0.0) + time.time() - t0
 
-def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Any, dict]:
-    "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective; the best validation CIDEr kept, the cross-entropy model's included; returns the fit and the test evaluation."
+SCST_SHARE = 2 / 3    # a self-critical stage's most epochs, as a share of its cross-entropy run's: the peers' (ruotianluo's recipes: 20 after 30)
+
+def scst_budget(xe_epochs: int) -> int:
+    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up."
+    return math.ceil(SCST_SHARE * xe_epochs)
+
+SCST_ARMS = {"greedy": ("greedy",), "mean": ("mean",), "both": ("greedy", "mean")}   # a run's `scst_baseline`: the stage's arms, by baseline
+SCST_PATIENCE = 3     # epochs without a better greedy validation CIDEr before a self-critical stage stops (its budget, `scst_epochs`, is the most it trains)
+SCST_WARMUP = 1.0     # epochs over which the rate climbs from where cross-entropy's cosine ended (0) to `scst_lr`: one continuous rate
+
+def scst_arms(p: Any) -> list[tuple[str, str]]:
+    "A run's self-critical arms, (stage name, baseline), in the order they train: every arm from the same cross-entropy start; the greedy baseline's (Rennie et al.) is the stage called 'scst' and trains last, the mean of the other samples' is 'scst-mean'."
+    bs = SCST_ARMS[p.scst_baseline]
+    return sorted([("scst" if b == bs[0] else f"scst-{b}", b) for b in bs], key=lambda a: a[0] == "scst")
+
+def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print,
+                  start: Path | None = None, baseline: str | None = None) -> tuple[Any, dict, dict]:
+    "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective (`baseline`: 'greedy' or 'mean', default the run's first arm's), from the weights the model holds, continuing the optimiser and weight average of the cross-entropy run's last checkpoint `start`; validated and selected greedily, as it trains; returns the fit and the test evaluations under the run's beam and greedy."
     from capbook.train import fit
     from capbook.metrics import evaluate
-    scfg, objective = scst_setup(prep, p, cfg)
-    log(f"self-critical training: {scfg.epochs} epochs, 5 samples per image, baseline {p.scst_baseline}, lr {scfg.lr:g}, "
+    scfg, objective = scst_setup(prep, p, cfg, baseline)
+    log(f"self-critical training: at most {scfg.epochs} epochs (stops after {SCST_PATIENCE} without a better greedy validation CIDEr), "
+        f"5 samples per image, baseline {objective.baseline}, lr {scfg.lr:g} after a {SCST_WARMUP:g}-epoch warm-up, "
         f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
-    fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective)
-    model.to(get_device(p.device))
-    return fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=get_device(p.device), **decoding(p))
+    fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective, start=start)
+    dev = get_device(p.device)
+    model.to(dev)
+    return (fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=dev, **decoding(p)),
+            evaluate(model, prep, "test", beam_size=1, device=dev, **decoding(p)))
 
-def scst_setup(prep, p: Any, cfg: Any) -> tuple[Any, Any]:
-    "The training config and objective of self-critical training after cross-entropy config `cfg`, for run parameters `p`."
+def scst_setup(prep, p: Any, cfg: Any, baseline: str | None = None) -> tuple[Any, Any]:
+    "The training config and objective of self-critical training after cross-entropy config `cfg`, for run parameters `p` (`baseline`: the arm's; default the run's first)."
     from capbook.objectives import SelfCritical
     from capbook.core import data_dir
-    # a constant small rate (Rennie et al.; ruotianluo's recipes), whole images (one row each), and the cross-entropy
-    # model validated first and kept unless a self-critical epoch beats it on validation CIDEr: the stage cannot lose
-    scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=0.0, lr_gamma=1.0,
-                               metric="CIDEr", patience=p.scst_epochs * cfg.evals_per_epoch, batch_order="image", max_words=0, validate_start=True,
-                               label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
-    objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=p.scst_baseline,
+    # a constant small rate (Rennie et al.; ruotianluo's recipes), reached by a warm-up from the 0 cross-entropy's cosine
+    # ended at; whole images (one row each); validated greedily, as the stage trains and as the reference validates
+    # (its beam_size 1), the start validated first for the history, never kept: the stage's own best is its result;
+    # stopped after SCST_PATIENCE epochs without a better validation CIDEr, at most scst_epochs
+    scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=SCST_WARMUP, lr_gamma=1.0,
+                               metric="CIDEr", patience=SCST_PATIENCE * cfg.evals_per_epoch, val_beam=1, batch_order="image", max_words=0,
+                               validate_start=True, label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
+    objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=baseline or SCST_ARMS[p.scst_baseline][0],
                              cache=data_dir() / "cider")
     return scfg, objective
 
@@ -619,15 +640,22 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     phase |= {"train_s": fitted.train_seconds, "val_s": fitted.val_seconds}
     stages = {}
     grid = list(getattr(model, "att_grid", prep.grid))  # a model may attend over its own map (the 2D LSTMs)
-    if p.scst_epochs:                              # then self-critical training from the best cross-entropy weights
-        stages["xe"] = {"metrics": measured(ev), "best_epoch": fitted.best_epoch, "best_at": fitted.best_at, "train_s": fitted.train_seconds,
-                        "images_per_s": ev["timings"]["images_per_s"]}
+    if p.scst_epochs:                              # then self-critical training from the selected cross-entropy weights
+        with timed(phase, "test_s"): evg = evaluate(model, prep, "test", beam_size=1, device=dev, **decoding(p))   # greedy, beside the beam
+        stages["xe"] = {"metrics": measured(ev), "greedy": measured(evg), "best_epoch": fitted.best_epoch, "best_at": fitted.best_at,
+                        "train_s": fitted.train_seconds, "images_per_s": ev["timings"]["images_per_s"]}
         save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
-        with timed(phase, "test_s"): rl, ev = self_critical(model, prep, p, cfg, run.path("ckpt-scst"), log)
-        stages["scst"] = {"metrics": measured(ev), "best_epoch": rl.best_epoch, "best_at": rl.best_at, "train_s": rl.train_seconds,
-                          "history": rl.history, "images_per_s": ev["timings"]["images_per_s"]}
-        phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
-        phase["test_s"] -= rl.train_seconds + rl.val_seconds   # self_critical's own time left in test: its test decode
+        xe = run.path("ckpt")
+        for arm, baseline in scst_arms(p):           # each arm from the same start; the greedy baseline's last
+            model.load_state_dict(load_torch(xe / "best.pt", "cross-entropy checkpoint")["model"])
+            with timed(phase, "test_s"):
+                rl, ev, evg = self_critical(model, prep, p, cfg, run.path(f"ckpt-{arm}"), log, start=xe / "last.pt", baseline=baseline)
+            stages[arm] = {"metrics": measured(ev), "greedy": measured(evg), "baseline": baseline, "best_epoch": rl.best_epoch,
+                           "best_at": rl.best_at, "train_s": rl.train_seconds, "val_s": rl.val_seconds, "history": rl.history,
+                           "images_per_s": ev["timings"]["images_per_s"]}
+            if arm != "scst": save_test_captions(run.path(f"test_captions-{arm}.pt"), ev, grid)
+            phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
+            phase["test_s"] -= rl.train_seconds + rl.val_seconds   # self_critical's own time left in test: its test decodes
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     with timed(phase, "measure_s"): extra = ch.measure(ctx) if ch.measure else {}
     save_test_captions(run.path("test_captions.pt"), ev, grid)

@@ -402,8 +402,8 @@ class Samples:
         return [_finish(self.tokens[r], lp[r], None if self.alpha is None else self.alpha[r], end) for r in range(len(lp))]
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
-           max_len: int = 20) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there, never forced), with the model's log-probabilities of the drawn words."
+           max_len: int = 20, end_by: bool = False) -> Samples:
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words), with the model's log-probabilities of the drawn words."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -412,10 +412,10 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     tok = torch.full((B * n,), model.start, dtype=torch.long, device=dev)
     done = torch.zeros(B * n, dtype=torch.bool, device=dev)
     words, logps, masks, alphas = [], [], [], []
-    for _ in range(max_len):                                                   # at most max_len tokens: then cut
+    for t in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
         # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
-        lp = _mask(F.log_softmax(wide(logits), -1).clone(), done, model, last=False)
+        lp = _mask(F.log_softmax(wide(logits), -1).clone(), done, model, last=end_by and t == max_len - 1)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)

@@ -259,8 +259,13 @@ assert set(_st) == {"nll", "doubly_stochastic", "reinforce", "entropy", "baselin
 # *capbook:* the trainer's batches hold captions, several per image; SCST takes each image of a batch once
 # (its references are all of the image's captions). Following ruotianluo's `self-critical.pytorch`, the surrogate is
 # averaged over the sampled words (`mask`), the greedy caption is decoded in eval mode (no dropout), and the end
-# token counts as a word of every caption in the reward (`end=True`), so a sample cut off at `max_len` (`sample` cuts
-# it there without an `<end>`; it never forces one) loses the n-grams that end a reference. The references are cut to
+# token counts as a word of every caption in the reward (`end=True`). A caption is at most `max_len` words and then
+# `<end>` — the limit greedy decoding and beam search keep, so a sample can be no longer than the caption the stage is
+# validated and tested on (`sample(..., end_by=True)`). The greedy caption of the baseline is decoded in float32,
+# as validation decodes it, so $r(\hat w)$ is the reward of the caption validation scores; the samples, whose
+# log-probabilities carry the gradient, are drawn in the run's training arithmetic, as cross-entropy's forward pass is
+# (bfloat16 autocast on a CPU with bfloat16 kernels). A row given no `<end>` (`sample` without `end_by` cuts it there)
+# is scored without the end token and loses the n-grams that end a reference. The references are cut to
 # `max_len` words too, for the rewards and for the document frequencies, as self-critical.pytorch's are (its labels
 # hold `seq_length` words): a sample cannot be longer, so n-grams a sample could never reach neither count in the
 # reference vectors nor weigh in the idf. `baseline="mean"` replaces $r(\hat w)$ by the mean reward of the image's other
@@ -306,9 +311,13 @@ class SelfCritical(Objective):
         b = {k: v.index_select(0, keep) if isinstance(v, torch.Tensor) else [v[i] for i in first] for k, v in batch.items()}
         was = net.training
         net.eval()
-        with torch.no_grad(): greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len)   # w^
+        dev = b["caps"].device
+        # w^, in float32 as validation decodes it (autocast off): at most max_len words, then <end>
+        with torch.no_grad(), torch.autocast(dev.type, enabled=False):
+            greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len + 1, end_by=True)
         net.train(was)
-        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len)      # w^s ~ p(w | I)
+        # w^s ~ p(w | I), in the run's training arithmetic: at most max_len words, then <end>
+        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
         refs = b["refs"]                                                     # each image's reference word lists
         r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
         r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)
@@ -317,8 +326,7 @@ class SelfCritical(Objective):
             # b_i = (sum_j r(w^s_j) - r(w^s_i)) / (n - 1) over the image's other samples
             per = r_s.reshape(-1, self.n)
             base = ((per.sum(1, keepdims=True) - per) / (self.n - 1)).reshape(-1)
-        dev = s.logprobs.device
-        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.get_default_dtype(), device=dev),
+        return {"samples": s, "advantage": torch.tensor(r_s - base, dtype=torch.get_default_dtype(), device=s.logprobs.device),
                 "reward": float(r_s.mean()), "baseline": float(base.mean()), "greedy_reward": float(r_g.mean())}
 
     def loss(self, out, batch):
@@ -350,7 +358,7 @@ assert _sc.cider.score([["a", "red", "circle"], ["blue"]], _refs).tolist()[0] > 
 print(_st)
 
 # %% [markdown]
-# A sample cut off at `max_len` (no `<end>`) is scored without the end token, so it misses the n-grams that end a
+# A row cut off without `<end>` is scored without the end token, so it misses the n-grams that end a
 # reference: the same words score less than when the caption ended.
 
 # %%

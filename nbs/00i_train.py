@@ -105,7 +105,7 @@ class TrainConfig:
     device: str = "auto"
     progress: bool = True       # a progress bar per epoch (shown on a terminal only: `capbook.core.progress`)
     log_every: int = 10         # TensorBoard: the training terms averaged over this many steps, with every validation's scores, in <ckpt>/tb (0: no event files)
-    validate_start: bool = False   # validate the starting weights first and keep them unless an epoch beats them (SCST)
+    validate_start: bool = False   # validate the starting weights first, as the history's epoch -1 (a stage's start, shown beside it; never kept: the stage keeps its own best)
     precision: str = "auto"     # the CPU's training arithmetic: auto (bf16 where the CPU has oneDNN's bf16 kernels, `cpu_precision`) | bf16 (autocast: products in bfloat16, weights in float32) | fp32
     draws: str = "torch"        # the models' random draws: torch (torch's generator, seeded once: the book's runs) | keyed (a function of seed, step and draw, on the plain paths: what stacked runs draw, `fit_stacked`)
 
@@ -495,7 +495,7 @@ def _eval_marks(n_batches: int, k: int) -> set[int]:
 class _Run:
     "One run inside `fit`'s loop: its model, objective, optimiser and average, its checkpoint folder, where it stands (epoch, batches done, steps) and its history; `validate`, `evaluation` and `save_last` are its bookkeeping."
     def __init__(self, model: CaptionModel, data, cfg: TrainConfig, ckpt_dir, meta: dict | None, log: Callable,
-                 objective: Objective | None, rank: int, world: int, local: int, device):
+                 objective: Objective | None, rank: int, world: int, local: int, device, start: str | Path | None = None):
         cfg.check()
         objective = objective_for(model) if objective is None else objective
         if cfg.label_smoothing:
@@ -549,6 +549,11 @@ class _Run:
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
             shutil.rmtree(ckpt_dir / "tb")             # the curves of a run killed before its first checkpoint: nothing resumes them
         self.fresh = ck is None
+        if self.fresh and start is not None:        # a stage that continues a run: its optimiser and average go on
+            sck = load_torch(Path(start), "the checkpoint a stage continues")
+            self.opt.load_state_dict(sck["optimizer"])       # Adam's moments and step count, for these very parameters
+            if self.avg is not None and sck.get("ema"): self.avg.t = sck["ema"]["t"]   # the average (from the weights held) at its full decay
+            log(f"continuing {start}: its Adam moments (step {float(self.opt.state_dict()['state'][0]['step']):g}) and weight average")
         self.curves = Curves(ckpt_dir / "tb", cfg.log_every, self.step + 1 if ck is not None else None) if cfg.log_every and rank == 0 else None
 
     @property
@@ -567,15 +572,15 @@ class _Run:
                                "finished": finished})
         self.finished = finished
 
-    def validate(self, at: float, means: dict) -> bool:
-        "Score the (averaged) weights on validation after `at` epochs, log them, keep them as best.pt if they are the best so far."
+    def validate(self, at: float, means: dict, candidate: bool = True) -> bool:
+        "Score the (averaged) weights on validation after `at` epochs, log them, keep them as best.pt if they are the best so far (and a `candidate`)."
         cfg, res, data = self.cfg, self.res, self.data
         ep = -1 if at == 0 else math.ceil(at) - 1                        # the epoch it ends or falls in
         tv = time.time()
         with self.avg.swapped() if self.avg else contextlib.nullcontext():
             scores = val_score(self.model, data.val, data.vocab, cfg, self.device)
             caps = scores.pop("captions", None)
-            better = scores[cfg.metric] > res.best_score
+            better = candidate and scores[cfg.metric] > res.best_score
             if better:
                 res.best_score, res.best_epoch, res.best_at = scores[cfg.metric], ep, at
                 save_torch(self.best, {"model": self.model.state_dict(), "vocab": data.vocab.itos, "epoch": ep, "epochs": at,
@@ -650,9 +655,8 @@ def _loop(runs: list[_Run], step: Callable) -> None:
     try:
         for r in runs:
             if r.fresh and r.cfg.validate_start and rank == 0:
-                # the starting weights are a candidate too (epoch -1): self-critical training keeps the cross-entropy model
-                # unless one of its epochs beats it on validation (Rennie et al.'s and ruotianluo's best score carried across)
-                r.validate(0.0, {})
+                # the starting weights, validated for the history (epoch -1): where a stage starts, never a candidate
+                r.validate(0.0, {}, candidate=False)
         sel = {"order": cfg.batch_order, "max_words": cfg.max_words}
         per_epoch = [data.train.num_batches(r.cfg.batch_size, world, 0, r.cfg.seed, **sel) for r in runs]   # steps of an epoch, for the warm-up
         while not all(r.done for r in runs):
@@ -719,13 +723,13 @@ def _finish(r: _Run) -> FitResult:
     return res
 
 def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta: dict | None = None,
-        log: Callable[[str], None] = print, objective: Objective | None = None) -> FitResult:
-    "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end."
+        log: Callable[[str], None] = print, objective: Objective | None = None, start: str | Path | None = None) -> FitResult:
+    "Train `model` on `data` (a `Prepared`) with `objective` (default: the model's own); resume from `ckpt_dir/last.pt`; load the best weights at the end. `start`: a stage that continues a run (self-critical after cross-entropy) — that run's last checkpoint, whose Adam moments and step count, and weight average's count, go on from the weights the model holds."
     cfg.check()
     rank, world, local = dist_info()
     device = get_device(cfg.device)
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
-    run = _Run(model, data, cfg, ckpt_dir, meta, log, objective, rank, world, local, device)
+    run = _Run(model, data, cfg, ckpt_dir, meta, log, objective, rank, world, local, device, start)
     scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
     _loop([run], lambda runs, bs, lrs, where: _eager_step(runs, bs, lrs, where, scaler))
     if world > 1:                                   # every rank must hold the same weights after DDP training

@@ -60,7 +60,7 @@ from capbook.models import CaptionModel, Dropout, register, tanh
 from capbook.objectives import DoublyStochastic
 from capbook.sat import SATConfig, ShowAttendTell, WIDTHS
 from capbook.ssa import WARMUP, SSAConfig, SpatialTransformer
-from capbook.runner import Chapter, RunConfig, register_chapter, protocol_epochs
+from capbook.runner import BUDGET, Chapter, LADDER, RunConfig, register_chapter, protocol_epochs, scst_budget
 
 # %%
 #| hide
@@ -469,8 +469,25 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 #
 # SCST is not a model but an objective: the one trainer's `SelfCritical` (`capbook.objectives`, the GLIED chapter's),
 # switched on after cross-entropy by `scst_epochs`. The self-critical paper's "SCST" row is Att2in trained so; GLIED's
-# Table 1 also quotes Up-Down trained so. The book runs both: each record keeps the cross-entropy stage and the
-# self-critical one.
+# Table 1 also quotes Up-Down trained so. The book runs both, and each record keeps the cross-entropy stage and the
+# self-critical ones.
+#
+# *capbook:* the stage is run as its authors and ruotianluo's `self-critical.pytorch` run it, and as the book runs every row:
+# - **It continues its start.** It starts from the selected cross-entropy weights with that run's Adam moments (the
+#   reference's `optimizer.pth`), and its weight average goes on at full decay. The cross-entropy cosine ended at a rate of
+#   0, so the rate climbs back over one epoch to Rennie et al.'s 5·10⁻⁵ and stays there: one continuous rate, where a
+#   fresh Adam at full rate would take a sign-sized step on every weight at once.
+# - **Its budget is the peers'.** At most 2/3 of the row's cross-entropy epochs (20 after 30 in the reference configs): 10
+#   for Att2in and 20 for Up-Down, which the protocol trains for 30. It stops after 3 epochs without a better
+#   validation CIDEr.
+# - **It is selected as it trains.** Validation decodes greedily, as the stage samples and as the reference validates
+#   (`beam_size` 1). On shapes the decode picks the caption's kind, so a beam-3 selection would credit the stage with the
+#   beam's bonus over its own greedy caption. The start is validated first, for the history, and never kept: a "+ SCST"
+#   row is the self-critical model's own.
+# - **It is tested as every row is.** Beam 3, with the greedy decode's scores beside it, so the decoding bonus shows.
+# - **Both baselines, as two arms from one start.** The greedy caption's reward (Rennie et al.) and the mean reward of
+#   the image's other samples (the reference's "new self-critical"). The greedy arm is the "+ SCST" row; the other is
+#   the "+ SCST (mean baseline)" row.
 
 # %% [markdown]
 # ## The chapter's runs
@@ -496,7 +513,7 @@ class BaselineParams(SCAConfig, RunConfig):
     hidden_dim: int | None = None       # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
-    scst_epochs: int | None = None      # self-critical epochs after cross-entropy; None: the profile's (default 2)
+    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs, `scst_budget`)
     d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
     heads: int | None = None            # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
     d_hidden: int | None = None         # ct: the feed-forward's width; None: the profile's (2 d_model)
@@ -511,11 +528,12 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     url="https://arxiv.org/abs/1707.07998",
     params=BaselineParams,
     model=lambda p: p.model,
-    runs={"": {"model": "updown"}, "att2in": {"model": "att2in"},                     # + SCST (GLIED Table 1)
+    runs={"": {"model": "updown", "scst_baseline": "both"}, "att2in": {"model": "att2in", "scst_baseline": "both"},   # + SCST, both baselines (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs=protocol_epochs(longer=lambda p: p.model == "updown"),   # the protocol's budget; Up-Down at the ladder's second rung (still gaining at 15)
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
-           "default": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 2, **WIDTHS["default"]},
+           "default": {"d_model": 64, "heads": 1, "d_hidden": 128, **WIDTHS["default"],   # SCST: at most 2/3 of the row's cross-entropy epochs
+                       "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model == "updown" else BUDGET["default"])},
            "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
@@ -571,9 +589,9 @@ lr = None                 # Adam's learning rate; None: the chapter's for the pr
 beam_size = 3             # beam of the validation and test decodes
 length_norm = 0.0         # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
 no_repeat_ngram = 0       # no n-gram of this size twice in a caption (0: off, as the papers)
-scst_epochs = None        # self-critical epochs after cross-entropy; None: the profile's (default 2)
+scst_epochs = None        # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs, `scst_budget`)
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
-scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean
+scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean | both: two arms from one start
 device = 'auto'           # auto | cpu | cuda | cuda:N
 precision = 'auto'        # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
 recipe = 'protocol'       # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
