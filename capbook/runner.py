@@ -16,10 +16,10 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
 
 # %% auto 0
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADDER', 'CHAPTERS', 'SEEDS', 'CI_METRICS',
-           'SEED_METRICS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_PATIENCE', 'SCST_WARMUP', 'check_profile', 'out_dir', 'Run',
-           'start_run', 'protocol_epochs', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
-           'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
-           'results_ids', 'save_test_captions', 'stage_stats', 'epochs_trained', 'row_epochs', 'late_gain', 'curve_end',
+           'SEED_METRICS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'check_profile', 'out_dir', 'Run', 'start_run',
+           'protocol_epochs', 'RunConfig', 'read_params', 'parameters_source', 'Chapter', 'register_chapter',
+           'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage', 'results_ids',
+           'save_test_captions', 'stage_stats', 'epochs_trained', 'row_epochs', 'late_gain', 'curve_end',
            'interval_cells', 'seed_cells', 'paired_verdict', 'test_id', 'stage_best', 'Claims', 'book_family',
            'figure_pick', 'timed', 'scst_budget', 'scst_arms', 'self_critical', 'scst_setup', 'chapter_data',
            'decoding', 'train_config', 'run_chapter']
@@ -544,7 +544,6 @@ def scst_budget(xe_epochs: int) -> int:
     return math.ceil(SCST_SHARE * xe_epochs)
 
 SCST_ARMS = {"greedy": ("greedy",), "mean": ("mean",), "both": ("greedy", "mean")}   # a run's `scst_baseline`: the stage's arms, by baseline
-SCST_PATIENCE = 3     # epochs without a better greedy validation CIDEr before a self-critical stage stops (its budget, `scst_epochs`, is the most it trains)
 SCST_WARMUP = 1.0     # epochs over which the rate climbs from where cross-entropy's cosine ended (0) to `scst_lr`: one continuous rate
 
 def scst_arms(p: Any) -> list[tuple[str, str]]:
@@ -558,8 +557,8 @@ def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[
     from capbook.train import fit
     from capbook.metrics import evaluate
     scfg, objective = scst_setup(prep, p, cfg, baseline)
-    log(f"self-critical training: at most {scfg.epochs} epochs (stops after {SCST_PATIENCE} without a better greedy validation CIDEr), "
-        f"5 samples per image, baseline {objective.baseline}, lr {scfg.lr:g} after a {SCST_WARMUP:g}-epoch warm-up, "
+    log(f"self-critical training: {scfg.epochs} epochs, the best greedy validation CIDEr kept, "
+        f"5 samples per image, baseline {baseline or SCST_ARMS[p.scst_baseline][0]}, lr {scfg.lr:g} after a {SCST_WARMUP:g}-epoch warm-up, "
         f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
     fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective, start=start)
     dev = get_device(p.device)
@@ -574,9 +573,9 @@ def scst_setup(prep, p: Any, cfg: Any, baseline: str | None = None) -> tuple[Any
     # a constant small rate (Rennie et al.; ruotianluo's recipes), reached by a warm-up from the 0 cross-entropy's cosine
     # ended at; whole images (one row each); validated greedily, as the stage trains and as the reference validates
     # (its beam_size 1), the start validated first for the history, never kept: the stage's own best is its result;
-    # stopped after SCST_PATIENCE epochs without a better validation CIDEr, at most scst_epochs
+    # the protocol's rule: the whole budget trained, no early stop on a plateau a longer run climbs out of
     scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=SCST_WARMUP, lr_gamma=1.0,
-                               metric="CIDEr", patience=SCST_PATIENCE * cfg.evals_per_epoch, val_beam=1, batch_order="image", max_words=0,
+                               metric="CIDEr", patience=0, val_beam=1, batch_order="image", max_words=0,
                                validate_start=True, label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
     objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=baseline or SCST_ARMS[p.scst_baseline][0],
                              cache=data_dir() / "cider")

@@ -14,10 +14,10 @@ from PIL import Image, ImageDraw
 from .core import CapbookError, check_choice, check_int, data_dir, load_json, temp_dir
 
 # %% auto 0
-__all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'relation_holds', 'scene_relations',
-           'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'statements', 'tuple_is_true',
-           'statement_truth', 'object_mentions', 'semantic_counts', 'semantic_scores', 'make_captions', 'make_example',
-           'generate', 'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt']
+__all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'CAPTION_KINDS', 'relation_holds',
+           'scene_relations', 'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'statements',
+           'tuple_is_true', 'statement_truth', 'object_mentions', 'semantic_counts', 'semantic_scores', 'make_captions',
+           'make_example', 'generate', 'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt', 'caption_kinds']
 
 # %% ../nbs/00a_shapes.ipynb
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
@@ -373,3 +373,20 @@ def ensure_shapes(profile: str = "default", seed: int = 0, image_size: int = 112
 def load_gt(root: str | Path) -> dict[str, dict]:
     "The per-image ground truth of a generated data set, keyed by image filename."
     return load_json(Path(root) / "shapes_gt.json", "shapes ground truth")["images"]
+
+# %% ../nbs/00a_shapes.ipynb
+CAPTION_KINDS = ("counts", "relations", "counts and relations", "neither")
+
+def caption_kinds(captions: list[list[str]]) -> dict:
+    "The share of `captions` (token lists) of each kind (`CAPTION_KINDS`: what their statements are), and the relation word most captions use (`top relation`) with the share of captions that use it."
+    kinds, rels = Counter(), Counter()
+    for c in captions:
+        sts = parse_caption(list(c))
+        count = any(st["kind"] == "np" and st["count"] is not None for st in sts)
+        used = {st["rel"] for st in sts if st["kind"] == "rel"}
+        kinds[CAPTION_KINDS[0] if count and not used else CAPTION_KINDS[1] if used and not count else
+              CAPTION_KINDS[2] if used else CAPTION_KINDS[3]] += 1
+        rels.update(used)
+    n = max(len(captions), 1)
+    top, k = rels.most_common(1)[0] if rels else ("—", 0)
+    return {**{kind: kinds[kind] / n for kind in CAPTION_KINDS}, "top relation": top, "top relation share": k / n}

@@ -607,3 +607,36 @@ assert semantic_scores({_f: _refs[0]}, {_f: [_refs[0]]}, {_f: _g})["all"] == dic
 _absent = next(f"a {c} {s}" for c in COLOURS for s in SHAPES if not any(o["colour"] == c and o["shape"] == s for o in _g["objects"]))
 _sc = semantic_scores({_f: _refs[0] + ["and"] + _absent.split()}, {_f: _refs}, {_f: _g})
 print(_absent, _sc["all"]); assert _sc["all"]["p"] < 1
+
+# %% [markdown]
+# ## What kind of caption a model writes
+#
+# The grammar writes captions of a few kinds: counts ("there are two blue squares"), relations ("a red circle to the
+# left of a small green triangle"), both, or neither (objects and attributes only). `caption_kinds` gives the share of
+# each kind in a set of captions, and the relation word most of them use with its share. A decoder or an objective
+# that moves a model from one kind to another moves its CIDEr with it (the kinds' references earn different CIDEr-D),
+# and one that writes one relation for every image has stopped looking at where the objects are.
+
+# %%
+#| export
+CAPTION_KINDS = ("counts", "relations", "counts and relations", "neither")
+
+def caption_kinds(captions: list[list[str]]) -> dict:
+    "The share of `captions` (token lists) of each kind (`CAPTION_KINDS`: what their statements are), and the relation word most captions use (`top relation`) with the share of captions that use it."
+    kinds, rels = Counter(), Counter()
+    for c in captions:
+        sts = parse_caption(list(c))
+        count = any(st["kind"] == "np" and st["count"] is not None for st in sts)
+        used = {st["rel"] for st in sts if st["kind"] == "rel"}
+        kinds[CAPTION_KINDS[0] if count and not used else CAPTION_KINDS[1] if used and not count else
+              CAPTION_KINDS[2] if used else CAPTION_KINDS[3]] += 1
+        rels.update(used)
+    n = max(len(captions), 1)
+    top, k = rels.most_common(1)[0] if rels else ("—", 0)
+    return {**{kind: kinds[kind] / n for kind in CAPTION_KINDS}, "top relation": top, "top relation share": k / n}
+
+# %%
+_k = caption_kinds([["there", "are", "two", "red", "circles"], "a red circle is left of a blue star".split(),
+                    "an image of a star below a square".split(), "a red circle and a star".split()])
+print(_k)
+assert _k["counts"] == _k["neither"] == 0.25 and _k["relations"] == 0.5 and _k["top relation share"] == 0.25

@@ -266,12 +266,14 @@ def resolved(step) -> tuple[Any, Any, str]:
     return ch, p, ch.model(p)
 
 def budget(step) -> dict:
-    "What a chapter step's run trains for that its probe cannot see (the probe trains one epoch of batches of 4): the epochs and the batch size, where they depart from the protocol's (`TrainConfig`'s defaults)."
+    "What a chapter step's run trains for that its probe cannot see (the probe trains one epoch of batches of 4): the epochs and the batch size, where they depart from the protocol's (`TrainConfig`'s defaults), and a self-critical stage's epochs."
     from capbook.runner import train_config
     from capbook.train import TrainConfig
     try: ch, p, name = resolved(step); cfg = train_config(ch, p, name, 0)
     except CapbookError: return {}                # the run stops on its bad parameter, in its notebook
-    return {k: getattr(cfg, k) for k in ("epochs", "batch_size") if getattr(cfg, k) != getattr(TrainConfig, k)}
+    out = {k: getattr(cfg, k) for k in ("epochs", "batch_size") if getattr(cfg, k) != getattr(TrainConfig, k)}
+    if p.scst_epochs: out["scst_epochs"] = p.scst_epochs   # a self-critical stage's budget: its probe trains one epoch
+    return out
 
 def probe(step) -> dict:
     "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."

@@ -492,23 +492,26 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   and `smoke` profiles narrow the model to embedding 32, model 64 and $F$ 256 with **one head of 64**: the paper's
 #   heads each attend in $d_h / n$ = 64 dimensions, and every transformer of the book keeps that width per head at
 #   every profile (the spatial transformer's and CT's rule), rather than 8 heads of 8. They train at 4×10⁻⁴ (10⁻⁴ is
-#   too slow for the epochs the CPU budget allows), for the protocol's 15 cross-entropy epochs and 2 self-critical
-#   ones.
+#   too slow for the epochs the CPU budget allows), for the protocol's 15 cross-entropy epochs and at most 10
+#   self-critical ones.
 # - **Selection.** CIDEr on the validation split picks the cross-entropy epoch (as the paper's early stopping) and the
 #   self-critical epoch, under the book's one protocol (`nbs/02b_protocol`: validation twice an epoch on averaged
 #   weights, the rate annealed to 0 on a cosine over the budget); the learning rate warms up linearly over the first
 #   epoch and then follows the protocol's cosine — no inverse-square-root decay
 #   (the paper names Adam and a rate, no schedule; the warm-up is the peers' for transformers: `capbook.ssa.WARMUP`).
-# - **Self-critical training** (`scst_epochs`; `capbook.objectives.SelfCritical`) starts from the best cross-entropy
-#   weights: 5 samples per image, the greedy caption's reward as baseline (Rennie et al.; `scst_baseline="mean"` for the
-#   mean of the other samples), CIDEr-D with the training set's document frequencies and the end token counted, Adam at
-#   a constant 5×10⁻⁵. The paper does not say how long; `None` means the profile's (1 / 2 / 20 epochs). The
-#   cross-entropy model is validated first and stays the result unless a self-critical epoch beats it on validation
-#   CIDEr (ruotianluo's `self-critical.pytorch` carries the best score across the switch the same way): on the last
-#   default book the stage started from −∞ and returned an epoch at 0.951 (base) and 1.036 (GLIED) validation CIDEr
-#   against the cross-entropy 1.183, so "self-critical training lowered both" was the selection's doing.
-# - **The book's six runs**: GLIED and the base model, each then self-critically trained (Table 1), and the four
-#   steps between them under cross-entropy only (Table 4).
+# - **Self-critical training** (`scst_epochs`; `capbook.objectives.SelfCritical`) continues the cross-entropy run as
+#   ruotianluo's `self-critical.pytorch` does (`capbook.runner.self_critical`). It starts from the selected weights with
+#   the run's Adam moments and weight average, and its rate climbs over one epoch from the cosine's 0 to a constant
+#   5×10⁻⁵. It draws 5 samples per image and uses CIDEr-D with the training set's document frequencies and the end
+#   token counted. Two arms start from the same weights: the greedy caption's reward as baseline (Rennie et al.) and
+#   the mean of the other samples (`scst_baseline="both"`). The paper does not say how long; `None` means the
+#   profile's, 2/3 of the cross-entropy epochs as the peers' recipes (20 after 30): 1 / 10 / 20 epochs at most, and a
+#   stage stops after 3 epochs without a better validation CIDEr. Validation decodes greedily, as the stage samples
+#   and as the reference validates; the start is validated first and never kept, so a "+ SCST" row is the stage's own
+#   model. It is tested under beam 3, with greedy decoding beside it.
+# - **The book's seven runs**: GLIED and the base model, each then self-critically trained (Table 1), the four
+#   steps between them under cross-entropy only (Table 4), and GLIED over grid cells without position (the departure's
+#   cost).
 
 # %%
 #| export
@@ -669,9 +672,8 @@ if "feat_mask" not in prep.test.inputs:                  # a grid to draw region
 #
 # | what | why | where it is measured |
 # |---|---|---|
-# | 14×14 grid cells of the shapes CNN instead of 10–100 detector regions; global visual distilling (Eq. 7) mixes cells, without positions | the embedded data has no detector; the paper's regions carry no positional encoding either, so none is added | not measured here: `-p regions DIR` runs the paper's region input on real data |
+# | 14×14 grid cells of the shapes CNN instead of 10–100 detector regions; global visual distilling (Eq. 7) adds each cell's position before it | the embedded data has no detector; a region is an object with a place of its own, a cell has none until it is given its position | Table 4's "GLIED (cells without position)" row against GLIED (`05a_glied_tables`); `-p regions DIR` runs the paper's region input on real data |
 # | default profile: d = 64 with one head of 64, 15 cross-entropy epochs at 4×10⁻⁴ (paper: d = 512, 8 heads of 64, 25 epochs at 10⁻⁴) | the 2-core CPU budget; the width per head kept at the paper's 64, as every transformer of the book | the `paper` profile runs the paper's sizes; one head of 64 against eight of 8 is not measured apart |
 # | one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | the paper names Adam and a rate, no schedule; every peer transformer warms up | not measured apart: every row it is compared with runs the same protocol |
-# | self-critical training keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | a stage never returns a model worse on validation than its start (tested); the all-models chapter's self-critical table says, seed by seed, which model each stage kept |
-# | 2 self-critical epochs (paper: not stated; peers: tens) at a constant 5×10⁻⁵ | CPU budget | the reward is gamed on shapes ("a red triangle is below a red triangle and a red triangle"): CIDEr-D rewards the typical n-grams, not true relations; the all-models table's relation F1 of each "+ SCST" row against its cross-entropy row shows it |
-# | a sample cut at the maximum length is scored without the end token | ruotianluo's reward | a cut caption misses the n-grams that end a reference (tested) |
+# | self-critical training at most 10 epochs after 15 (paper: not stated; the peers' configs 20 after 30), stopped after 3 without a better greedy validation CIDEr | the peers' ratio, at the CPU budget | the all-models chapter's self-critical table gives each stage's epochs, start and best |
+# | a sample is at most 18 words and then `<end>`, the limit of greedy decoding and beam search | the stage's captions are no longer than those it is validated and tested on | (tested: `sample(..., end_by=True)`) |

@@ -85,19 +85,20 @@ display(Markdown(save_table(attr_tab, run.path("table_glied_attributes"), floatf
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
 T1 = ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE"]
+STAGES = {"xe": "cross-entropy", "scst": "+ self-critical (CIDEr-D)", "scst-mean": "+ self-critical (CIDEr-D, mean baseline)"}
 ST = {(k, st): stage_stats(recs[k], prep, st) for k in [("glied", ""), ("glied", "base"), ("base", ""), ("base", "att2in")]
-      for st in ("xe", "scst")}                  # per-image statistics of each stage's test captions, for the intervals
+      for st in STAGES}                          # per-image statistics of each stage's test captions, for the intervals
 def stage_row(model, k, stage):
     rec = recs[k]
     m = rec["stages"][stage]["metrics"]
-    return {"dataset": ds_name, "model": model, "training": {"xe": "cross-entropy", "scst": "+ self-critical (CIDEr-D)"}[stage],
+    return {"dataset": ds_name, "model": model, "training": STAGES[stage],
             "source": "capbook (measured)", **results_row(m), **({"SPICE": 100 * m["SPICE"]} if "SPICE" in m else {}),
             **interval_cells(ST[k, stage]), **seed_cells(rec, stage),
             "train min": rec["stages"][stage]["train_s"] / 60, "note": spice_note(rec)}
 def spice_note(rec):                                      # the record's note names this machine's folders: the table does not
     note = rec.get("notes", {}).get("SPICE", "")
     return "SPICE unavailable: Stanford CoreNLP's jars are not installed (they cannot be downloaded here)" if note else ""
-ours = [stage_row(name, k, st) for st in ("xe", "scst")
+ours = [stage_row(name, k, st) for st in STAGES
         for name, k in (("SCST (Att2in)", ("base", "att2in")), ("Up-Down", ("base", "")),
                         ("Base", ("glied", "base")), ("GLIED", ("glied", "")))]
 quoted = [{"dataset": "COCO (Karpathy test)", "model": "GLIED", "training": "+ reinforcement learning", "source": "paper (quoted)",
@@ -135,15 +136,17 @@ display(Markdown(
     "cross-entropy claim: it is the same test, counted once. Holm's correction over the chapter's claims is given after Table 4."))
 
 # %% [markdown]
-# What self-critical training does to what the captions *say*: the semantic F1s of the relations and counts before and
-# after it, and the first captions GLIED writes after it (the cross-entropy stage's captions are not kept). CIDEr-D
-# rewards n-grams that are frequent in an image's references and rare elsewhere; nothing in it asks a caption to
-# commit to a relation or a number.
+# What self-critical training does to what the captions *say*: the semantic F1s before and after it (each arm; the
+# seeds' mean), and the first captions GLIED writes after it. CIDEr-D rewards n-grams that are frequent in an image's
+# references and rare elsewhere; nothing in it asks a caption to commit to a relation or a number. The all-models
+# chapter (`06a_baselines_tables`) shows, for every self-critical row, the kinds of caption each stage writes and how
+# many of them use one relation word.
 
 # %%
-sem_rows = [{"model": name, "stage": st, **{f"{c} F1": 100 * recs[k]["stages"][st]["metrics"]["semantic"][c]["f1"]
+seeds_of = lambda k: recs[k].get("seed_runs", [recs[k]])
+sem_rows = [{"model": name, "stage": st, **{f"{c} F1": 100 * np.mean([r["stages"][st]["metrics"]["semantic"][c]["f1"] for r in seeds_of(k)])
                                             for c in ("objects", "attributes", "counts", "relations", "all")}}
-            for name, k in (("Base", b), ("GLIED", g)) for st in ("xe", "scst")
+            for name, k in (("Base", b), ("GLIED", g)) for st in STAGES
             if "semantic" in recs[k]["stages"][st]["metrics"]]
 if sem_rows:
     display(Markdown(save_table(pd.DataFrame(sem_rows), run.path("table_glied_scst_semantic"), floatfmt=".1f")))
@@ -160,8 +163,9 @@ if sem_rows:
 # ### The switch to self-critical training, epoch by epoch
 #
 # The curves that show whether SCST works (the most common complaints about it elsewhere are rewards that go negative
-# and a CIDEr that drops after the switch): per epoch, the mean CIDEr-D reward of the samples, the baseline's, the
-# greedy caption's (on training images), and the validation CIDEr, which starts from the cross-entropy model's best.
+# and a CIDEr that drops after the switch): at each evaluation of the greedy-baseline arm (its first seed), the mean
+# CIDEr-D reward of the samples, the baseline's, the greedy caption's (on training images), and the validation CIDEr
+# (greedy, as the stage is selected), which starts from the cross-entropy model's.
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
@@ -175,8 +179,8 @@ for (name, k), ax in zip((("Base", b), ("GLIED", g)), axes):
     ax.plot(ep[1:], h["greedy_reward"], "s--", label="greedy reward (train)")
     ax.plot(ep[1:], h["reward"], "^:", label="sample reward (train)")
     ax.plot(ep[1:], h["baseline"], "v:", label="baseline (train)")
-    ax.set_title(name, fontsize=10); ax.set_xlabel("self-critical epoch (0: cross-entropy model)"); ax.grid(alpha=.3)
-    rows += [{"model": name, "epoch": int(e["epoch"]), **{c: e[c] for c in ("reward", "baseline", "greedy_reward", "val CIDEr")}}
+    ax.set_title(name, fontsize=10); ax.set_xlabel("self-critical evaluation (0: cross-entropy model)"); ax.grid(alpha=.3)
+    rows += [{"model": name, "epochs": e["epochs"], **{c: e[c] for c in ("reward", "baseline", "greedy_reward", "val CIDEr")}}
              for _, e in h.iterrows()]
 axes[0].legend(fontsize=8)
 fig.tight_layout(); save_figure(fig, run.path("fig_glied_scst.png")); plt.close(fig)
@@ -228,6 +232,7 @@ display(Markdown(
 # %%
 order = [("Base", "base"), ("+ global visual", "global-visual"), ("+ global attribute", "global-attribute"),
          ("+ global", "global"), ("+ local", "local"), ("GLIED", "")]
+ABLATION = ("GLIED (cells without position)", "no-position")     # the book's departure, measured: no row of the paper
 CATS = ["objects", "attributes", "counts", "relations"]
 def t4_row(name, tag):
     rec = recs["glied", tag]
@@ -237,7 +242,7 @@ def t4_row(name, tag):
         s = m.get("semantic", {}).get(c)
         if s: row |= {f"{c} P": 100 * s["p"], f"{c} R": 100 * s["r"], f"{c} F1": 100 * s["f1"]}
     return row
-table4 = pd.DataFrame([t4_row(*o) for o in order])
+table4 = pd.DataFrame([t4_row(*o) for o in order + [ABLATION]])
 display(Markdown(show_table(table4, run.path("table_glied_table4"), floatfmt=".1f")))
 
 # %% [markdown]
@@ -249,7 +254,7 @@ T4 = table4.set_index("model")
 def delta(row, col): return T4.loc[row, col] - T4.loc["Base", col] if col in T4 else np.nan
 NEEDS = {"+ global visual": ("CIDEr", "relations F1", "counts F1"), "+ global attribute": ("attributes F1", "relations F1", "counts F1"),
          "+ global": ("CIDEr",), "+ local": ("CIDEr",), "GLIED": ("CIDEr", "relations F1", "counts F1")}
-T4_STATS = {name: stage_stats(recs["glied", tag], prep, "xe") for name, tag in order}   # Table 4 is under cross-entropy
+T4_STATS = {name: stage_stats(recs["glied", tag], prep, "xe") for name, tag in order + [ABLATION]}   # Table 4 is under cross-entropy
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
@@ -269,6 +274,11 @@ claims = pd.DataFrame([verdict(r) for r, _ in order[1:]])
 claims["Holm"] = [judged.holm_cell(r) for r in claims["row"]]
 display(Markdown(save_table(claims, run.path("table_glied_claims"), floatfmt=".1f") + "\n\n" + judged.note("Table 4")))
 display(Markdown("The chapter's other claims, above: " + judged.note("")))
+pos = {c: paired_verdict(T4_STATS["GLIED"], T4_STATS[ABLATION[0]], c, also=()) for c in ("CIDEr", "relations F1")}
+display(Markdown(
+    "The book's own question (its stand-in for regions: grid cells, given their positions before global visual distilling; "
+    "not a claim of the paper, so not in the family): GLIED with positions above GLIED over cells without them — "
+    + "; ".join(f"{c}: {t['text']}" for c, t in pos.items()) + "."))
 _ = save_table(judged.table(""), run.path("table_glied_verdicts"), floatfmt=".3g")                  # the verdicts, for the README's summary
 _ = save_table(judged.table("Table 4"), run.path("table_glied_table4_verdicts"), floatfmt=".3g")
 

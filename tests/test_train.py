@@ -100,8 +100,8 @@ def test_checkpoint_of_other_code_is_moved_aside_not_resumed(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_self_critical_training_never_returns_a_model_worse_on_validation_than_its_start(smoke, tmp_path):
-    "The starting (cross-entropy) weights are validated first and kept unless an epoch beats them."
+def test_a_stage_validates_its_start_for_the_history_and_keeps_its_own_best(smoke, tmp_path):
+    "The starting (cross-entropy) weights are validated first, as epoch -1, and never kept: even a stage that wrecks the model returns its own weights."
     from capbook.objectives import SelfCritical
     from capbook.train import val_score
     m, cfg = one_epoch(smoke, tmp_path / "xe")
@@ -111,24 +111,26 @@ def test_self_critical_training_never_returns_a_model_worse_on_validation_than_i
                       ema=0.0, evals_per_epoch=1, progress=False, max_len=smoke.max_len)   # a rate that wrecks the model
     res = fit(m, smoke, bad, tmp_path / "scst", log=lambda s: None, objective=sc)
     assert res.history[0]["epoch"] == -1 and res.history[0]["val CIDEr"] == start
-    assert res.history[1]["val CIDEr"] < start and res.best_epoch == -1 and res.best_score == start
-    assert val_score(m, smoke.val, smoke.vocab, bad, torch.device("cpu"))["CIDEr"] == start   # the start came back
+    assert res.history[1]["val CIDEr"] < start and res.best_epoch == 0 and res.best_score == res.history[1]["val CIDEr"]
+    assert val_score(m, smoke.val, smoke.vocab, bad, torch.device("cpu"))["CIDEr"] == res.best_score   # the stage's own weights
 
 
-def test_the_self_critical_stage_validates_its_start_at_a_constant_rate(monkeypatch, tmp_path):
-    "runner.self_critical asks the trainer to keep the cross-entropy model unless SCST beats it, at a constant rate."
+def test_the_self_critical_stage_continues_its_start_and_selects_greedily(monkeypatch, tmp_path):
+    "runner.self_critical trains the whole budget on a rate warmed up to a constant, validated greedily, continuing the cross-entropy run's optimiser."
     import capbook.train, capbook.metrics
     from types import SimpleNamespace
-    from capbook.runner import self_critical
+    from capbook.runner import self_critical, SCST_WARMUP
     seen = {}
-    monkeypatch.setattr(capbook.train, "fit", lambda model, prep, cfg, *a, **k: seen.setdefault("cfg", cfg))
-    monkeypatch.setattr(capbook.metrics, "evaluate", lambda *a, **k: {})
+    monkeypatch.setattr(capbook.train, "fit", lambda model, prep, cfg, *a, **k: seen.update(cfg=cfg, **k))
+    monkeypatch.setattr(capbook.metrics, "evaluate", lambda *a, **k: seen.setdefault("beams", []).append(k["beam_size"]) or {})
     monkeypatch.setattr("capbook.objectives.SelfCritical", lambda *a, **k: None)
     p = SimpleNamespace(scst_epochs=2, scst_lr=5e-5, scst_baseline="greedy", device="cpu", beam_size=3, length_norm=0.0, no_repeat_ngram=0)
     prep = SimpleNamespace(vocab=None, train=SimpleNamespace(refs=[], n_images=0), max_len=5)
-    self_critical(torch.nn.Linear(1, 1), prep, p, TrainConfig(schedule="noam", warmup=1.0), tmp_path, log=lambda s: None)
+    self_critical(torch.nn.Linear(1, 1), prep, p, TrainConfig(schedule="noam", warmup=3.0), tmp_path, log=lambda s: None, start=tmp_path / "last.pt")
     c = seen["cfg"]
-    assert c.validate_start and c.schedule == "step" and c.warmup == 0 and c.lr_gamma == 1.0 and c.metric == "CIDEr"
+    assert c.validate_start and c.schedule == "step" and c.warmup == SCST_WARMUP > 0 and c.lr_gamma == 1.0 and c.metric == "CIDEr"
+    assert c.val_beam == 1 and c.patience == 0 and c.epochs == 2 and seen["start"] == tmp_path / "last.pt"
+    assert seen["beams"] == [3, 1]                              # tested under the run's beam, and greedily beside it
 
 
 @pytest.mark.slow
