@@ -416,11 +416,15 @@ def book_times(profile: str, steps: list[Step], published: Path | None = None):
             if s.name in kept: rows.append(kept[s.name])
             continue
         total = load_json(d / "done.json")["seconds"]
-        t = load_json(d / "record.json")["timings"] if s.params and (d / "record.json").exists() else {}
+        rec = load_json(d / "record.json") if s.params and (d / "record.json").exists() else {}
+        t = rec.get("timings", {})
         ph = {k[:-2]: t.get(k, 0.0) / 60 for k in PHASES}
+        # the self-critical stages' training and validation minutes (inside train and val): what each SCST row costs
+        scst = sum(v.get("train_s", 0.0) + v.get("val_s", 0.0) for k, v in rec.get("stages", {}).items() if k != "xe") / 60
         rows.append({"step": s.name, "minutes": total / 60, **ph, "rest": total / 60 - sum(ph.values()),
-                     "captions / s": t.get("train_captions_per_s")})
+                     "of it self-critical": scst, "captions / s": t.get("train_captions_per_s")})
     df = pd.DataFrame(rows)
+    if "of it self-critical" in df: df["of it self-critical"] = df["of it self-critical"].fillna(0.0)   # rows kept from a table without it
     if len(df): df = pd.concat([df, pd.DataFrame([{"step": "total (one after another)", **df.drop(columns=["step", "captions / s"]).sum()}])],
                                ignore_index=True)
     return df

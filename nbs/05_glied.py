@@ -492,7 +492,7 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   and `smoke` profiles narrow the model to embedding 32, model 64 and $F$ 256 with **one head of 64**: the paper's
 #   heads each attend in $d_h / n$ = 64 dimensions, and every transformer of the book keeps that width per head at
 #   every profile (the spatial transformer's and CT's rule), rather than 8 heads of 8. They train at 4×10⁻⁴ (10⁻⁴ is
-#   too slow for the epochs the CPU budget allows), for the protocol's 15 cross-entropy epochs and at most 10
+#   too slow for the epochs the CPU budget allows), for the protocol's 15 cross-entropy epochs and 10
 #   self-critical ones.
 # - **Selection.** CIDEr on the validation split picks the cross-entropy epoch (as the paper's early stopping) and the
 #   self-critical epoch, under the book's one protocol (`nbs/02b_protocol`: validation twice an epoch on averaged
@@ -505,8 +505,8 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   5×10⁻⁵. It draws 5 samples per image and uses CIDEr-D with the training set's document frequencies and the end
 #   token counted. Two arms start from the same weights: the greedy caption's reward as baseline (Rennie et al.) and
 #   the mean of the other samples (`scst_baseline="both"`). The paper does not say how long; `None` means the
-#   profile's, 2/3 of the cross-entropy epochs as the peers' recipes (20 after 30): 1 / 10 / 20 epochs at most, and a
-#   stage stops after 3 epochs without a better validation CIDEr. Validation decodes greedily, as the stage samples
+#   profile's, 2/3 of the cross-entropy epochs as the peers' recipes (20 after 30): 1 / 10 / 20 epochs, the whole
+#   budget trained and its best evaluation kept, as every row of the book. Validation decodes greedily, as the stage samples
 #   and as the reference validates; the start is validated first and never kept, so a "+ SCST" row is the stage's own
 #   model. It is tested under beam 3, with greedy decoding beside it.
 # - **The book's seven runs**: GLIED and the base model, each then self-critically trained (Table 1), the four
@@ -675,5 +675,5 @@ if "feat_mask" not in prep.test.inputs:                  # a grid to draw region
 # | 14×14 grid cells of the shapes CNN instead of 10–100 detector regions; global visual distilling (Eq. 7) adds each cell's position before it | the embedded data has no detector; a region is an object with a place of its own, a cell has none until it is given its position | Table 4's "GLIED (cells without position)" row against GLIED (`05a_glied_tables`); `-p regions DIR` runs the paper's region input on real data |
 # | default profile: d = 64 with one head of 64, 15 cross-entropy epochs at 4×10⁻⁴ (paper: d = 512, 8 heads of 64, 25 epochs at 10⁻⁴) | the 2-core CPU budget; the width per head kept at the paper's 64, as every transformer of the book | the `paper` profile runs the paper's sizes; one head of 64 against eight of 8 is not measured apart |
 # | one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | the paper names Adam and a rate, no schedule; every peer transformer warms up | not measured apart: every row it is compared with runs the same protocol |
-# | self-critical training at most 10 epochs after 15 (paper: not stated; the peers' configs 20 after 30), stopped after 3 without a better greedy validation CIDEr | the peers' ratio, at the CPU budget | the all-models chapter's self-critical table gives each stage's epochs, start and best |
+# | self-critical training for 10 epochs after 15 (paper: not stated; the peers' configs 20 after 30), the best greedy validation evaluation kept | the peers' ratio, at the CPU budget | the all-models chapter's self-critical table gives each stage's epochs, start and best |
 # | a sample is at most 18 words and then `<end>`, the limit of greedy decoding and beam search | the stage's captions are no longer than those it is validated and tested on | (tested: `sample(..., end_by=True)`) |

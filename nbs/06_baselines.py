@@ -477,9 +477,9 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 #   reference's `optimizer.pth`), and its weight average goes on at full decay. The cross-entropy cosine ended at a rate of
 #   0, so the rate climbs back over one epoch to Rennie et al.'s 5·10⁻⁵ and stays there: one continuous rate, where a
 #   fresh Adam at full rate would take a sign-sized step on every weight at once.
-# - **Its budget is the peers'.** At most 2/3 of the row's cross-entropy epochs (20 after 30 in the reference configs): 10
-#   for Att2in and 20 for Up-Down, which the protocol trains for 30. It stops after 3 epochs without a better
-#   validation CIDEr.
+# - **Its budget is the peers'.** 2/3 of the row's cross-entropy epochs (20 after 30 in the reference configs): 10
+#   for Att2in and 20 for Up-Down, which the protocol trains for 30. Like every row of the book it trains its whole
+#   budget and keeps its best validation evaluation, so it never stops on a plateau a longer run would climb out of.
 # - **It is selected as it trains.** Validation decodes greedily, as the stage samples and as the reference validates
 #   (`beam_size` 1). On shapes the decode picks the caption's kind, so a beam-3 selection would credit the stage with the
 #   beam's bonus over its own greedy caption. The start is validated first, for the history, and never kept: a "+ SCST"

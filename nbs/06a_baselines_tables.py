@@ -176,8 +176,8 @@ display(Markdown(f"{(curves['curve at the end'] == 'flat or falling').sum()} of 
 #
 # A self-critical stage (Rennie et al. 2017) continues its row's cross-entropy run, as ruotianluo's
 # `self-critical.pytorch` does (`06_baselines`): from the selected weights, with that run's Adam moments and weight
-# average, its rate climbing back over one epoch to a constant 5·10⁻⁵. It trains for at most 2/3 of its row's
-# cross-entropy epochs and stops after 3 epochs without a better greedy validation CIDEr. It is validated and selected
+# average, its rate climbing back over one epoch to a constant 5·10⁻⁵. It trains for 2/3 of its row's cross-entropy
+# epochs and keeps its best evaluation, as every row of the book. It is validated and selected
 # greedily, as it samples, and tested like every row (beam 3), with greedy decoding beside it. Two arms start from the
 # same weights: the greedy caption's reward as the baseline (Rennie et al.: the "+ SCST" row) and the mean reward of the
 # image's other samples (ruotianluo's "new self-critical": the "(mean baseline)" row).

@@ -1,10 +1,12 @@
 "The one trainer: exact resume after SIGKILL, vocabulary check on resume, DistributedDataParallel on gloo."
 import json, os, signal, subprocess, sys, time
+import numpy as np
 from pathlib import Path
 import pytest
 import torch
 from capbook.core import CapbookError, load_torch, save_torch
 from capbook.models import build
+from dataclasses import replace
 from capbook.train import TrainConfig, fit
 
 BIN = Path(sys.executable).parent
@@ -113,6 +115,32 @@ def test_a_stage_validates_its_start_for_the_history_and_keeps_its_own_best(smok
     assert res.history[0]["epoch"] == -1 and res.history[0]["val CIDEr"] == start
     assert res.history[1]["val CIDEr"] < start and res.best_epoch == 0 and res.best_score == res.history[1]["val CIDEr"]
     assert val_score(m, smoke.val, smoke.vocab, bad, torch.device("cpu"))["CIDEr"] == res.best_score   # the stage's own weights
+
+
+@pytest.mark.slow
+def test_a_continued_stage_keeps_its_start_where_a_cold_restart_falls(smoke, tmp_path):
+    "Self-critical training after cross-entropy at the rate cross-entropy ended at (the smoke profile's constant 1e-3): a fresh Adam's first sign-sized steps drop the first evaluation's validation CIDEr by more than the seeds' spread of the start; the stage that continues the run's Adam moments and warms its rate up does not."
+    from capbook.objectives import SelfCritical
+    starts, drops = [], {"cold": [], "continued": []}
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        m = build("sat_soft", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
+        cfg = TrainConfig(epochs=2, lr=1e-3, progress=False, max_len=smoke.max_len, seed=seed, log_every=0, val_beam=1)
+        fit(m, smoke, cfg, tmp_path / f"xe{seed}", log=lambda s: None)
+        xe = {k: v.clone() for k, v in m.state_dict().items()}
+        steps = smoke.train.num_batches(cfg.batch_size, 1, 0, seed, order="image", max_words=0) // 4
+        for how in drops:
+            m.load_state_dict(xe)
+            sc = SelfCritical(smoke.vocab, smoke.train.refs, n=5, max_len=smoke.max_len)
+            scfg = replace(cfg, epochs=1, schedule="step", lr_gamma=1.0, warmup=0.0 if how == "cold" else 1.0, batch_order="image",
+                           validate_start=True, evals_per_epoch=4, max_steps=steps)                  # to its first evaluation
+            r = fit(m, smoke, scfg, tmp_path / f"{how}{seed}", log=lambda s: None, objective=sc,
+                    start=None if how == "cold" else tmp_path / f"xe{seed}" / "last.pt")
+            drops[how].append(r.history[0]["val CIDEr"] - r.history[1]["val CIDEr"])
+        starts.append(r.history[0]["val CIDEr"])
+    spread = float(np.std(starts, ddof=1))
+    assert max(drops["cold"]) > spread, (drops, spread)                   # the smoke run reproduces the drop ...
+    assert max(drops["continued"]) < spread / 4, (drops, spread)          # ... and the continued stage has none
 
 
 def test_the_self_critical_stage_continues_its_start_and_selects_greedily(monkeypatch, tmp_path):
