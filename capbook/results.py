@@ -19,9 +19,9 @@ __all__ = ['PROBE_SEED', 'PROBE_DIGITS', 'HELPER_PROBES', 'SHARED_PROBES', 'SHAR
            'code_cells', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
            'budget', 'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe',
            'show_probe', 'helpers_used', 'shared_used', 'fingerprint_cache', 'Keys', 'plan_keys', 'records',
-           'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_file', 'publish_records', 'merge_seeds',
-           'step_record', 'row_record', 'compared_runs', 'chapter_verdicts', 'file_sha', 'published_files',
-           'write_manifest', 'current']
+           'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_words', 'run_file', 'publish_records',
+           'merge_seeds', 'step_record', 'row_record', 'compared_runs', 'chapter_verdicts', 'file_sha',
+           'published_files', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -439,6 +439,15 @@ def run_captions(rec: dict, which: str = "final") -> dict:
         raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
     w, a = rec["test_words"][which], rec["test_alpha"][which]
     return {"keys": w["keys"], "words": w["words"], "grid": a["grid"], "alpha": [restored_maps(x) for x in a["maps"]]}
+
+def run_words(rec: dict, which: str = "final") -> list[list[str]]:
+    "The words of a run's test captions of stage `which` ('final', 'xe', 'scst-mean', ...), one list per test image: from its run folder, else from the published record (which keeps every run's words, replicas' too, but only the first run's final maps)."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    if f.exists(): return [list(w) for w in load_torch(f, "test captions")["words"]]
+    if which not in rec.get("test_words", {}):
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+    return [list(w) for w in rec["test_words"][which]["words"]]
 
 def run_file(rec: dict, name: str, what: str) -> Any:
     "One of a run's small files (`RUN_FILES`), loaded: from its run folder, else from the published record that keeps it."

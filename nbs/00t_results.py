@@ -619,6 +619,15 @@ def run_captions(rec: dict, which: str = "final") -> dict:
     w, a = rec["test_words"][which], rec["test_alpha"][which]
     return {"keys": w["keys"], "words": w["words"], "grid": a["grid"], "alpha": [restored_maps(x) for x in a["maps"]]}
 
+def run_words(rec: dict, which: str = "final") -> list[list[str]]:
+    "The words of a run's test captions of stage `which` ('final', 'xe', 'scst-mean', ...), one list per test image: from its run folder, else from the published record (which keeps every run's words, replicas' too, but only the first run's final maps)."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    if f.exists(): return [list(w) for w in load_torch(f, "test captions")["words"]]
+    if which not in rec.get("test_words", {}):
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+    return [list(w) for w in rec["test_words"][which]["words"]]
+
 def run_file(rec: dict, name: str, what: str) -> Any:
     "One of a run's small files (`RUN_FILES`), loaded: from its run folder, else from the published record that keeps it."
     from capbook.core import load_torch

@@ -221,10 +221,10 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # image, games the reward rather than describing better: the reward hacking SCST is known for, measured.
 
 # %%
-from capbook.results import run_captions
+from capbook.results import run_words
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
-    return [run_captions(r, "xe" if st == "xe" else "final" if st == "scst" else st)["words"] for r in rec.get("seed_runs", [rec])]
+    return [run_words(r, "final" if st == "scst" else st) for r in rec.get("seed_runs", [rec])]
 effect_rows = []
 if has_sem:
     for label, k, st in stages_of:
