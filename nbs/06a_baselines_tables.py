@@ -183,7 +183,8 @@ display(Markdown(f"{(curves['curve at the end'] == 'flat or falling').sum()} of 
 # image's other samples (ruotianluo's "new self-critical": the "(mean baseline)" row).
 #
 # Each row is one seed's stage: the greedy validation CIDEr it started from and the best it reached (×100), the epochs
-# it trained, the reward (CIDEr-D) of the training images' greedy captions at the first and last evaluation, and the
+# it trained and what its last three gained (the best validation CIDEr in them minus the best before), the reward
+# (CIDEr-D) of the training images' greedy captions at the first and last evaluation, and the
 # test CIDEr of its start and of the stage under beam 3 and greedily. The beam's lead over greedy decoding is the
 # *decoding bonus*: how much of a row's CIDEr the decode, not the model, chose.
 
@@ -198,12 +199,16 @@ for label, _family, k, st in MODELS:
         greedy = [e["greedy_reward"] for e in h if "greedy_reward" in e]
         scst_rows.append({"row": label, "seed": r.get("seed", seed), "val CIDEr, start (greedy)": 100 * val[0],
                           "best val CIDEr": 100 * max(val[1:], default=float("nan")), "epochs": epochs_trained(h),
+                          "last-3-epoch gain": late_gain(h),
                           "greedy reward, first → last": f"{greedy[0]:.3f} → {greedy[-1]:.3f}" if greedy else "—",
                           "test CIDEr, start: beam 3 / greedy": f"{100 * start['metrics']['CIDEr']:.1f} / {100 * start['greedy']['CIDEr']:.1f}",
                           "test CIDEr, stage: beam 3 / greedy": f"{100 * stage['metrics']['CIDEr']:.1f} / {100 * stage['greedy']['CIDEr']:.1f}",
                           "stage min": (stage["train_s"] + stage.get("val_s", 0.0)) / 60})
 scst = pd.DataFrame(scst_rows)
 display(Markdown(save_table(scst, run.path("table_baselines_scst"), floatfmt=".1f")))
+ends = scst.groupby("row", sort=False)["last-3-epoch gain"].apply(lambda g: curve_end(list(g)))
+rising = [r for r, e in ends.items() if e == "still rising"]
+display(Markdown("Still rising in every seed when its budget ended: " + (", ".join(rising) if rising else "no stage") + "."))
 bonus = lambda m: 100 * np.mean([r["stages"][m[1]]["metrics"]["CIDEr"] - r["stages"][m[1]]["greedy"]["CIDEr"]
                                  for r in recs[m[0]].get("seed_runs", [recs[m[0]]])])
 stages_of = [(label, k, st) for label, _f, k, st in MODELS if st != "xe"]
