@@ -224,6 +224,15 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # (`capbook.shapes.caption_kinds`: counts, relations, both, neither), and the relation word most captions use with
 # its share. A stage that raises CIDEr by writing the references' most typical template, or one relation for every
 # image, games the reward rather than describing better: the reward hacking SCST is known for, measured.
+#
+# *capbook:* how to read it. SCST maximises the expected CIDEr-D of captions sampled at temperature 1, and on shapes the
+# sampled captions and the greedy one start far apart (the training reward of the samples is about half the greedy
+# caption's, `table_baselines_scst`). A policy that writes one template it can sample reliably — a relation caption
+# with one relation word — earns its samples more than a policy whose most likely caption is better but whose samples
+# scatter, so the stage can trade the greedy caption's quality for its samples'. Counting is the first thing to go:
+# a wrong number costs a count caption most of its n-grams. Where the cross-entropy model's greedy captions were far
+# below its beam's (Att2in, Up-Down, GLIED), the stage lifts them and the decoding bonus shrinks; where greedy already
+# matched beam (the GLIED base), there is little to lift, and the stage's best evaluation comes within its first epoch.
 
 # %%
 from capbook.results import run_words
