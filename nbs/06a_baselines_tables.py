@@ -226,7 +226,7 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # image, games the reward rather than describing better: the reward hacking SCST is known for, measured.
 #
 # *capbook:* how to read it. SCST maximises the expected CIDEr-D of captions sampled at temperature 1, and on shapes the
-# sampled captions and the greedy one start far apart (the training reward of the samples is about half the greedy
+# sampled captions and the greedy one start far apart (the training reward of the samples is well below the greedy
 # caption's, `table_baselines_scst`). A policy that writes one template it can sample reliably — a relation caption
 # with one relation word — earns its samples more than a policy whose most likely caption is better but whose samples
 # scatter, so the stage can trade the greedy caption's quality for its samples'. Counting is the first thing to go:
