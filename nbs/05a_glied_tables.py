@@ -132,8 +132,8 @@ display(Markdown(
     f"after self-critical training {v((g, 'scst'), (('base', ''), 'scst'))}.\n"
     f"- GLIED above SCST (Att2in): under cross-entropy {v((g, 'xe'), (('base', 'att2in'), 'xe'))}; after self-critical "
     f"training {v((g, 'scst'), (('base', 'att2in'), 'scst'))}.\n\n"
-    "A \"+ SCST\" claim whose stages kept their cross-entropy models in every seed compares the same captions as its "
-    "cross-entropy claim: it is the same test, counted once. Holm's correction over the chapter's claims is given after Table 4."))
+    "A \"+ SCST\" row is the self-critical stage's own model (greedy baseline), selected on greedy validation CIDEr as it "
+    "trains; the mean-baseline arm is in Table 1 beside it. Holm's correction over the chapter's claims is given after Table 4."))
 
 # %% [markdown]
 # What self-critical training does to what the captions *say*: the semantic F1s before and after it (each arm; the
