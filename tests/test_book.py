@@ -401,7 +401,7 @@ def test_smoke_book_semantic_and_glied_tables(book):
         assert all(f"{c} {k}" in t for c in ("counts", "relations", "all") for k in ("P", "R", "F1")), name
         assert all(f"| {m}" in t for m in models), (name, t[:500])
     t1 = (figs / "table_glied_table1.md").read_text()
-    assert "paper (quoted)" in t1 and t1.count("capbook (measured)") == 8 and "+ self-critical (CIDEr-D)" in t1
+    assert "paper (quoted)" in t1 and t1.count("capbook (measured)") == 12 and "+ self-critical (CIDEr-D)" in t1
     rows = [l for l in t1.splitlines() if "capbook (measured)" in l]
     for m in ["SCST (Att2in)", "Up-Down", "Base", "GLIED"]:
         assert sum(f"| {m} " in l for l in rows) == 2, m                       # cross-entropy and self-critical
