@@ -410,7 +410,9 @@ def test_smoke_book_semantic_and_glied_tables(book):
     rows = [l for l in t2.splitlines() if "capbook (measured)" in l]
     assert all(any(f"| {m} " in l for l in rows) for m in ["LSTM", "Up-Down", "CT", "SoftAtt", "Base", "GLIED"]), t2
     allm = (figs / "table_baselines_all.md").read_text()
-    assert len([l for l in allm.splitlines() if l.startswith("| ") and "model" not in l]) == 18
+    names = [l.split("|")[1].strip() for l in allm.splitlines() if l.startswith("| ") and "model" not in l]
+    assert len(names) == 23, names                                             # 15 cross-entropy rows; two self-critical arms on each of 4 starts
+    assert all(f"{m} + SCST" in names and f"{m} + SCST (mean baseline)" in names for m in ("Att2in", "Up-Down", "GLIED base", "GLIED")), names
     assert (figs / "fig_baselines_comparison.png").stat().st_size > 10_000
     t4 = (figs / "table_glied_table4.md").read_text()
     assert all(f"| {m}" in t4 for m in ["Base", "+ global visual", "+ global attribute", "+ global", "+ local", "GLIED"])
