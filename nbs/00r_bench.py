@@ -421,6 +421,78 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 
 
 # %% [markdown]
+# ### Against an earlier commit
+#
+# A speed-up is only measured against the code it replaces, on the same machine at the same time. `versus` checks out
+# an earlier commit into a temporary worktree and times the same families under both codes, in fresh processes that
+# alternate (earlier, now, earlier, now, ...), so a busy spell on the machine slows both alike; each keeps its fastest
+# round, as `train_speed` keeps its fastest. A family is a model name with optional parameter overrides after `/`
+# (`lstm2d_spca/kernel=5`: the book's first `lstm2d_spca` run with a 5×5 kernel). Only functions both codes have are
+# called (`families`, `setup`, `train_speed`, `decode_speed`). `capbook bench --against REV --family ...` prints it.
+
+# %%
+#| export
+_VERSUS = """
+import dataclasses, json, sys
+import capbook
+from capbook.bench import families, setup, train_speed, decode_speed
+profile, specs, batches = json.loads(sys.argv[1])
+out = {"capbook": capbook.__file__}
+for label, name, over in specs:
+    fam = families(profile, [name])[0]
+    fam = dataclasses.replace(fam, params=dataclasses.replace(fam.params, **over))
+    s = setup(fam)
+    out[label] = [train_speed(s, batches), decode_speed(s)]
+print(json.dumps(out))
+"""
+
+def family_spec(spec: str) -> tuple[str, str, dict]:
+    "`name/key=value/...` as (label, model name, parameter overrides); values read as YAML scalars (5, 0.5, S||C)."
+    import yaml
+    name, *over = spec.split("/")
+    pairs = [kv.split("=", 1) for kv in over]
+    if any(len(kv) != 2 for kv in pairs): raise CapbookError(f"parameter family={spec!r} is invalid: allowed is name/key=value/...")
+    return spec, name, {k: yaml.safe_load(v) for k, v in pairs}
+
+def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 12, rounds: int = 3,
+           log: Callable[[str], None] = print) -> dict:
+    "Training captions/s and beam images/s of each family in `specs` under commit `rev` and under this code, in alternating fresh processes on this machine, `rounds` each (fastest kept): {family: {before, now, speedup, ...}}."
+    import json, os, subprocess, sys, tempfile
+    from pathlib import Path
+    check_int("rounds", rounds, lo=1); check_profile(profile)
+    parsed = [family_spec(s) for s in specs]
+    repo = Path(__file__).resolve().parents[1]
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True)
+    if git("rev-parse", "--verify", f"{rev}^{{commit}}").returncode: raise CapbookError(f"parameter against={rev!r} is invalid: allowed is a commit of {repo}")
+    runs = {"before": [], "now": []}
+    with tempfile.TemporaryDirectory(prefix="capbook-versus-") as tmp:
+        old = Path(tmp) / "code"
+        made = git("worktree", "add", "--detach", str(old), rev)
+        if made.returncode: raise CapbookError(f"git worktree add {rev} failed: {made.stderr.strip().splitlines()[-1]}")
+        try:
+            for r in range(rounds):
+                for which, tree in (("before", old), ("now", repo)):
+                    env = {**os.environ, "PYTHONPATH": str(tree)}
+                    res = subprocess.run([sys.executable, "-c", _VERSUS, json.dumps([profile, parsed, batches])],
+                                         capture_output=True, text=True, env=env)
+                    if res.returncode: raise CapbookError(f"the {which} code failed in round {r + 1}: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+                    got = json.loads(res.stdout.strip().splitlines()[-1])
+                    if Path(got.pop("capbook")).resolve().parents[1] != tree.resolve(): raise CapbookError(f"the {which} process imported capbook from elsewhere")
+                    runs[which].append(got)
+                    log(f"round {r + 1} {which:6s} " + ", ".join(f"{k} {v[0]:.0f}" for k, v in got.items()) + " captions/s")
+        finally:
+            git("worktree", "remove", "--force", str(old))
+    out = {}
+    for label, *_ in parsed:
+        b, n = (max(x[label][0] for x in runs[w]) for w in ("before", "now"))
+        bd, nd = (max(x[label][1] for x in runs[w]) for w in ("before", "now"))
+        out[label] = {"before": round(b, 1), "now": round(n, 1), "speedup": round(n / b, 2),
+                      "beam_before": round(bd, 1), "beam_now": round(nd, 1), "beam_speedup": round(nd / bd, 2),
+                      "rounds": {w: [round(x[label][0], 1) for x in runs[w]] for w in runs}}
+    return {"against": git("rev-parse", "--short", rev).stdout.strip(), "profile": profile, "threads": torch.get_num_threads(),
+            "families": out}
+
+# %% [markdown]
 # ## Whole chapter runs
 #
 # Step throughput says little about how long a *book* takes: a chapter run also prepares data, validates every half

@@ -172,6 +172,9 @@ class SPCA(Attention):
     def channel(self, X, h):
         R = len(h)
         pooled = torch.cat([_rows(X.mean((2, 3)), R), h if h.dim() == 2 else h.mean((2, 3))], 1)   # AvgPool(F_t): (R, 2C)
+        if fast():   # a 1x1 convolution of a 1x1 map is a linear map: the same weights as matrix products (no convolution call)
+            c1, c2 = self.conv1_c, self.conv2_c
+            return torch.sigmoid(F.linear(F.relu(F.linear(pooled, c1.weight.flatten(1), c1.bias)), c2.weight.flatten(1), c2.bias))[..., None, None]
         return torch.sigmoid(self.conv2_c(F.relu(self.conv1_c(pooled[..., None, None]))))       # M^C: (R, C, 1, 1)
 
     def forward(self, a, pre, h, expected=None):
@@ -358,6 +361,25 @@ class Latent2DConfig(SPCAConfig):
         for n in ("channels", "map_size", "word_channels", "word_hidden"): check_int(n, getattr(self, n), lo=1)
         check_float("dropout", self.dropout, lo=0, hi=0.95)
 
+class Cell2D(torch.autograd.Function):
+    "The 2D-LSTM's cell (C_t = f C_{t-1} + i g, H_t = o ReLU(C_t)) as one autograd node with its gradient written out: the ten elementwise operations of `Latent2D._step`'s plain code, without the autograd graph around each."
+    @staticmethod
+    def forward(ctx, pre, C0):                                               # pre: (R, 4c, m, m) gate pre-activations; C0 = C_{t-1}
+        i, f, o, g = pre.chunk(4, 1)
+        i, f, o, g = torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(o), F.relu(g)
+        C = f * C0 + i * g                                                   # C_t = f C_{t-1} + i g
+        rC = F.relu(C)
+        ctx.save_for_backward(i, f, o, g, C0, C)
+        return o * rC, C                                                     # H_t = o ReLU(C_t), C_t
+    @staticmethod
+    def backward(ctx, dH, dC):
+        i, f, o, g, C0, C = ctx.saved_tensors
+        dC = dH * o * (C > 0) + (0 if dC is None else dC)                    # dL/dC_t through H_t and through C_{t+1}
+        return torch.cat([dC * g * i * (1 - i),                              # d i-pre: sigma' = sigma (1 - sigma)
+                          dC * C0 * f * (1 - f),                             # d f-pre
+                          dH * F.relu(C) * o * (1 - o),                      # d o-pre
+                          dC * i * (g > 0)], 1), dC * f                      # d g-pre (ReLU'), dL/dC_{t-1}
+
 class Latent2D(CaptionModel):
     "Dai et al.'s 2D-latent-state LSTM (convolutional gates over c×m×m maps), optionally with SPCA on its image input."
     @property
@@ -392,12 +414,19 @@ class Latent2D(CaptionModel):
         e = self.word(tokens).view(len(tokens), self.wc, self.m + 8, self.m + 8).contiguous(memory_format=self.memory_format)
         return self.drop(F.relu(self.wconv2(self.drop(F.relu(self.wconv1(e))))))  # word map X_t: (R, c, m, m)
 
-    def word_input(self, words):                                             # words: (N,) -> K_X * X: (N, 4c, m, m)
-        "K_X * X for each word: computed at every position (plain), or once per distinct word and gathered (fast; see the note above)."
-        if not fast(): return self.K_X(self.word_map(words))
+    def word_table(self, words):                                             # words: (N,)
+        "K_X * X once per distinct word (see the note above): the table (U, m*m*4c), rows channels-last, and each position's row (N,)."
         distinct, where = words.unique(return_inverse=True)                  # (U,) and each position's index into them (N,)
-        KXu = self.K_X(self.word_map(distinct)).permute(0, 2, 3, 1)          # K_X * X once per distinct word: (U, m, m, 4c)
-        return KXu.index_select(0, where).permute(0, 3, 1, 2)                # gathered per position: (N, 4c, m, m), channels-last
+        return self.K_X(self.word_map(distinct)).permute(0, 2, 3, 1).reshape(len(distinct), -1), where
+
+    def lookup(self, table, where):                                          # table: (U, m*m*4c); where: (R,)
+        "Rows of the word table as K_X * X maps (R, 4c, m, m), channels-last: an embedding lookup, whose gradient adds each position's into its word's row."
+        return F.embedding(where, table).view(len(where), self.m, self.m, 4 * self.c).permute(0, 3, 1, 2)
+
+    def word_input(self, words):                                             # words: (N,) -> K_X * X: (N, 4c, m, m)
+        "K_X * X for each word: computed at every position (plain), or once per distinct word and looked up (fast)."
+        if not fast(): return self.K_X(self.word_map(words))
+        return self.lookup(*self.word_table(words))
 
     def step(self, tokens, memory, state):
         return self._step(self.word_input(tokens), memory, state)
@@ -407,20 +436,34 @@ class Latent2D(CaptionModel):
         caps = batch["caps"]
         memory, state = self.init_state(batch)
         B, T = caps.shape[0], caps.shape[1] - 1
+        if fast():
+            # K_X * X once per distinct word; each step looks up its rows (the recurrence passes word indices, not maps:
+            # sorting and slicing (B, T, 4c, m, m) maps and their gradients cost more than the step's convolutions)
+            table, where = self.word_table(caps[:, :-1].reshape(-1))
+            memory["KX_table"] = (table,)                                    # a tuple: rows of words, not of captions (unroll keeps it whole)
+            return unroll(self._step_word, where.view(B, T), memory, state, self.target_lengths(caps))
         KX = self.word_input(caps[:, :-1].reshape(-1))                       # the input words' K_X * X_t: (B*T, 4c, m, m)
         return unroll(self._step, KX.view(B, T, 4 * self.c, self.m, self.m), memory, state, self.target_lengths(caps))
+
+    def _step_word(self, where, memory, state):                              # where: (R,) rows of memory["KX_table"]
+        return self._step(self.lookup(memory["KX_table"][0], where), memory, state)
 
     def _step(self, KX, memory, state):                                       # KX = K_X * X_t: (R, 4c, m, m)
         H, Cm, R = state["H"], state["C"], len(KX)
         aux = {}
         if self.spca:
             ctx, alpha, _ = self.spca(memory["V"], memory["pre"], H)         # C_t = SPCA(V, H_{t-1}): (R, c, m, m)
-            KV = self.K_V(ctx)
             if alpha is not None: aux["alpha"] = alpha                       # M^S normalised: (R, m*m)
-        else: KV = _rows(memory["KV"], R)                                   # K_V * V: (R, 4c, m, m)
-        i, f, o, g = (self.K_H(H) + KX + KV).chunk(4, 1)                    # gate pre-activations: (R, c, m, m) each
-        Cm = torch.sigmoid(f) * Cm + torch.sigmoid(i) * F.relu(g)            # C_t = f C_{t-1} + i g
-        H = torch.sigmoid(o) * F.relu(Cm)                                    # H_t = o ReLU(C_t)
+            if fast():   # K_H * H + K_V * C_t as one convolution of [H; C_t] with the two kernels side by side (one call, no sum)
+                HC, K = torch.cat([_rows(H, R), ctx], 1), torch.cat([self.K_H.weight, self.K_V.weight], 1)
+                pre = F.conv2d(HC, K, self.K_H.bias, padding=self.K_H.padding) + KX
+            else: pre = self.K_H(H) + KX + self.K_V(ctx)                     # gate pre-activations: (R, 4c, m, m)
+        else: pre = self.K_H(H) + KX + _rows(memory["KV"], R)               # K_V * V: (R, 4c, m, m)
+        if fast(): H, Cm = Cell2D.apply(pre, Cm)                             # the same equations, one autograd node (below)
+        else:
+            i, f, o, g = pre.chunk(4, 1)                                     # gate pre-activations: (R, c, m, m) each
+            Cm = torch.sigmoid(f) * Cm + torch.sigmoid(i) * F.relu(g)        # C_t = f C_{t-1} + i g
+            H = torch.sigmoid(o) * F.relu(Cm)                                # H_t = o ReLU(C_t)
         logits = self.out(self.drop(H).mean((2, 3)))                         # linear(avgpool(dropout(H_t))): (R, V)
         return logits, {"H": H, "C": Cm}, aux
 
