@@ -461,7 +461,8 @@ def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 
     from pathlib import Path
     check_int("rounds", rounds, lo=1); check_profile(profile)
     parsed = [family_spec(s) for s in specs]
-    repo = Path(__file__).resolve().parents[1]
+    from capbook.core import project_root
+    repo, home = Path(__file__).resolve().parents[1], project_root()
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True)
     if git("rev-parse", "--verify", f"{rev}^{{commit}}").returncode: raise CapbookError(f"parameter against={rev!r} is invalid: allowed is a commit of {repo}")
     runs = {"before": [], "now": []}
@@ -472,9 +473,9 @@ def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 
         try:
             for r in range(rounds):
                 for which, tree in (("before", old), ("now", repo)):
-                    env = {**os.environ, "PYTHONPATH": str(tree)}
+                    env = {**os.environ, "PYTHONPATH": str(tree), "CAPBOOK_HOME": str(home)}   # both codes read this book's data
                     res = subprocess.run([sys.executable, "-c", _VERSUS, json.dumps([profile, parsed, batches])],
-                                         capture_output=True, text=True, env=env)
+                                         capture_output=True, text=True, env=env, cwd=tree)   # cwd: `-c` puts it first on the path
                     if res.returncode: raise CapbookError(f"the {which} code failed in round {r + 1}: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
                     got = json.loads(res.stdout.strip().splitlines()[-1])
                     if Path(got.pop("capbook")).resolve().parents[1] != tree.resolve(): raise CapbookError(f"the {which} process imported capbook from elsewhere")

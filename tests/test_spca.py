@@ -145,7 +145,43 @@ def test_unrolled_word_maps_train_the_same_weights_as_indexing(monkeypatch):
             loss, _ = obj.loss(obj.outputs(m, b), b)
             opt.zero_grad(); loss.backward(); opt.step()
         return torch.cat([p.detach().flatten() for p in m.parameters()])
-    assert torch.equal(train(M.unroll), train(indexed))
+    with M.plain_paths(): assert torch.equal(train(M.unroll), train(indexed))   # the plain path unrolls the maps (the fast one, word indices)
+
+
+@pytest.mark.parametrize("structure,kernel", [(None, 3)] + [(s, k) for s in STRUCTURES for k in (1, 3, 5)])
+def test_2d_fast_path_computes_the_plain_equations(structure, kernel):
+    "The 2D model's fast path (the word table looked up per step, K_H and K_V as one convolution, the cell as one autograd node, 1x1 convolutions as linear maps, the shrinking batch) gives the plain code's logits, maps and every gradient (float64, dropout 0), for every structure and kernel."
+    from capbook.models import plain_paths
+    torch.manual_seed(5)
+    hp = dict(channels=3, map_size=3, att_dim=2, reduction=2, dropout=0.0)
+    name = "lstm2d" if structure is None else "lstm2d_spca"
+    m = build(name, 11, 6, (6, 6), **hp, **({} if structure is None else {"structure": structure, "kernel": kernel})).double().train()
+    caps = torch.zeros(5, 7, dtype=torch.long)
+    for b, n in enumerate([5, 2, 4, 5, 1]):                                   # unequal lengths: the fast path's batch shrinks
+        caps[b, 0], caps[b, 1:n + 1], caps[b, n + 1] = 1, torch.randint(3, 11, (n,)), 2
+    batch = {"feats": torch.randn(5, 36, 6, dtype=torch.float64), "caps": caps}
+    w = torch.randn(5, 6, 11, dtype=torch.float64)
+    def run():
+        m.zero_grad()
+        out = m(batch)
+        mask = (caps[:, 1:] != 0).double()[..., None]                        # ended rows: the fast path leaves zeros there
+        loss = (out["logits"] * w * mask).sum() + (out["alpha"] * mask).pow(2).sum() if "alpha" in out else (out["logits"] * w * mask).sum()
+        loss.backward()
+        return out, {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+    fast, gf = run()
+    with plain_paths(): plain, gp = run()
+    for k in plain: assert torch.allclose(fast[k] * (caps[:, 1:] != 0)[..., None], plain[k] * (caps[:, 1:] != 0)[..., None], atol=1e-12), k
+    assert gf.keys() == gp.keys() and all(torch.allclose(gf[k], gp[k], atol=1e-10) for k in gp), [k for k in gp if not torch.allclose(gf[k], gp[k], atol=1e-10)]
+
+
+def test_2d_cell_gradient_is_the_cells():
+    "The fast path's cell writes its gradient out by hand: gradcheck against autograd's, through H_t alone and through both outputs."
+    from capbook.spca import Cell2D
+    torch.manual_seed(0)
+    pre = torch.randn(3, 8, 4, 4, dtype=torch.float64, requires_grad=True)
+    C0 = torch.randn(3, 2, 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda p, c: Cell2D.apply(p, c), (pre, C0))
+    assert torch.autograd.gradcheck(lambda p, c: Cell2D.apply(p, c)[0], (pre, C0))
 
 
 def test_spatial_map_is_rescaled_to_mean_one():
