@@ -169,9 +169,10 @@ class SPCA(Attention):
         u = F.relu(_rows(x, R) + hh + self.conv1_s.bias[:, None, None])           # ReLU(Conv1([X; h])): (R, att, H, W)
         return torch.sigmoid(self.conv2_s(u))                                     # M^S = sigma(Conv2(.)): (R, 1, H, W)
 
-    def channel(self, X, h):
+    def channel(self, X, h, Xmean=None):                  # Xmean: AvgPool(X) (R, C) where the caller has it
         R = len(h)
-        pooled = torch.cat([_rows(X.mean((2, 3)), R), h if h.dim() == 2 else h.mean((2, 3))], 1)   # AvgPool(F_t): (R, 2C)
+        Xm = _rows(X.mean((2, 3)), R) if Xmean is None else Xmean
+        pooled = torch.cat([Xm, h if h.dim() == 2 else h.mean((2, 3))], 1)      # AvgPool(F_t): (R, 2C)
         if fast():   # a 1x1 convolution of a 1x1 map is a linear map: the same weights as matrix products (no convolution call)
             c1, c2 = self.conv1_c, self.conv2_c
             return torch.sigmoid(F.linear(F.relu(F.linear(pooled, c1.weight.flatten(1), c1.bias)), c2.weight.flatten(1), c2.bias))[..., None, None]
@@ -210,6 +211,18 @@ class SPCA(Attention):
             Mc = self.channel(V1, h)
             # C_t = V' ⊗ M^C([V'; h]): (R, C, H, W)
             ctx = V1 * Mc
+        return ctx, self.keep(attention_weights(Ms)), {"spatial": Ms, "channel": Mc}
+
+    def pooled(self, V, pre, h):
+        "AvgPool(C_t) (R, C) without the (R, C, H, W) context map (the 1D decoder reads only its average; the fast path for S, C, S||C and S-C): AvgPool(V ⊗ M^C ⊗ M~^S) = M^C ⊗ sum_cells V M^S / sum_cells M^S."
+        R, s = len(h), self.structure
+        Vf = _rows(V.flatten(2), R)                                                  # V as (R, C, H*W)
+        Ms = self.spatial(V, h, pre) if s != "C" else None                          # M^S: (R, 1, H, W)
+        Vs = torch.bmm(Vf, attention_weights(Ms)[:, :, None])[..., 0] if Ms is not None else Vf.mean(2)   # AvgPool(V ⊗ M~^S): (R, C)
+        Mc = None
+        if s == "S||C": Mc = self.channel(V, h, Vf.mean(2))                          # M^C from [V; h]
+        elif s in ("C", "S-C"): Mc = self.channel(V, h, Vs)                           # M^C from [V; h] (C) or [V'; h] (S-C)
+        ctx = Vs if Mc is None else Vs * Mc[:, :, 0, 0]                             # (R, C)
         return ctx, self.keep(attention_weights(Ms)), {"spatial": Ms, "channel": Mc}
 
 def mean_one(Ms: torch.Tensor) -> torch.Tensor:
@@ -264,6 +277,9 @@ class SPCAttention(Attention):
     def precompute(self, a):
         return self.spca.precompute(self._map(a))
     def forward(self, a, pre, h, expected=None):                    # a: (B, L, C); h_{t-1}: (R, n)
+        if fast() and self.spca.structure != "C-S":                 # the average without the map (`SPCA.pooled`; C-S convolves V ⊗ M^C)
+            ctx, alpha, info = self.spca.pooled(self._map(a), pre, self.proj(h))
+            return ctx, self.keep(alpha), info
         # C_t = SPCA(V, tile(W_p h_{t-1})): (R, C, H, W); alpha: (R, L) or None
         ctx, alpha, info = self.spca(self._map(a), pre, self.proj(h))
         # AvgPool(C_t): (R, C)

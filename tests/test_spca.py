@@ -148,13 +148,14 @@ def test_unrolled_word_maps_train_the_same_weights_as_indexing(monkeypatch):
     with M.plain_paths(): assert torch.equal(train(M.unroll), train(indexed))   # the plain path unrolls the maps (the fast one, word indices)
 
 
-@pytest.mark.parametrize("structure,kernel", [(None, 3)] + [(s, k) for s in STRUCTURES for k in (1, 3, 5)])
-def test_2d_fast_path_computes_the_plain_equations(structure, kernel):
-    "The 2D model's fast path (the word table looked up per step, K_H and K_V as one convolution, the cell as one autograd node, 1x1 convolutions as linear maps, the shrinking batch) gives the plain code's logits, maps and every gradient (float64, dropout 0), for every structure and kernel."
+@pytest.mark.parametrize("name,structure,kernel", [("lstm2d", None, 3)] + [(n, s, k) for n in ("lstm2d_spca", "lstm1d_spca")
+                                                                             for s in STRUCTURES for k in (1, 3, 5)])
+def test_spca_fast_paths_compute_the_plain_equations(name, structure, kernel):
+    "The SPCA models' fast paths (2D: the word table looked up per step, K_H and K_V as one convolution, the cell as one autograd node; 1D: the context's average without its map; both: 1x1 convolutions as linear maps, the shrinking batch) give the plain code's logits, maps and every gradient (float64, dropout 0), for every structure and kernel."
     from capbook.models import plain_paths
     torch.manual_seed(5)
-    hp = dict(channels=3, map_size=3, att_dim=2, reduction=2, dropout=0.0)
-    name = "lstm2d" if structure is None else "lstm2d_spca"
+    hp = dict(channels=3, map_size=3, att_dim=2, reduction=2) if "2d" in name else dict(emb_dim=8, hidden_dim=8, att_dim=4, reduction=2)
+    hp["dropout"] = 0.0
     m = build(name, 11, 6, (6, 6), **hp, **({} if structure is None else {"structure": structure, "kernel": kernel})).double().train()
     caps = torch.zeros(5, 7, dtype=torch.long)
     for b, n in enumerate([5, 2, 4, 5, 1]):                                   # unequal lengths: the fast path's batch shrinks
@@ -165,7 +166,7 @@ def test_2d_fast_path_computes_the_plain_equations(structure, kernel):
         m.zero_grad()
         out = m(batch)
         mask = (caps[:, 1:] != 0).double()[..., None]                        # ended rows: the fast path leaves zeros there
-        loss = (out["logits"] * w * mask).sum() + (out["alpha"] * mask).pow(2).sum() if "alpha" in out else (out["logits"] * w * mask).sum()
+        loss = (out["logits"] * w * mask).sum() + ((out["alpha"] * mask).pow(2).sum() if "alpha" in out else 0)
         loss.backward()
         return out, {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
     fast, gf = run()
@@ -251,7 +252,8 @@ def _train_and_check_map(smoke, objective_for, steps=60):
     m = build("lstm1d_spca", len(smoke.vocab), smoke.feat_shape[1], smoke.grid)
     obj, opt = objective_for(m), torch.optim.Adam(m.parameters(), lr=4e-4)
     maps = []
-    m.att.spca.register_forward_hook(lambda mod, inp, out: maps.append(out[2]["spatial"]))
+    spatial = m.att.spca.spatial                                          # M^S as computed, on the map path and the pooled one
+    m.att.spca.spatial = lambda *a: maps.append(spatial(*a)) or maps[-1]
     done, epoch = 0, 0
     while done < steps:
         for b in smoke.train.batches(64, epoch, 0):
