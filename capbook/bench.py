@@ -308,14 +308,14 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 _VERSUS = """
 import dataclasses, json, sys
 import capbook
-from capbook.bench import families, setup, train_speed, decode_speed
+from capbook.bench import families, setup, train_speed, decode_speed, step_profile
 profile, specs, batches = json.loads(sys.argv[1])
 out = {"capbook": capbook.__file__}
 for label, name, over in specs:
     fam = families(profile, [name])[0]
     fam = dataclasses.replace(fam, params=dataclasses.replace(fam.params, **over))
     s = setup(fam)
-    out[label] = [train_speed(s, batches), decode_speed(s)]
+    out[label] = [train_speed(s, batches), decode_speed(s), step_profile(s)["shares"]]
 print(json.dumps(out))
 """
 
@@ -329,7 +329,7 @@ def family_spec(spec: str) -> tuple[str, str, dict]:
 
 def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 12, rounds: int = 3,
            log: Callable[[str], None] = print) -> dict:
-    "Training captions/s and beam images/s of each family in `specs` under commit `rev` and under this code, in alternating fresh processes on this machine, `rounds` each (fastest kept): {family: {before, now, speedup, ...}}."
+    "Training captions/s and beam images/s of each family in `specs` under commit `rev` and under this code, in alternating fresh processes on this machine, `rounds` each (fastest kept), with each code's `step_profile` shares and the ceiling: the captions/s if the step took only its convolutions' time: {family: {before, now, speedup, ceiling, ...}}."
     import json, os, subprocess, sys, tempfile
     from pathlib import Path
     check_int("rounds", rounds, lo=1); check_profile(profile)
@@ -362,7 +362,10 @@ def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 
         bd, nd = (max(x[label][1] for x in runs[w]) for w in ("before", "now"))
         out[label] = {"before": round(b, 1), "now": round(n, 1), "speedup": round(n / b, 2),
                       "beam_before": round(bd, 1), "beam_now": round(nd, 1), "beam_speedup": round(nd / bd, 2),
-                      "rounds": {w: [round(x[label][0], 1) for x in runs[w]] for w in runs}}
+                      "rounds": {w: [round(x[label][0], 1) for x in runs[w]] for w in runs},
+                      "shares_before": runs["before"][-1][label][2], "shares_now": runs["now"][-1][label][2]}
+        conv = out[label]["shares_now"].get("convolutions", 0.0)   # the step's share in convolutions, at the rate they run now
+        if conv: out[label] |= {"ceiling": round(n / conv, 1), "ceiling_speedup": round(n / conv / b, 2)}   # if nothing else took time
     return {"against": git("rev-parse", "--short", rev).stdout.strip(), "profile": profile, "threads": torch.get_num_threads(),
             "families": out}
 

@@ -252,7 +252,11 @@ def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
 # *capbook:* the LSTM's size $n$ (256) differs from the feature channels $C$ (128 on shapes, 2048 for
 # ResNet-101), so $h_{t-1}$ is first projected to $C$ by a learned linear map $W_p$ (none when $n = C$). The pooling is
 # an average over the map of $C_t$ computed with the mean-1 map $\tilde M^S_t$ (above), so $\hat z_t$ is the
-# $M^S$-weighted mean $\sum_i \alpha_{t,i} V_i$ (times $M^C_t$).
+# $M^S$-weighted mean $\sum_i \alpha_{t,i} V_i$ (times $M^C_t$). The fast path computes it that way (`SPCA.pooled`): one
+# batched product of $V$ (C×HW) with $\alpha_t$, never the C×H×W map $C_t$, whose products and sums were a third of a
+# 1D step's time. S‖C, S, C and S-C pool this way; C-S convolves $V \otimes M^C_t$, so it keeps the map.
+# `test_spca_fast_paths_compute_the_plain_equations` checks both paths give the same outputs and gradients for every
+# structure and kernel.
 #
 # *capbook:* **the gate β and the doubly stochastic penalty are on, as in Soft-Attention\*.** Table 4 compares
 # 1D-LSTM + SPCA with "Soft-Attention\*", the authors' own run of Show-Attend-Tell's soft attention, and says SPCA is

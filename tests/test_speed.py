@@ -78,6 +78,21 @@ def test_bench_times_a_family_as_the_book_builds_it(smoke):
     assert op_kind("aten::mm") == "matrix products" and op_kind("aten::uniform_") == "random draws"
 
 
+def test_bench_against_an_earlier_commit_times_both_codes_in_alternating_processes(smoke):
+    "`capbook bench --against REV`: each round times the family under REV's code (a temporary worktree) and under this code, each in a fresh process that imports its own tree; a bad commit or family is one line."
+    from capbook.bench import versus, family_spec
+    from capbook.core import CapbookError
+    assert family_spec("lstm2d_spca/kernel=5/structure=S||C") == ("lstm2d_spca/kernel=5/structure=S||C", "lstm2d_spca",
+                                                                  {"kernel": 5, "structure": "S||C"})
+    with pytest.raises(CapbookError, match="parameter family='nic/seed' is invalid"): family_spec("nic/seed")
+    with pytest.raises(CapbookError, match="parameter against='no-such-commit' is invalid"): versus("no-such-commit", ["nic"], "smoke")
+    lines = []
+    out = versus("HEAD", ["nic/seed=1"], "smoke", batches=1, rounds=1, log=lines.append)
+    r = out["families"]["nic/seed=1"]
+    assert r["before"] > 0 and r["now"] > 0 and r["rounds"] == {"before": [r["before"]], "now": [r["now"]]}
+    assert [line.split()[2] for line in lines] == ["before", "now"]                 # the earlier code first, then this one
+
+
 def test_bf16_precision_is_a_checked_option_close_to_fp32(smoke):
     "precision='bf16' autocasts the CPU step (products in bfloat16, weights in float32): its loss on a batch is within 1% of fp32's; any other value stops with one line."
     from capbook.core import CapbookError
