@@ -15,7 +15,8 @@ from .runner import check_profile
 # %% auto 0
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
            'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'stacked_speed', 'TutorialDecoder',
-           'tutorial_speed', 'cider_bench', 'bench', 'family_spec', 'versus', 'chapter_times', 'gpu_table']
+           'tutorial_speed', 'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times',
+           'gpu_table']
 
 # %% ../nbs/00r_bench.ipynb
 @dataclass
@@ -368,6 +369,18 @@ def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 
         if conv: out[label] |= {"ceiling": round(n / conv, 1), "ceiling_speedup": round(n / conv / b, 2)}   # if nothing else took time
     return {"against": git("rev-parse", "--short", rev).stdout.strip(), "profile": profile, "threads": torch.get_num_threads(),
             "families": out}
+
+# %% ../nbs/00r_bench.ipynb
+def versus_table(d: dict) -> str:
+    "`versus`'s result as a markdown table: each family's captions/s before and now, the speed-up, the ceiling and the step's largest shares now."
+    rows = ["| family | before (captions/s) | now | speed-up | ceiling: convolutions only | beam images/s, before → now | now: time per kind of operator |",
+            "|---|---|---|---|---|---|---|"]
+    for k, r in d["families"].items():
+        shares = ", ".join(f"{n} {v:.0%}" for n, v in list(r["shares_now"].items())[:3])
+        ceiling = f"{r['ceiling']:.0f} ({r['ceiling_speedup']:.2f}×)" if "ceiling" in r else "—"
+        rows.append(f"| {k} | {r['before']:.0f} | {r['now']:.0f} | {r['speedup']:.2f}× | {ceiling} | "
+                    f"{r['beam_before']:.0f} → {r['beam_now']:.0f} | {shares} |")
+    return "\n".join(rows)
 
 # %% ../nbs/00r_bench.ipynb
 def chapter_times(notebooks: list[str], profile: str = "default", device: str = "auto", seed: int = 0,

@@ -421,6 +421,48 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 
 
 # %% [markdown]
+# ### The SPCA family's step, profiled and sped up
+#
+# The 2D-latent LSTM is the book's most expensive family: every step convolves c×7×7 state maps with 3×3 kernels
+# (K_H on H_{t-1}, K_V on SPCA's context, SPCA's own Conv₁ and Conv₂ of Eq. 11). Profiled at the default sizes (c = 32,
+# batch 64, this 2-core machine), the step before this section's changes spent 46% of its time in convolutions, 38% in
+# elementwise operators and 14% copying and gathering. Run cold, a batch's first step showed where the copies came
+# from: gathering the per-position K_X·X maps from the per-word table as a (N, 7, 7, 4c) tensor (its gradient a
+# 4-dimensional scatter-add, 15% of that step) and sorting the (B, T, 4c, 7, 7) maps longest caption first for the
+# shrinking batch (the index, its backward `index_put` and a fill, 10%). The fast path, kept beside the plain equations'
+# code (`plain_paths()` runs the plain code, and `test_spca_fast_paths_compute_the_plain_equations` checks both give
+# the same outputs and gradients for every structure and kernel):
+#
+# - the word table is an embedding looked up inside each step: the recurrence carries word indices, never the maps;
+# - K_H·H_{t-1} + K_V·C_t is one convolution of [H_{t-1}; C_t] with the two kernels side by side;
+# - the LSTM cell (three sigmoids, two ReLUs, the products and sums) is one autograd node, `Cell2D`, its gradient
+#   written out (checked by `gradcheck`);
+# - SPCA's channel attention (Eq. 12), 1×1 convolutions of a 1×1 map, runs as the matrix products it is;
+# - the 1D decoder averages SPCA's context without making its C×H×W map (`SPCA.pooled`).
+#
+# Measured with `capbook bench --against e7cee4a --family lstm2d,lstm2d_spca,lstm2d_spca/kernel=5,lstm2d_spca/kernel=1,lstm1d_spca`
+# (the code before these changes and today's, three alternating rounds each, the fastest kept; AMD EPYC, 2 threads,
+# bfloat16 autocast; the whole result in `figures/bench_2d.json`):
+#
+# <!-- versus -->
+# | family | before (captions/s) | now | speed-up | ceiling: convolutions only | beam images/s, before → now | now: time per kind of operator |
+# |---|---|---|---|---|---|---|
+# | lstm2d | 556 | 675 | 1.21× | 1435 (2.58×) | 753 → 756 | convolutions 47%, elementwise and other 37%, copies and gathers 12% |
+# | lstm2d_spca | 328 | 375 | 1.14× | 646 (1.97×) | 500 → 506 | convolutions 58%, elementwise and other 31%, copies and gathers 8% |
+# | lstm2d_spca/kernel=5 | 307 | 356 | 1.16× | 604 (1.97×) | 453 → 470 | convolutions 59%, elementwise and other 30%, copies and gathers 8% |
+# | lstm2d_spca/kernel=1 | 335 | 416 | 1.24× | 714 (2.13×) | 546 → 580 | convolutions 58%, elementwise and other 30%, copies and gathers 8% |
+# | lstm1d_spca | 218 | 248 | 1.14× | 839 (3.84×) | 783 → 736 | elementwise and other 33%, convolutions 30%, matrix products 28% |
+# <!-- /versus -->
+#
+# The step is 1.14–1.24× faster, not the 2× we aimed for, and the ceiling column says why: the convolutions are now
+# three fifths of a 2D step. The ceiling is the step's speed if everything but its convolutions, at the rate they run
+# now, took no time: 1.97× the old step for the 2D-LSTM + SPCA at 3×3 or 5×5. Reaching 2× would need less convolution
+# arithmetic, which means a different model (fewer channels, a smaller map), not a faster step. The 1D decoder's
+# ceiling is higher (3.8×): its step is Show-Attend-Tell's LSTM plus SPCA's 14×14 maps (Conv₂ and the ReLU of Eq. 11
+# over a 64-channel map at every step), elementwise work that eager PyTorch does not fuse. Decoding (beam 3) barely
+# moved: its steps are the same convolutions, without a backward pass.
+
+# %% [markdown]
 # ### Against an earlier commit
 #
 # A speed-up is only measured against the code it replaces, on the same machine at the same time. `versus` checks out
@@ -495,6 +537,24 @@ def versus(rev: str, specs: list[str], profile: str = "default", batches: int = 
         if conv: out[label] |= {"ceiling": round(n / conv, 1), "ceiling_speedup": round(n / conv / b, 2)}   # if nothing else took time
     return {"against": git("rev-parse", "--short", rev).stdout.strip(), "profile": profile, "threads": torch.get_num_threads(),
             "families": out}
+
+# %%
+#| export
+def versus_table(d: dict) -> str:
+    "`versus`'s result as a markdown table: each family's captions/s before and now, the speed-up, the ceiling and the step's largest shares now."
+    rows = ["| family | before (captions/s) | now | speed-up | ceiling: convolutions only | beam images/s, before → now | now: time per kind of operator |",
+            "|---|---|---|---|---|---|---|"]
+    for k, r in d["families"].items():
+        shares = ", ".join(f"{n} {v:.0%}" for n, v in list(r["shares_now"].items())[:3])
+        ceiling = f"{r['ceiling']:.0f} ({r['ceiling_speedup']:.2f}×)" if "ceiling" in r else "—"
+        rows.append(f"| {k} | {r['before']:.0f} | {r['now']:.0f} | {r['speedup']:.2f}× | {ceiling} | "
+                    f"{r['beam_before']:.0f} → {r['beam_now']:.0f} | {shares} |")
+    return "\n".join(rows)
+
+# %%
+_v = {"against": "abc1234", "families": {"lstm2d": {"before": 500.0, "now": 650.0, "speedup": 1.3, "ceiling": 1300.0, "ceiling_speedup": 2.6,
+      "beam_before": 700.0, "beam_now": 720.0, "shares_now": {"convolutions": 0.5, "elementwise and other": 0.4, "copies and gathers": 0.1}}}}
+assert "| lstm2d | 500 | 650 | 1.30× | 1300 (2.60×) | 700 → 720 | convolutions 50%, elementwise and other 40%, copies and gathers 10% |" in versus_table(_v)
 
 # %% [markdown]
 # ## Whole chapter runs

@@ -253,8 +253,8 @@ def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
 # ResNet-101), so $h_{t-1}$ is first projected to $C$ by a learned linear map $W_p$ (none when $n = C$). The pooling is
 # an average over the map of $C_t$ computed with the mean-1 map $\tilde M^S_t$ (above), so $\hat z_t$ is the
 # $M^S$-weighted mean $\sum_i \alpha_{t,i} V_i$ (times $M^C_t$). The fast path computes it that way (`SPCA.pooled`): one
-# batched product of $V$ (C×HW) with $\alpha_t$, never the C×H×W map $C_t$, whose products and sums were a third of a
-# 1D step's time. S‖C, S, C and S-C pool this way; C-S convolves $V \otimes M^C_t$, so it keeps the map.
+# batched product of $V$ (C×HW) with $\alpha_t$, never the C×H×W map $C_t$, whose products and sums were the 1D
+# step's largest elementwise work. S‖C, S, C and S-C pool this way; C-S convolves $V \otimes M^C_t$, so it keeps the map.
 # `test_spca_fast_paths_compute_the_plain_equations` checks both paths give the same outputs and gradients for every
 # structure and kernel.
 #
@@ -348,7 +348,10 @@ def lstm1d_spca(cfg: SPCA1DConfig, vocab_size, feat_dim, grid):
 # distinct word and step, so every occurrence of a word in a batch shares them, where Dai et al.'s code draws them per
 # occurrence. This is dropout on word types rather than tokens (as in Gal and Ghahramani's embedding dropout); the
 # state, image and output dropouts are unchanged. Measured one thread, this machine, default sizes: 2D-LSTM+SPCA
-# training went from 65 to 139 captions/s (GFLOP per caption 0.25 → 0.09).
+# training went from 65 to 139 captions/s (GFLOP per caption 0.25 → 0.09). The table is an embedding that each step
+# looks up; with the convolutions K_H and K_V merged into one call and the cell as one autograd node (`Cell2D`), the
+# fast path is 1.14–1.24× the step before them. Its convolutions alone would take half the old step's time, so no
+# faster step of the same model can reach 2× (`00r_bench` shows the profile and the side-by-side measurement).
 #
 # *capbook:* **$V$ passes dropout (0.5) before SPCA's convolutions see it.** Dai et al.'s released code drops $V$ where
 # it is made, and SPCA does not say where its module reads $V$. We keep the dropout where it is, so the SPCA model

@@ -200,3 +200,16 @@ def test_the_sites_gpu_table_is_the_measured_one():
     from conftest import notebook_markdown
     block = notebook_markdown("00r_bench").split("<!-- gpu -->\n", 1)[1].split("\n<!-- /gpu -->", 1)[0]
     assert block == gpu_table(res)
+
+
+def test_the_bench_notebooks_speed_up_table_is_its_measurement():
+    "The SPCA family's before/now table in `00r_bench` is `versus_table` of the measurement it cites (`figures/bench_2d.json`), not typed in."
+    import json
+    from capbook.bench import versus_table
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "nbs" / "00r_bench.py").read_text()
+    shown = text.split("# <!-- versus -->\n", 1)[1].split("# <!-- /versus -->", 1)[0]
+    measured = json.loads((root / "figures" / "bench_2d.json").read_text())
+    assert shown == "".join(f"# {line}\n" for line in versus_table(measured).splitlines())
+    assert all(r["rounds"]["before"] and r["rounds"]["now"] for r in measured["families"].values())
+
