@@ -22,7 +22,7 @@ __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADD
            'save_test_captions', 'stage_stats', 'epochs_trained', 'row_epochs', 'late_gain', 'curve_end',
            'interval_cells', 'seed_cells', 'paired_verdict', 'test_id', 'stage_best', 'Claims', 'book_family',
            'figure_pick', 'timed', 'scst_budget', 'scst_arms', 'self_critical', 'scst_setup', 'chapter_data',
-           'decoding', 'train_config', 'run_chapter']
+           'decoding', 'train_config', 'run_chapter', 'book_context']
 
 # %% ../nbs/00m_runner.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -670,4 +670,44 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **({"stages": stages} if stages else {}), **inputs, **extra)
+    if given.run_dir is None:                      # a reader's run by hand: where it falls among the book's own rows
+        for line in book_context(notebook, p, ctx.record): log(line)
     return ctx
+
+_NOT_COMPARED = ("run_dir", "device", "seed")   # what a book row's seeds differ in, or what changes no number
+
+def _compared(ch, params: dict) -> dict:
+    "A chapter run's parameters as `run_chapter` resolves them, less those that change no number or vary over seeds."
+    p = ch.resolve(ch.params(**{k: v for k, v in params.items() if k != "run_dir"}))
+    if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
+    return {k: v for k, v in dataclasses.asdict(p).items() if k not in _NOT_COMPARED}
+
+def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[str]:
+    "Lines placing a run's test `metric` (x100; `record` its results record) among the book's rows of its chapter, at its profile and on its data, that differ from it in at most one parameter: each row's mean over its seeds, the mean's 95% interval (`_judged`: mean ± t_{n-1} sd/√n), its seeds' range, and where the run falls. Empty where the book has no such row."
+    from capbook.plan import chapter_steps, replicas
+    from capbook.results import step_record
+    from capbook.metrics import _judged
+    ch = chapter(notebook)
+    mine = _compared(ch, dataclasses.asdict(p))
+    value, rows = 100 * record["metrics"][metric], []
+    try: steps = chapter_steps(p.profile, notebook)
+    except CapbookError: return []
+    for step in steps.values():
+        theirs = _compared(ch, step.params)
+        differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if len(differ) > 1: continue
+        try: recs = [step_record(p.profile, s) for s in replicas(p.profile, step)]
+        except CapbookError: continue                                     # a row the book has not made (yet)
+        if any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, replicas(p.profile, step))): continue   # only the book's own runs (or their published records), never a run by hand
+        if any(r["data"]["fingerprint"] != record["data"]["fingerprint"] for r in recs): continue   # other data: not comparable
+        xs = np.array([100 * r["metrics"][metric] for r in recs])
+        name = ch.label(ch.resolve(ch.params(**{k: v for k, v in step.params.items() if k != "run_dir"})))
+        what = "the same parameters" if not differ else f"{differ[0]}={theirs[differ[0]]!r}; this run {mine[differ[0]]!r}"
+        if len(xs) > 1:
+            lo, hi, _, _ = _judged(xs.mean(), xs.var(ddof=1) / len(xs), len(xs) - 1)
+            where = "inside" if xs.min() <= value <= xs.max() else "above" if value > xs.max() else "below"
+            rows.append(f"  {name} [{what}]: {xs.mean():.1f}, 95% interval of the mean [{float(lo):.1f}, {float(hi):.1f}], "
+                        f"{len(xs)} seeds from {xs.min():.1f} to {xs.max():.1f}: this run is {where} their range")
+        else: rows.append(f"  {name} [{what}]: {xs[0]:.1f}, one seed (no interval)")
+    if not rows: return []
+    return [f"This run's test {metric} (x100, beam {p.beam_size}): {value:.1f}. The book's rows beside it (profile {p.profile}):", *rows]

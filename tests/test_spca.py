@@ -297,3 +297,24 @@ def test_2d_decoding_with_distinct_word_maps_equals_plain():
     assert [c.tokens for c in fast] == [c.tokens for c in plain]
     for f, p in zip(fast, plain):
         assert abs(f.logprob - p.logprob) < 1e-4 and torch.allclose(f.alpha, p.alpha, atol=1e-5)
+
+
+def test_a_readers_kernel_run_is_placed_among_the_books_rows(monkeypatch):
+    "`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5` ends with where its score falls against the book's published rows that differ from it in one parameter (3x3 with its seeds' interval, 5x5 itself); a run on other data gets no such lines."
+    import dataclasses
+    from pathlib import Path
+    from capbook.runner import chapter, book_context
+    from capbook.results import records
+    monkeypatch.setenv("CAPBOOK_HOME", str(Path(__file__).resolve().parents[1]))   # the checkout's published book
+    ch = chapter("03_spca")
+    k5 = next(r for r in records("default", "03_spca") if r["_dir"].endswith("/03_spca-k5"))
+    p = ch.resolve(ch.params(profile="default", kernel=5))
+    lines = book_context("03_spca", p, {**k5, "metrics": {**k5["metrics"], "CIDEr": 0.5}})
+    assert lines[0].startswith("This run's test CIDEr (x100, beam 3): 50.0.")
+    three = next(line for line in lines if "[kernel=3; this run 5]" in line)
+    assert "95% interval of the mean [" in three and "this run is below their range" in three
+    assert any("(S||C, 5×5) [the same parameters]" in line for line in lines)
+    assert not any("none" in line.split("[")[0] for line in lines[1:])              # the 2D baseline differs in two: structure and kernel
+    other = {**k5, "data": {**k5["data"], "fingerprint": "another data set"}}
+    assert book_context("03_spca", p, other) == []
+    assert book_context("03_spca", dataclasses.replace(p, profile="smoke"), k5) == []   # a profile the checkout did not publish
