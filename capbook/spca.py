@@ -213,6 +213,7 @@ class Cell2D(torch.autograd.Function):
     "The 2D-LSTM's cell (C_t = f C_{t-1} + i g, H_t = o ReLU(C_t)) as one autograd node with its gradient written out: the ten elementwise operations of `Latent2D._step`'s plain code, without the autograd graph around each."
     @staticmethod
     def forward(ctx, pre, C0):                                               # pre: (R, 4c, m, m) gate pre-activations; C0 = C_{t-1}
+        "H_t and C_t (R, c, m, m) from the gates' pre-activations and C_{t-1}."
         i, f, o, g = pre.chunk(4, 1)
         i, f, o, g = torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(o), F.relu(g)
         C = f * C0 + i * g                                                   # C_t = f C_{t-1} + i g
@@ -221,6 +222,7 @@ class Cell2D(torch.autograd.Function):
         return o * rC, C                                                     # H_t = o ReLU(C_t), C_t
     @staticmethod
     def backward(ctx, dH, dC):
+        "The gradients of the pre-activations (R, 4c, m, m) and of C_{t-1} from those of H_t and C_t."
         i, f, o, g, C0, C = ctx.saved_tensors
         dC = dH * o * (C > 0) + (0 if dC is None else dC)                    # dL/dC_t through H_t and through C_{t+1}
         return torch.cat([dC * g * i * (1 - i),                              # d i-pre: sigma' = sigma (1 - sigma)
