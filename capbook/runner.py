@@ -676,11 +676,11 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
 
 _NOT_COMPARED = ("run_dir", "device", "seed")   # what a book row's seeds differ in, or what changes no number
 
-def _compared(ch, params: dict) -> dict:
-    "A chapter run's parameters as `run_chapter` resolves them, less those that change no number or vary over seeds."
+def _compared(ch, params: dict) -> tuple[Any, dict]:
+    "A chapter run's parameters as `run_chapter` resolves them, and those of them that change a number and do not vary over seeds."
     p = ch.resolve(ch.params(**{k: v for k, v in params.items() if k != "run_dir"}))
     if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
-    return {k: v for k, v in dataclasses.asdict(p).items() if k not in _NOT_COMPARED}
+    return p, {k: v for k, v in dataclasses.asdict(p).items() if k not in _NOT_COMPARED}
 
 def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[str]:
     "Lines placing a run's test `metric` (x100; `record` its results record) among the book's rows of its chapter, at its profile and on its data, that differ from it in at most one parameter: each row's mean over its seeds, the mean's 95% interval (`_judged`: mean ± t_{n-1} sd/√n), its seeds' range, and where the run falls. Empty where the book has no such row."
@@ -688,20 +688,21 @@ def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[
     from capbook.results import step_record
     from capbook.metrics import _judged
     ch = chapter(notebook)
-    mine = _compared(ch, dataclasses.asdict(p))
+    _, mine = _compared(ch, dataclasses.asdict(p))
     value, rows = 100 * record["metrics"][metric], []
     try: steps = chapter_steps(p.profile, notebook)
     except CapbookError: return []
     for step in steps.values():
-        theirs = _compared(ch, step.params)
+        row, theirs = _compared(ch, step.params)
         differ = sorted(k for k in mine if mine[k] != theirs.get(k))
         if len(differ) > 1: continue
-        try: recs = [step_record(p.profile, s) for s in replicas(p.profile, step)]
+        seeds = replicas(p.profile, step)
+        try: recs = [step_record(p.profile, s) for s in seeds]
         except CapbookError: continue                                     # a row the book has not made (yet)
-        if any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, replicas(p.profile, step))): continue   # only the book's own runs (or their published records), never a run by hand
+        if any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, seeds)): continue   # only the book's own runs (or their published records), never a run by hand
         if any(r["data"]["fingerprint"] != record["data"]["fingerprint"] for r in recs): continue   # other data: not comparable
         xs = np.array([100 * r["metrics"][metric] for r in recs])
-        name = ch.label(ch.resolve(ch.params(**{k: v for k, v in step.params.items() if k != "run_dir"})))
+        name = ch.label(row)
         what = "the same parameters" if not differ else f"{differ[0]}={theirs[differ[0]]!r}; this run {mine[differ[0]]!r}"
         if len(xs) > 1:
             lo, hi, _, _ = _judged(xs.mean(), xs.var(ddof=1) / len(xs), len(xs) - 1)

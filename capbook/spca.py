@@ -134,12 +134,13 @@ class SPCA(Attention):
         R, s = len(h), self.structure
         Vf = _rows(V.flatten(2), R)                                                  # V as (R, C, H*W)
         Ms = self.spatial(V, h, pre) if s != "C" else None                          # M^S: (R, 1, H, W)
-        Vs = torch.bmm(Vf, attention_weights(Ms)[:, :, None])[..., 0] if Ms is not None else Vf.mean(2)   # AvgPool(V ⊗ M~^S): (R, C)
+        alpha = attention_weights(Ms)                                               # M^S normalised over the map: (R, H*W) or None
+        Vs = torch.bmm(Vf, alpha[:, :, None])[..., 0] if alpha is not None else Vf.mean(2)   # AvgPool(V ⊗ M~^S): (R, C)
         Mc = None
         if s == "S||C": Mc = self.channel(V, h, Vf.mean(2))                          # M^C from [V; h]
         elif s in ("C", "S-C"): Mc = self.channel(V, h, Vs)                           # M^C from [V; h] (C) or [V'; h] (S-C)
         ctx = Vs if Mc is None else Vs * Mc[:, :, 0, 0]                             # (R, C)
-        return ctx, self.keep(attention_weights(Ms)), {"spatial": Ms, "channel": Mc}
+        return ctx, self.keep(alpha), {"spatial": Ms, "channel": Mc}
 
 def mean_one(Ms: torch.Tensor) -> torch.Tensor:
     "M^S (R, 1, H, W) scaled to mean 1 over the map, M^S HW / sum M^S: where to look, not how much (R, 1, H, W)."
@@ -309,7 +310,7 @@ class Latent2D(CaptionModel):
                 pre = F.conv2d(HC, K, self.K_H.bias, padding=self.K_H.padding) + KX
             else: pre = self.K_H(H) + KX + self.K_V(ctx)                     # gate pre-activations: (R, 4c, m, m)
         else: pre = self.K_H(H) + KX + _rows(memory["KV"], R)               # K_V * V: (R, 4c, m, m)
-        if fast(): H, Cm = Cell2D.apply(pre, Cm)                             # the same equations, one autograd node (below)
+        if fast(): H, Cm = Cell2D.apply(pre, Cm)                             # the same equations, one autograd node (`Cell2D`)
         else:
             i, f, o, g = pre.chunk(4, 1)                                     # gate pre-activations: (R, c, m, m) each
             Cm = torch.sigmoid(f) * Cm + torch.sigmoid(i) * F.relu(g)        # C_t = f C_{t-1} + i g
