@@ -87,7 +87,8 @@ def plan(profile: str) -> list[Step]:
     check_profile(profile)
     chs, runs, rest = chapters(), [], []
     for nb in notebooks():
-        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()]
+        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()
+                               if profile in chs[nb].only.get(tag, (profile,))]
         elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
         else: rest.append(Step(nb))
     seeds = [r for s in runs for r in replicas(profile, s)[1:]]   # every row's first seed before any repeat

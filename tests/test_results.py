@@ -271,10 +271,12 @@ def test_fingerprints_are_kept_between_processes(tmp_path, monkeypatch):
 
 
 def test_every_row_a_verdict_rests_on_carries_three_seeds():
-    "The default plan repeats every compared row over three seeds (Show-Attend-Tell's headline rows over five), except the SPCA rows no verdict rests on, trained once; the smoke plan trains each row once."
+    "The default plan repeats every compared row over three seeds (Show-Attend-Tell's headline rows over five), SPCA's structures and kernels too, and trains the 2D state's map pilot once; the smoke plan trains each row once, and the width and map trial of the default profile not at all."
     from capbook.plan import plan
     runs = lambda profile, nb: {s.tag: len(R.replicas(profile, s)) for s in plan(profile) if s.notebook == nb and not s.replica}
-    assert runs("default", "03_spca") == {"": 3, "base": 3, "1d": 3, "soft": 3, "S": 1, "C": 1, "C-S": 1, "S-C": 1, "k1": 1, "k5": 1}
+    table23 = {"": 3, "base": 3, "S": 3, "C": 3, "C-S": 3, "S-C": 3, "k1": 3, "k5": 3}
+    assert runs("default", "03_spca") == {**table23, "1d": 3, "soft": 3, "c32": 3, "map14": 1}
+    assert set(runs("smoke", "03_spca")) == set(runs("paper", "03_spca")) == set(table23) | {"1d", "soft"}
     assert runs("default", "02_show_attend_tell")[""] == 5 and runs("default", "06_baselines")["nic"] == 3
     assert set(runs("smoke", "03_spca").values()) == {1}
 
