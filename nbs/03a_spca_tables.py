@@ -16,9 +16,9 @@
 # %% [markdown]
 # # SPCA: Tables 1–4, Figures 1 and 4, and whether convolutional attention localises better
 #
-# > SPCA's results, assembled from the ten runs of the previous chapter: parameters and decoding speed (Table 1), the five structures (Table 2), the kernel sizes (Table 3), the comparison with the other models (Table 4), grid and SPCA attention for the same words (Figures 1 and 4), and the paper's central claim tested with attention correctness.
+# > SPCA's results, assembled from the rows of the previous chapter: parameters and decoding speed (Table 1), the five structures (Table 2), the kernel sizes (Table 3), the comparison with the other models (Table 4), grid and SPCA attention for the same words (Figures 1 and 4), and the paper's central claim tested with attention correctness; and the trial that chose the 2D state's width.
 #
-# The book runs `03_spca` ten times on the same data and budget, each over the training seeds (the runs `capbook.spca`
+# The book runs `03_spca`'s ten rows on the same data and budget, each over the training seeds (the runs `capbook.spca`
 # declares): the 2D-latent-state LSTM without attention (the paper's baseline), with SPCA in each of the five
 # structures (3×3 kernels) and with S‖C at 1×1 and 5×5 kernels, and the 1D LSTM (Show-Attend-Tell's decoder) with
 # S‖C and with its own grid attention ("Soft-Attention\*", the paper's own run of soft attention). Nothing is trained
@@ -194,8 +194,8 @@ display(Markdown(show_table(table4, run.path("table_spca_table4"), floatfmt=".2f
 # The paper's comparisons in Tables 2–4, each a claim on CIDEr tested on the same test images
 # (`capbook.runner.Claims`, `nbs/02b_protocol`): Student's *t* over each row's training seeds and the test images, each
 # variance component counted once — the seed is the unit of replication; *holds* when the 95 % interval of the
-# difference is above zero, *does not hold* below, *cannot tell* when it contains zero. A row trained once (six of the
-# ablation rows at the default profile, every row at the smoke and paper profiles) states *one seed: no verdict*: its
+# difference is above zero, *does not hold* below, *cannot tell* when it contains zero. A row trained once (every row at the smoke
+# and paper profiles; at the default profile every row has three seeds) states *one seed: no verdict*: its
 # interval is over the test images alone, marked *images only*, and says nothing about another seed of the same row.
 # Each claim quotes the paper's words or table cells it tests; SPCA's Table 4 has the 2D-latent LSTM + SPCA below
 # ATT2in (CIDEr 99.3 vs 101.3), so the book tests the paper's stronger row, 1D-LSTM + SPCA, against ATT2in. The note
