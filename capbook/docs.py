@@ -172,8 +172,15 @@ def machine_paths() -> list[tuple[str, str]]:
     return sorted({(a.rstrip("/"), b) for a, b in pairs if len(a.rstrip("/")) > 1}, key=lambda p: -len(p[0]))
 
 def _relative(text: str, paths: list[tuple[str, str]]) -> str:
-    for a, b in paths: text = text.replace(a + "/", "" if b == "." else b + "/").replace(a, b)
-    return text
+    "Each path of `paths` (prefix, stand-in) in `text` replaced in one pass, only where it is a whole path or a path's folder: `/tmp/tmpab/x` -> `<tmp>/tmpab/x` (never `<tmp><tmp>ab/x`), `/home/user2` left alone under `/home/user`."
+    if not paths: return text
+    to = dict(paths)
+    alt = "|".join(re.escape(a) for a, _ in sorted(paths, key=lambda p: -len(p[0])))   # longest first: the alternation tries in order
+    def stand_in(m):
+        b = to[m.group(1)]
+        return ("" if b == "." else b + "/") if m.group(2) else b
+    # a prefix not inside a longer name (no name character before it), then a slash or the path's end (not a name character, nor '.name')
+    return re.sub(rf"(?<![\w.~-])({alt})(?:(/)|(?![\w-]|\.\w))", stand_in, text)
 
 def without_machine_paths(text: str) -> str:
     "`text` with this machine's paths (`machine_paths`) made relative: what a published file may say."

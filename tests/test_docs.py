@@ -269,3 +269,16 @@ def test_a_readers_copy_refreshed_in_place_keeps_its_outputs_and_parameters_note
     outputs = lambda n: [c.get("outputs") for c in n.cells if c.cell_type == "code"]
     notes = lambda n: [c.source for c in n.cells if c.cell_type == "markdown" and c.source.startswith("*This run used")]
     assert outputs(nb) == outputs(old) and notes(nb) == notes(old) and len(notes(nb)) == 1
+
+
+def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
+    "A published text names no path of the machine, and the replacement stops at path boundaries: a temporary file's folder named tmp... is not replaced twice (`<tmp><tmp>...`), and /home/user2 is not /home/user."
+    from capbook.docs import _relative
+    P = [("/work/main", "."), ("/work/main/.venv", "<python>"), ("/tmp", "<tmp>"), ("/home/user", "~")]
+    cases = {"/tmp/tmpaqsmhbne/bad.yaml: line 1": "<tmp>/tmpaqsmhbne/bad.yaml: line 1",
+             "/home/user2/x and /home/user/x": "/home/user2/x and ~/x",
+             "PosixPath('/work/main/runs/default/x')": "PosixPath('runs/default/x')",
+             "/work/main/.venv/bin/python": "<python>/bin/python", "cd /work/main.": "cd ..", "at /work/main": "at .",
+             "/var/tmp/x and /home/user.bak": "/var/tmp/x and /home/user.bak", "file:///tmp/a": "file://<tmp>/a"}
+    assert {a: _relative(a, P) for a in cases} == cases
+    assert _relative("/tmp/x", []) == "/tmp/x"
