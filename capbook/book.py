@@ -15,9 +15,9 @@ from .results import plan_keys
 
 # %% auto 0
 __all__ = ['FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table',
-           'results_table', 'verdict_lines', 'book_time', 'fill_blocks', 'index_blocks', 'readme_text', 'readme_status',
-           'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times', 'publish',
-           'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
+           'results_table', 'verdict_lines', 'findings', 'book_time', 'fill_blocks', 'index_blocks', 'readme_text',
+           'readme_status', 'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times',
+           'publish', 'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
            'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
@@ -124,6 +124,29 @@ def verdict_lines(folder: Path) -> str:
     return ("Holm's correction runs per chapter over its distinct tests (\"survives Holm\": what it keeps) and, in the "
             "all-models chapter, over the whole book.\n\n"
             + "\n".join(out))
+
+def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
+    "What each tables chapter found, for the top of its page (`capbook.docs.findings_cells`): its claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`)."
+    import pandas as pd
+    from capbook.results import MANIFEST
+    folder = Path(folder)
+    made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
+    lines: dict[str, list[str]] = {}
+    for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
+        if f.name not in made: continue
+        part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
+        for r in pd.read_csv(f).itertuples(index=False):
+            p = f"p {r.p:.2g}; Holm: {r.Holm}" if isinstance(r.p, float) and r.p == r.p else ""
+            claim = re.sub(r"([*_\[\]`])", r"\\\1", r.claim)      # as written: Soft-Attention* is no emphasis
+            claim = f"{part.replace('table', 'Table ')}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
+            lines.setdefault(made[f.name], []).append(f"- {claim}: **{r.verdict}**" + (f" ({p})" if p else ""))
+    out = {}
+    for nb, ls in lines.items():
+        ch = next((c for name, c in chapters().items() if name[:2] == nb[:2]), None)    # 03a_spca_tables: 03_spca's
+        fig = folder / ch.figures[0] if ch is not None and ch.figures else None
+        out[nb] = ("Each claim of the paper as this chapter tested it, over the training seeds and the test images (the rule: "
+                   "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls), fig)
+    return out
 
 def book_time(folder: Path) -> str:
     "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`."
@@ -383,7 +406,7 @@ def build_docs(profile: str = "default", log=print) -> Path:
         notes, status = {nb: STALE_NOTE for nb in old}, chapter_status(rows)
     blocks = index_blocks(out_dir(profile), status, site=True)
     site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes,
-                      fill=lambda md: fill_blocks(md, blocks))
+                      fill=lambda md: fill_blocks(md, blocks), findings=findings(out_dir(profile)))
     log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
     return site
 

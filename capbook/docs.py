@@ -11,10 +11,10 @@ import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
 # %% auto 0
-__all__ = ['STRIP', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html', 'prepare_notebook', 'exported',
-           'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths', 'reader_notebook', 'slim_notebook',
-           'inflate_notebook', 'keep_notebooks', 'write_book', 'build_site', 'Chromium', 'chromium_dom',
-           'chromium_screenshot']
+__all__ = ['STRIP', 'TABLES_PAGE', 'ASSEMBLED', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html',
+           'prepare_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths',
+           'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks', 'figure_caption', 'findings_cells',
+           'write_book', 'build_site', 'Chromium', 'chromium_dom', 'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb
 _DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -57,14 +57,19 @@ def strip_html(b64: str) -> str | None:
     return (f'<div class="capbook-strip" style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
             f'alt="attention, word by word" style="max-width: none; width: {size[0]}px; height: {size[1]}px"></div>')
 
+_PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")
+
 def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a strip image as scrolling HTML (`strip_html`)."
+    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a strip image as scrolling HTML (`strip_html`); a path's repr as the path."
     data = out.get("data", {})
     if _WIDGET_VIEW in data: return None
     if "image/png" in data and (html := strip_html(data["image/png"])):
         out["data"] = {"text/html": html}
     if "text/markdown" in data:
         data["text/markdown"] = sanitize_markdown(data["text/markdown"])
+    if set(data) == {"text/plain"}:               # a value's repr: a path shows as the path, not as PosixPath('...')
+        text = data["text/plain"] if isinstance(data["text/plain"], str) else "".join(data["text/plain"])
+        data["text/plain"] = _PATH_REPR.sub(lambda m: m[1], text)
     if out.get("output_type") == "stream":
         out["text"] = _quiet(out["text"])
         if not out["text"]: return None
@@ -77,13 +82,23 @@ def _builds_only(cell: nbformat.NotebookNode) -> bool:
     shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown", "text/html"))
     return shows and not _EQUATION.search(cell.source) and not re.search(r"^(def|class) ", cell.source, re.M)
 
-def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils."
+TABLES_PAGE = re.compile(r"^(?!00)\d\da_")       # a tables chapter (02a_, 03a_, ...): it assembles earlier runs' results
+ASSEMBLED = "How these tables were assembled"      # the section at the end of a tables chapter that keeps its books
+_FOLDED = {"remove-input", "hide-input", "hide-cell"}
+
+def _bookkeeping(cell: nbformat.NotebookNode, dirs: dict[str, str]) -> bool:
+    "A cell that keeps books (`#| bookkeeping`: the run list, records, hashes), a run's parameters cell or papermill's note of them."
+    return "bookkeeping" in dirs or "parameters" in cell.metadata.get("tags", []) or \
+        (cell.cell_type == "markdown" and cell.source.startswith("*This run used"))
+
+def prepare_notebook(nb: nbformat.NotebookNode, tables: bool = False) -> nbformat.NotebookNode:
+    "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils; a cell that only draws a table or figure folded; on a tables chapter (`tables`), every code cell folded and the cells that keep books moved, folded, to a last section (`ASSEMBLED`)."
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     nb.metadata.setdefault("language_info", {"name": "python"})
-    cells = []
+    cells, books = [], []
     for cell in nb.cells:
+        dirs = {}
         if cell.cell_type == "code":
             dirs, cell.source = nbdev_directives(cell.source)
             if dirs.keys() & _DROP or _off(dirs.get("include", "")): continue
@@ -92,10 +107,16 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             if _off(dirs.get("output", "")): tags.append("remove-output")
             if not _off(dirs.get("code-fold", "false")): tags.append("hide-input")
             cell.outputs = [o for o in map(_clean_output, cell.outputs) if o is not None]
-            if _builds_only(cell) and not {"remove-input", "hide-input"} & set(tags): tags.append("hide-input")   # only draws a table or figure: folded
+            if (tables or _builds_only(cell)) and not _FOLDED & set(tags): tags.append("hide-input")   # builds a table or figure: folded
             if not cell.source.strip() and not cell.outputs: continue
+        if tables and _bookkeeping(cell, dirs):
+            if cell.cell_type == "code": cell.metadata["tags"] = [t for t in cell.metadata["tags"] if t not in _FOLDED] + ["hide-cell"]
+            books.append(cell); continue
         cells.append(cell)
-    nb.cells = cells
+    if books:
+        cells.append(nbformat.v4.new_markdown_cell(f"## {ASSEMBLED}\n\nThe runs this page reads, their records and the "
+                                                   "parameters it ran with (unfold a cell to see it)."))
+    nb.cells = cells + books
     return nb
 
 # %% ../nbs/00o_docs.ipynb
@@ -111,8 +132,18 @@ def _is_run(c) -> bool:
     "A cell whose outputs are the run's: a code cell that is not an exported definition."
     return c["cell_type"] == "code" and not exported(_text(c))
 
+def _code_of(source: str) -> str | None:
+    "What a code cell computes, as its syntax tree (comments and `#|` directives are not in it); None for a cell that is not Python."
+    import ast
+    try: return ast.dump(ast.parse(source))
+    except SyntaxError: return None
+
+def _same_run(ran: str, today: str) -> bool:
+    "Whether a cell as it ran and as it is today compute the same thing, their text differing only in comments or directives."
+    return ran != today and (code := _code_of(today)) is not None and code == _code_of(ran)
+
 def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNode:
-    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring or a paragraph changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
+    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring, a paragraph or a comment changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
     import copy
     if not Path(source).exists(): return nb
     src = json.loads(Path(source).read_text())["cells"]
@@ -122,6 +153,7 @@ def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNo
     for c in src:
         if _is_run(c):
             i = ran[c["id"]]
+            if _same_run(_text(nb.cells[i]), _text(c)): nb.cells[i].source = _text(c)   # its comments as they are today
             cells.append(nb.cells[i])
             if i + 1 < len(nb.cells) and _run_parameters(nb.cells[i + 1]):
                 cells.append(nb.cells[i + 1])      # papermill's parameters (or a reader's note of them), after the parameters cell
@@ -138,10 +170,12 @@ def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNo
     return nb
 
 def copy_current(copy: Path, source: Path) -> bool:
-    "Whether a reader's copy shows its notebook's prose and exported code as they are today."
+    "Whether a reader's copy shows its notebook's prose, exported code and comments as they are today."
     if not Path(source).exists(): return True
     had = {c.get("id"): _text(c) for c in json.loads(Path(copy).read_text())["cells"]}
-    return all(had.get(c.get("id")) == _text(c) for c in json.loads(Path(source).read_text())["cells"] if not _is_run(c))
+    src = json.loads(Path(source).read_text())["cells"]
+    return all(had.get(c.get("id")) == _text(c) for c in src if not _is_run(c)) and \
+        not any(_same_run(had.get(c.get("id"), ""), _text(c)) for c in src if _is_run(c))
 
 def _run_parameters(c) -> bool:
     "A run's own parameters cell: papermill's injected one, or the one-line note a reader's copy makes of it (`capbook.docs.reader_notebook`)."
@@ -339,9 +373,41 @@ def _read_notebook(path: Path) -> nbformat.NotebookNode:
     try: return nbformat.read(path, as_version=4)
     except Exception as e: raise CapbookError(f"{path}: unreadable notebook ({type(e).__name__}: {e})") from None
 
+def _png_b64(path: Path) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
+
+def figure_caption(nb: nbformat.NotebookNode, b64: str) -> str | None:
+    "The heading of the section in which a page shows the image `b64` (base64 PNG): the figure's caption; None if the page does not show it."
+    want, heading = "".join(b64.split()), None
+    for c in nb.cells:
+        if c.cell_type == "markdown" and (m := re.search(r"^#{1,6}\s+(.+?)\s*$", c.source, re.M)): heading = m[1]
+        if c.cell_type == "code" and any("".join(str(o.get("data", {}).get("image/png", "")).split()) == want for o in c.get("outputs", [])):
+            return heading
+    return None
+
+def _title_and_lede(md: str) -> tuple[str, str]:
+    "A page's first Markdown cell split after its title and the quoted lede under it: (those, the rest)."
+    lines = md.splitlines()
+    i = next((k + 1 for k, l in enumerate(lines) if l.startswith("# ")), 0)
+    while i < len(lines) and (not lines[i].strip() or lines[i].startswith(">")): i += 1
+    return "\n".join(lines[:i]).rstrip(), "\n".join(lines[i:]).strip()
+
+def findings_cells(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None) -> list:
+    "The cells a tables chapter opens with: what it found (`claims_md`, its verdicts one line each) and the figure that carries it, with the caption of the section that shows it."
+    cells = [nbformat.v4.new_markdown_cell("**What this chapter found.**\n\n" + claims_md)]
+    if figure is not None and Path(figure).is_file():
+        b64 = _png_b64(figure)
+        fig = nbformat.v4.new_code_cell("# the chapter's figure", metadata={"tags": ["remove-input"]})   # (a cell without source is not shown)
+        fig.outputs = [nbformat.v4.new_output("display_data", data={"image/png": b64, "text/plain": "<Figure>"})]
+        caption = figure_caption(nb, b64) or Path(figure).stem.removeprefix("fig_").replace("_", " ")
+        caption = caption if caption.lower().startswith("fig") else f"Figure: {caption}"
+        cells += [fig, nbformat.v4.new_markdown_cell(f"*{caption}* (its section below says how it was made).")]
+    return cells
+
 def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None) -> list[str]:
-    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named; `fill`: applied to every Markdown cell, e.g. the generated blocks of the first page); returns the warnings about API modules left out."
+               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None,
+               findings: dict[str, tuple[str, Path | None]] | None = None) -> list[str]:
+    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named; `fill`: applied to every Markdown cell, e.g. the generated blocks of the first page; `findings`: what a tables chapter found, its verdicts' Markdown and its figure, put under its title, `findings_cells`); returns the warnings about API modules left out."
     notebooks = [Path(p) for p in notebooks]
     if not notebooks: raise CapbookError("build_site: no notebooks given")
     names = ["index" if i == 0 and intro_md is None else p.stem for i, p in enumerate(notebooks)]
@@ -350,13 +416,16 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
         raise CapbookError(f"build_site: two pages would be named {', '.join(dups)}; rename the notebook")
     if intro_md is not None: (src / "index.md").write_text(intro_md)
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
-        nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"))
+        nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"), tables=bool(TABLES_PAGE.match(p.stem)))
         if fill:
             for c in nb.cells:
                 if c.cell_type == "markdown": c.source = fill(c.source)
-        if notes and p.stem in notes:
-            at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)   # under the title cell
-            nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
+        at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)   # under the title cell
+        if findings and p.stem in findings and at:                # ... and its lede: the rest of that cell after the findings
+            head, rest = _title_and_lede(nb.cells[at - 1].source)
+            if rest: nb.cells[at - 1].source = head; nb.cells.insert(at, nbformat.v4.new_markdown_cell(rest))
+        if findings and p.stem in findings: nb.cells[at:at] = findings_cells(nb, *findings[p.stem])
+        if notes and p.stem in notes: nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
         nbformat.write(nb, src / f"{name}.ipynb")
     (src / "_static").mkdir(exist_ok=True)
     (src / "_static" / "capbook.css").write_text(_CSS)
@@ -386,7 +455,8 @@ def _is_site(d: Path) -> bool:
     return not d.exists() or d.is_dir() and (not any(d.iterdir()) or (d / "index.html").exists())
 
 def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None) -> Path:
+               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None,
+               findings: dict[str, tuple[str, Path | None]] | None = None) -> Path:
     "Build the HTML site of executed `notebooks` (in reading order) into `out_dir`, atomically; returns its `index.html`."
     out_dir = Path(out_dir).resolve()
     if not _is_site(out_dir): raise CapbookError(f"{out_dir}: not empty and not a docs site; refusing to replace it")
@@ -395,7 +465,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
     tmp = temp_dir(out_dir)
     try:
         src = tmp / "src"; src.mkdir()
-        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes, fill)
+        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes, fill, findings)
         cmd = [*_jupyter_book(), "build", str(src), "--path-output", str(tmp), "--builder", "html"]
         res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
         log = "".join(w + "\n" for w in warnings) + _ANSI.sub("", res.stdout + res.stderr)

@@ -45,6 +45,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("02a_soft_vs_hard", read_params(["profile", "run_dir"], globals()))
 steps = chapter_steps(profile, "02_show_attend_tell")
 recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds

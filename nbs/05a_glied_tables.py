@@ -49,6 +49,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("05a_glied_tables", read_params(["profile", "run_dir"], globals()))
 steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_show_attend_tell", ("", "none")),
                                       "base": ("06_baselines", None)})
@@ -58,7 +59,7 @@ pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "variant": recs[k].get(
                "record": Path(recs[k]["_dir"]).name, "data": recs[k]["data"]["fingerprint"]} for k, s in steps.items()])
 
 # %% [markdown]
-# Every run above was trained on the same data (the cell stops if a fingerprint differs), so the rows compare models.
+# Every run this page reads (listed in its last section) was trained on the same data (the cell stops if a fingerprint differs), so the rows compare models.
 #
 # ## The attributes
 #

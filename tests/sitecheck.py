@@ -3,13 +3,73 @@ page showing the tables and images its notebook holds, and no error output, mach
 import re
 from pathlib import Path
 import nbformat
-from capbook.docs import Chromium
+from capbook.docs import ASSEMBLED, TABLES_PAGE, Chromium
 
 # an absolute path on a build machine: /work/…, /home/…, /root/…, /tmp/…, /Users/…, /mnt/…, /var/folders/…
 MACHINE_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:work|home|root|tmp|Users|mnt|var/folders|opt/conda)/[\w.-]")
 CHATTER = ("PTBTokenizer tokenized", "tokens per second", "it/s]", "TqdmWarning", "run_dir = ", "training from scratch", "resumed from")
 _CODE_INPUT = re.compile(r'<div class="highlight-ipython3 notranslate">.*?</pre>', re.S)   # the code itself may name paths
 _MD_TABLE = re.compile(r"^\|.*\|[ \t]*\n\|[ \t]*:?-", re.M)
+_FOLDED = ("tag_hide-input", "tag_hide-cell", "tag_remove-input")
+_METHOD = re.compile(r"^\s*(?:def|class)\b|#.*[=≈∝]", re.M)   # a definition, or an equation's comment line
+
+
+def cells(html: str) -> list[tuple[str, str, str]]:
+    "The code cells of a built page: (their classes, their input's HTML, their output's HTML), in order, each cut at the end of its own container."
+    from html.parser import HTMLParser
+    found = []
+    class Cells(HTMLParser):
+        depth, start, classes = 0, None, ""
+        def handle_starttag(self, tag, attrs):
+            if tag != "div": return
+            cls = dict(attrs).get("class") or ""
+            if self.start is None and re.match(r"cell( |$)", cls):
+                self.start, self.classes, self.depth = self.getpos(), cls, 0
+            if self.start is not None: self.depth += 1
+        def handle_endtag(self, tag):
+            if tag != "div" or self.start is None: return
+            self.depth -= 1
+            if self.depth == 0: found.append((self.start, self.getpos(), self.classes)); self.start = None
+    Cells(convert_charrefs=False).feed(html)
+    lines = html.splitlines(keepends=True)
+    offset = [0]
+    for line in lines: offset.append(offset[-1] + len(line))
+    out = []
+    for (l0, c0), (l1, c1), classes in found:
+        part = html[offset[l0 - 1] + c0:offset[l1 - 1] + c1]
+        cut = part.find('class="cell_output')
+        inp, outp = (part, "") if cut < 0 else (part[:cut], part[cut:])
+        out.append((classes, inp if 'class="cell_input' in inp else "", outp))
+    return out
+
+
+def check_folding(name: str, html: str) -> int:
+    "One folding rule over a built page: on a tables chapter every code cell is folded; on any page a cell that only draws a table or figure (it shows one, and its code neither defines anything nor states an equation) is folded; the method's code stays open. Returns the visible code cells."
+    visible = 0
+    for classes, inp, outp in cells(html):
+        if not inp or any(f in classes for f in _FOLDED): continue
+        visible += 1
+        assert not TABLES_PAGE.match(name), (name, "a tables chapter shows a code cell", re.sub(r"<[^>]+>", "", inp)[:300])
+        code = re.sub(r"<[^>]+>", "", inp)
+        draws = "<img" in outp or "<table" in outp
+        assert not (draws and not _METHOD.search(code)), (name, "a cell that only draws is open", code[:300])
+    return visible
+
+
+def check_findings_first(name: str, html: str, claims: list[str]) -> None:
+    "A tables chapter opens with what it found: every claim it tested, with its verdict, before its first table; its books kept, folded, at the end."
+    import html as H
+    marked = re.sub(r"<table\b", "\x00TABLE<table", html)
+    plain = lambda t: re.sub(r"\s+", " ", t.translate(str.maketrans("‘’“”", "''\"\"")))   # Sphinx's smart quotes as typed
+    text = plain(H.unescape(re.sub(r"<[^>]+>", " ", marked)))
+    at, first_table = text.find("What this chapter found"), text.find("\x00TABLE")
+    assert 0 <= at < first_table, (name, at, first_table)
+    for c in claims:
+        shown = text.find(plain(c), at)
+        assert at < shown < first_table, (name, "a claim is not on top", c)
+    books = html.find(f'id="{ASSEMBLED.lower().replace(" ", "-")}"')     # the section itself, not the page's table of contents
+    assert books > html.find("<table"), (name, "no books section after the tables")
+    assert all("tag_hide-cell" in classes for classes, _, _ in cells(html[books:])), (name, "an open cell among the books")
 
 
 def expected(nb: nbformat.NotebookNode) -> tuple[int, int]:
@@ -48,5 +108,17 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
         assert not [c for c in CHATTER if c in shown], (name, [c for c in CHATTER if c in shown])
         if any(c.source.startswith("*This run used") for c in nbformat.read(nb_path, as_version=4).cells):
             assert "This run used" in html, name               # the injected parameters, as one line
+        check_folding(name, html)
+        if TABLES_PAGE.match(name) and (claims := published_claims(Path(kept).parent, name)):
+            check_findings_first(name, html, claims)
         seen[name] = (tables, images)
     return seen
+
+
+def published_claims(folder: Path, notebook: str) -> list[str]:
+    "The claims a notebook published in its `table_*_verdicts.csv`, each as its page should state it: the claim, then its verdict."
+    import csv, json
+    from capbook.results import MANIFEST
+    made = json.loads((folder / MANIFEST).read_text())["files"] if (folder / MANIFEST).exists() else {}
+    return [f"{r['claim']}: {r['verdict']}" for f in sorted(folder.glob("table_*_verdicts.csv"))
+            if made.get(f.name, {}).get("step") == notebook for r in csv.DictReader(f.open())]
