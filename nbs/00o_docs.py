@@ -317,7 +317,7 @@ def machine_paths() -> list[tuple[str, str]]:
     return sorted({(a.rstrip("/"), b) for a, b in pairs if len(a.rstrip("/")) > 1}, key=lambda p: -len(p[0]))
 
 def _relative(text: str, paths: list[tuple[str, str]]) -> str:
-    "Each path of `paths` (prefix, stand-in) in `text` replaced in one pass, only where it is a whole path or a path's folder: `/tmp/tmpab/x` -> `<tmp>/tmpab/x` (never `<tmp><tmp>ab/x`), `/home/user2` left alone under `/home/user`."
+    "Each path of `paths` (prefix, stand-in) in `text` replaced in one pass, only where it is a whole path or a path's folder: a file tmpab/x of the temporary folder becomes `<tmp>/tmpab/x` (never `<tmp><tmp>ab/x`), and a home folder user2 is left alone where the home folder user is replaced."
     if not paths: return text
     to = dict(paths)
     alt = "|".join(re.escape(a) for a, _ in sorted(paths, key=lambda p: -len(p[0])))   # longest first: the alternation tries in order
