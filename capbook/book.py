@@ -144,7 +144,7 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
     for nb, ls in lines.items():
         ch = next((c for name, c in chapters().items() if name[:2] == nb[:2]), None)    # 03a_spca_tables: 03_spca's
         fig = folder / ch.figures[0] if ch is not None and ch.figures else None
-        out[nb] = ("Each claim of the paper as this chapter tested it, over the training seeds and the test images (the rule: "
+        out[nb] = ("Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
                    "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls), fig)
     return out
 
