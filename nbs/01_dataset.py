@@ -18,7 +18,7 @@
 #
 # > The embedded dataset every chapter runs on by default, what is in it, and the floor and ceiling of its scores.
 #
-# No real captioning dataset or pretrained weights can be downloaded on the machines this book is built on, and a fresh
+# The book downloads no real captioning dataset and no pretrained weights, and a fresh
 # clone must run end to end on a CPU. So capbook generates **shapes**: images of coloured shapes on a cluttered,
 # textured background, each with five reference captions from a grammar (objects, attributes, counts and
 # left/right/above/below relations), written in the same Karpathy-split JSON format as `dataset_coco.json`. Everything
