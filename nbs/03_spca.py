@@ -622,7 +622,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
 # **Which rows carry three seeds.** A 2D-latent-state run is the book's most expensive: on a 2-core AMD EPYC with
 # AVX-512 BF16, one thread each and two side by side, the rows took 16–19 minutes each (the 1D decoder's 21, the
 # stateless baseline's 9), so the paper's ten rows over three seeds would take about 260 minutes of wall time on that
-# machine, more than twice a chapter's share of the book's afternoon. *capbook:* we keep three seeds on the four rows
+# machine, more than twice a chapter's share of the book's time. *capbook:* we keep three seeds on the four rows
 # the chapter's verdicts rest on — SPCA (S‖C, 3×3), the 2D-latent state without attention (Table 2's baseline),
 # 1D-LSTM + SPCA and Soft-Attention* on the same 1D decoder (Table 4 and the localisation claim) — and train the other
 # structures (S, C, C-S, S-C) and kernels (1×1, 5×5) once: their claims say "one seed: no verdict", and
