@@ -62,13 +62,15 @@ def test_derived_parameters_cells_and_readme_are_current():
 
 
 def test_readme_is_a_front_door():
-    "README: at most 10,000 characters, its first command within its first 40 lines, every chapter's currency stated, and no history (issue numbers, commit hashes, sessions): that goes to CHANGELOG.md."
+    "README: at most 10,000 characters, its first command within its first 40 lines, every chapter's currency stated, its links to the executed copies (figures/notebooks/: the sources in nbs/ have no outputs), and no history (issue numbers, commit hashes, sessions) or workshop talk: that goes to CHANGELOG.md."
     text = (ROOT / "README.md").read_text()
     lines = text.splitlines()
     assert len(text) <= 10_000, len(text)
     first = next(i for i, l in enumerate(lines) if l.startswith("make "))
     assert first < 40, first
     assert "| current |" in text or "not yet regenerated" in text
+    links = __import__("re").findall(r"\]\(([\w./-]+\.ipynb)\)", text)          # a code host shows the executed copies' outputs
+    assert links and all(l.startswith("figures/notebooks/") and (ROOT / l).exists() for l in links), links
     assert not HISTORY.search(text), HISTORY.search(text)
     from sitecheck import workshop_words
     assert not workshop_words(text, "README"), workshop_words(text, "README")
