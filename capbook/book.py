@@ -14,11 +14,11 @@ from .plan import Step, nbs_dir, notebooks, plan, upstream_of
 from .results import plan_keys
 
 # %% auto 0
-__all__ = ['FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table',
-           'results_table', 'verdict_lines', 'findings', 'book_time', 'fill_blocks', 'index_blocks', 'readme_text',
-           'readme_status', 'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times',
-           'publish', 'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
-           'write_kernel_config']
+__all__ = ['SCST', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules',
+           'chapter_status', 'chapter_table', 'results_table', 'verdict_lines', 'findings', 'one_chapter', 'book_time',
+           'fill_blocks', 'index_blocks', 'readme_text', 'readme_status', 'sync_readme', 'kernel_manager',
+           'warm_kernel', 'unchanged', 'run_step', 'book_times', 'publish', 'refresh_published', 'build_docs',
+           'run_plan', 'select_steps', 'book_lock', 'run_book', 'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -83,8 +83,10 @@ def chapter_table(status: dict[str, bool] | None = None) -> str:
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
+SCST = " + SCST"        # the suffix of a self-critical stage's row in the book's tables
+
 def results_table(folder: Path) -> str:
-    "The README's results table: every model of the book (`06a_baselines_tables`' published table; of the two self-critical arms, the greedy baseline's) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object."
+    "The README's results table: every model of the book (`06a_baselines_tables`' published table; of the two self-critical arms, the greedy baseline's) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object; a self-critical row with its start's numbers says it kept its start, and a line after the table says where each stage is set beside its start."
     import pandas as pd
     csv = Path(folder) / "table_baselines_all.csv"
     if not csv.exists(): raise CapbookError(f"{csv.name} is not in the published book yet (`06a_baselines_tables` makes it)")
@@ -94,9 +96,18 @@ def results_table(folder: Path) -> str:
     num = lambda v, f=".1f": "—" if pd.isna(v) or v == "—" else format(float(v), f)
     lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
              "|---|---|---|---|---|---|"]
+    shown = lambda r: (num(r["CIDEr"]), num(r["CIDEr sd"]), str(r["CIDEr 95% CI"]))
+    start = {r["model"]: shown(r) for _, r in df.iterrows()}
+    kept = []                                         # a stage that never beat its start's validation keeps the start's weights
     for _, r in df[~df["model"].str.endswith("(mean baseline)")].iterrows():   # the other self-critical arm: in the chapter
-        lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
+        model = r["model"]
+        if model.endswith(SCST) and start.get(model.removesuffix(SCST)) == shown(r): kept.append(model); model += " (kept its start)"
+        lines.append(f"| {model} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
                      f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
+    if any(df["model"].str.endswith(SCST)):
+        lines += ["", f"A *{SCST.strip()}* row continues its start (the row without it) self-critically and keeps its best validation "
+                  "evaluation, which may be the start's" + (f" ({', '.join(kept)}: the start's numbers)" if kept else "")
+                  + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start, seed by seed."]
     return "\n".join(lines)
 
 def verdict_lines(folder: Path) -> str:
@@ -148,8 +159,28 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
                    "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls), fig)
     return out
 
+def _timed_on(folder: Path) -> str:
+    "The machine the published time table names (its `Machine:` line), or what the book says of it where the table has none."
+    md = Path(folder) / "table_book_times.md"
+    m = re.search(r"^Machine: (.+?) \(", md.read_text(), re.M) if md.exists() else None
+    return m.group(1) if m else "a 2-core CPU"
+
+EXAMPLE = ("03_spca", {"kernel": 5})   # the README's one chapter run with other parameters: SPCA with 5×5 kernels
+
+def one_chapter(folder: Path) -> str:
+    "The README's one-chapter example (`EXAMPLE`): its papermill command and, from the published `table_book_times.csv`, the minutes the book's run of the same parameters took and on what machine."
+    import pandas as pd
+    nb, params = EXAMPLE
+    cmd = f"`.venv/bin/papermill nbs/{nb}.ipynb out.ipynb " + " ".join(f"-p {k} {v}" for k, v in params.items()) + "`"
+    step = next((s.name for s in plan("default") if s.notebook == nb and s.params == {"profile": "default", **params}), None)
+    csv = Path(folder) / "table_book_times.csv"
+    df = pd.read_csv(csv).set_index("step") if csv.exists() else None
+    if step is None or df is None or step not in df.index: return f"One chapter with other parameters: {cmd}."
+    return (f"One chapter with other parameters: {cmd} (the book's `{step}`: {df.loc[step, 'minutes']:.0f} minutes on "
+            f"{_timed_on(folder)}, two runs side by side).")
+
 def book_time(folder: Path) -> str:
-    "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`."
+    "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`, on the machine its table names."
     import pandas as pd
     csv = Path(folder) / "table_book_times.csv"
     if not csv.exists(): return "**Time.** The default book has not been timed yet."
@@ -158,8 +189,8 @@ def book_time(folder: Path) -> str:
     left = [s for s in steps if s not in df.index]
     which = "every seed" if not left else f"the {len(steps) - len(left)} of its {len(steps)} steps timed so far"
     return (f"**Time.** The default book, {which}: {total / 60:.1f} hours of runs one after another, about "
-            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the 2-core CPU that made it "
-            "(`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
+            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the machine that made it ({_timed_on(folder)}; "
+            "`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
 
 _BLOCK = re.compile(r"<!-- (\w+) -->\n.*?<!-- /\1 -->", re.S)
 
@@ -180,15 +211,20 @@ def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = Fals
     src = (f"data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}" if site and fig.exists()
            else f"figures/{FIGURE[0]}")
     return {"chapters": chapter_table(status), "results": block(lambda: results_table(folder)), "verdicts": verdict_lines(folder),
-            "booktime": book_time(folder), "figure": f"![{FIGURE[1]}]({src})" if not site or fig.exists() else ""}
+            "booktime": book_time(folder), "onechapter": one_chapter(folder),
+            "figure": f"![{FIGURE[1]}]({src})" if not site or fig.exists() else ""}
 
 def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:
-    "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing into `nbs/`."
+    "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing at their executed copies (`figures/notebooks/`: a code host shows their tables and figures; the sources in `nbs/` have no outputs), or into `nbs/` where the book has none."
     import nbformat
-    folder = Path(folder or nbs_dir().parent / "figures")
+    root = nbs_dir().parent
+    folder = Path(folder or root / "figures")
+    kept = folder / "notebooks"
+    where = (kept.resolve().relative_to(root.resolve()).as_posix() if kept.resolve().is_relative_to(root.resolve()) else None)
+    link = lambda m: f"]({where if where and (kept / m.group(1)).exists() else 'nbs'}/{m.group(1)}"
     nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
     md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
+    md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", link, fill_blocks(md, index_blocks(folder, status)))
     return md + "\n"
 
 def readme_status(path: Path | None = None) -> dict[str, bool] | None:
@@ -477,13 +513,15 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     return outs
 
 def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
-    "The steps whose name or notebook matches one of the shell-style patterns `only` (`03_spca` is the chapter's every run, `02_show_attend_tell-hard*` the hard rows and their seeds); a pattern matching nothing stops in one line."
+    "The steps whose name or notebook matches one of the shell-style patterns `only` (`03_spca` is the chapter's every run, `02_show_attend_tell-hard*` the hard rows and their seeds); a pattern after `=` matches step names alone (`=03_spca`: the chapter's first run, whose name is its notebook's, and no other); a pattern matching nothing stops in one line."
     import fnmatch
-    hit = lambda s, pat: fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat)
+    hit = lambda s, pat: (fnmatch.fnmatchcase(s.name, pat[1:]) if pat.startswith("=") else
+                          fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat))
     for pat in only:
         if not any(hit(s, pat) for s in steps):
             raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
-                               f"a step name (e.g. 03_spca-base-seed1) or a pattern (e.g. '03_spca-base*')")
+                               f"a step name (e.g. 03_spca-base-seed1), a pattern (e.g. '03_spca-base*') or '=' and a step "
+                               f"name for that run alone (e.g. =03_spca)")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
 @contextlib.contextmanager

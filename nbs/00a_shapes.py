@@ -24,8 +24,8 @@
 # %% [markdown]
 # ## Why a synthetic data set
 #
-# The papers train on COCO and Flickr with an ImageNet-pretrained CNN. Neither the images nor the weights can be
-# downloaded on the machines this book is built on, and a fresh clone must run end to end on a CPU. capbook therefore
+# The papers train on COCO and Flickr with an ImageNet-pretrained CNN. The book downloads neither the images nor the
+# weights, and a fresh clone must run end to end on a CPU. capbook therefore
 # ships a generator for a small scene-captioning set, *shapes*, written in exactly the on-disk form of the real ones
 # (the Karpathy-split JSON plus an image folder), so the default run goes through the same code path a COCO user runs.
 #

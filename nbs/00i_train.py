@@ -777,7 +777,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
 # alone too: a model that folds rows and tokens into one dimension, as the 2D-LSTM's word maps, would otherwise index
 # its draws by the batch's own width), and with `fixed=True` the rows too, to whole images of the largest batch
 # (`fixed_shape`), so one CUDA graph could replay every step; padded rows are captions without a word, which no loss
-# counts. *capbook:* capturing it on a GPU is not done here: it needs a GPU to test.
+# counts. *capbook:* the book does not capture the graph: that needs a GPU to test, and the book's runs are on a CPU.
 #
 # Runs differ only in `STACKABLE` fields (seed and rate) and must take as many steps an epoch (image-ordered batches
 # of a fixed caption count per image do). Self-critical training and scheduled sampling draw captions outside the keys

@@ -24,7 +24,7 @@
 # and what they saved.
 #
 # **What the paper gives to compare with.** Table 2 is in the paper's text and is quoted in full. Tables 1 and 4 are
-# images in the paper, and the copy capbook works from lost them; no source we could search reproduces their numbers.
+# images in the paper: their numbers are not in its text, and capbook quotes no number it cannot read.
 # So Table 1 quotes the one number the text states (the abstract's CIDEr 129.3 for GLIED), and Table 4 is checked
 # against the paper's **claims** about each row, which the text states in words (`capbook.papers`).
 
@@ -81,7 +81,7 @@ display(Markdown(save_table(attr_tab, run.path("table_glied_attributes"), floatf
 # chapter (`06_baselines`): SCST (Rennie et al.'s Att2in, self-critically trained) and Up-Down (Anderson et al.). RFNet
 # (an ensemble of several CNNs' features) and GCN-LSTM (scene graphs from a separately trained relation detector) need
 # inputs the book does not have, and stay out of the table. BLEU-1, BLEU-4, METEOR, ROUGE-L and CIDEr ×100 as in the paper; SPICE needs Stanford CoreNLP's
-# jars, which cannot be downloaded here (the `note` says so when it is missing); capbook adds the shapes semantic F1s.
+# jars, which the book does not download (the `note` says so when they are missing); capbook adds the shapes semantic F1s.
 
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
@@ -192,7 +192,7 @@ display(Markdown(save_table(pd.DataFrame(rows), run.path("table_glied_scst"), fl
 # %% [markdown]
 # ## Table 2: parameters, training time, inference speed
 #
-# The paper's Table 2 (quoted; a GTX 1080 Ti, COCO) beside capbook's models on this machine and data, every row
+# The paper's Table 2 (quoted; a GTX 1080 Ti, COCO) beside capbook's models on the book's CPU and data, every row
 # measured: the LSTM with the mean image feature at every step, Up-Down and CT (the baselines chapter), soft attention
 # (Show-Attend-Tell's run), the base model and GLIED (cross-entropy stage). Training minutes are the cross-entropy
 # training time over the run's epochs (`epochs` says how many: each chapter has its own budget), inference is the test

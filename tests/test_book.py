@@ -469,7 +469,7 @@ def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
 
 
 def test_only_selects_chapters_steps_and_patterns():
-    "`capbook book --only`: a notebook selects its every run, a pattern the matching steps, a step itself; a pattern matching nothing stops in one line."
+    "`capbook book --only`: a notebook selects its every run, a pattern the matching steps, a step itself, `=` and a name that step alone (a chapter's first run is named as its notebook); a pattern matching nothing stops in one line."
     from capbook.book import select_steps
     from capbook.plan import plan
     steps = plan("default")
@@ -479,8 +479,29 @@ def test_only_selects_chapters_steps_and_patterns():
     assert "02_show_attend_tell-hard-seed2" in hard and "02_show_attend_tell-hard-lr1" in hard and "02a_soft_vs_hard" in hard
     assert "02_show_attend_tell" not in hard and "02_show_attend_tell-none" not in hard
     assert [s.name for s in select_steps(steps, ["03_spca-base-seed1"])] == ["03_spca-base-seed1"]
+    assert [s.name for s in select_steps(steps, ["=02_show_attend_tell"])] == ["02_show_attend_tell"]   # a chapter's first run alone
+    assert [s.name for s in select_steps(steps, ["=03_spca-base*"])] == [s.name for s in spca if s.name.startswith("03_spca-base")]
     assert [s.name for s in select_steps(steps, ["04a*", "index"])] == [s.name for s in steps if s.name in ("index", "04a_ssa_tables")]
     with pytest.raises(CapbookError, match="only='03_spcaa' matches no step"): select_steps(steps, ["03_spcaa"])
+    with pytest.raises(CapbookError, match="only='=03a_spca' matches no step"): select_steps(steps, ["=03a_spca"])
+
+
+def test_readme_blocks_come_from_the_published_tables(tmp_path):
+    "The README's generated sentences: the one-chapter example's minutes and machine from the published time table (the command alone where there is none), and a self-critical row that kept its start marked so, with where each stage is set beside its start."
+    import pandas as pd
+    from capbook.book import EXAMPLE, one_chapter, results_table
+    figs = Path(__file__).resolve().parent.parent / "figures"
+    cmd = f"papermill nbs/{EXAMPLE[0]}.ipynb out.ipynb -p kernel 5`"
+    assert one_chapter(tmp_path).endswith(cmd + ".")                         # no time table yet: the command alone
+    (tmp_path / "table_book_times.csv").write_text("step,minutes\n03_spca-k5,42.4\n")
+    (tmp_path / "table_book_times.md").write_text("| step | minutes |\n\nMachine: Some CPU, 8 cores (the one that published this table).\n")
+    assert f"{cmd} (the book's `03_spca-k5`: 42 minutes on Some CPU, 8 cores" in one_chapter(tmp_path)
+    df = pd.read_csv(figs / "table_baselines_all.csv")
+    for c in ("CIDEr", "CIDEr sd", "CIDEr 95% CI"): df.loc[df["model"] == "GLIED + SCST", c] = df.loc[df["model"] == "GLIED", c].iloc[0]
+    df.to_csv(tmp_path / "table_baselines_all.csv", index=False)
+    t = results_table(tmp_path)
+    assert "| GLIED + SCST (kept its start) |" in t and "(GLIED + SCST: the start's numbers)" in t and "| GLIED base + SCST |" in t
+    assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
 TIMING = r"(?<!/)\bmin\b|minutes|\bms\b|\bips\b|time|/ ?s$|/s\b|^s / "      # columns of measured time and speed: this machine at that moment
