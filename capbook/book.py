@@ -16,7 +16,7 @@ from .results import plan_keys
 # %% auto 0
 __all__ = ['SCST', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules',
            'chapter_status', 'chapter_table', 'results_table', 'verdict_lines', 'findings', 'one_chapter', 'book_time',
-           'fill_blocks', 'index_blocks', 'readme_text', 'readme_status', 'sync_readme', 'kernel_manager',
+           'fill_blocks', 'index_blocks', 'headline', 'readme_text', 'readme_status', 'sync_readme', 'kernel_manager',
            'warm_kernel', 'unchanged', 'run_step', 'book_times', 'publish', 'refresh_published', 'build_docs',
            'run_plan', 'select_steps', 'book_lock', 'run_book', 'write_kernel_config']
 
@@ -132,8 +132,8 @@ def verdict_lines(folder: Path) -> str:
         what = f" ({part.replace('table', 'Table ')})" if part else ""
         out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
     if not out: return "*No tables chapter of this book has published its verdicts yet.*"
-    return ("Holm's correction runs per chapter over its distinct tests (\"survives Holm\": what it keeps) and, in the "
-            "all-models chapter, over the whole book.\n\n"
+    return ("Holm's correction runs over each chapter's distinct tests (\"survives Holm\") and, in the all-models "
+            "chapter, over the whole book's.\n\n"
             + "\n".join(out))
 
 def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
@@ -211,8 +211,20 @@ def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = Fals
     src = (f"data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}" if site and fig.exists()
            else f"figures/{FIGURE[0]}")
     return {"chapters": chapter_table(status), "results": block(lambda: results_table(folder)), "verdicts": verdict_lines(folder),
-            "booktime": book_time(folder), "onechapter": one_chapter(folder),
-            "figure": f"![{FIGURE[1]}]({src})" if not site or fig.exists() else ""}
+            "booktime": book_time(folder), "onechapter": one_chapter(folder), "headline": headline(folder),
+            "figure": f"![Figure 3, regenerated]({src})\n\n*{FIGURE[1]}.*" if not site or fig.exists() else ""}
+
+def headline(folder: Path) -> str:
+    "What the book found, in one sentence for the first screen: how many of the papers' claims its seeds confirm, refute or cannot tell, from every `table_*_verdicts.csv` it published."
+    import pandas as pd
+    v = pd.concat([pd.read_csv(f)["verdict"] for f in sorted(Path(folder).glob("table_*_verdicts.csv"))] or [pd.Series([], dtype=str)])
+    if not len(v): return "*No chapter has tested its paper's claims yet.*"
+    n = lambda pre: int(v.str.startswith(pre).sum())
+    one, kept = int(v.str.contains("one seed").sum()), n("kept its start")
+    rest = [f"{one} with one seed"] * bool(one) + [f"{kept} a stage that kept its start"] * bool(kept)
+    return (f"**What it found:** of {len(v)} claims of the papers tested, the seeds confirm {n('holds')}, refute "
+            f"{n('does not hold')}, cannot tell {n('cannot tell')}" + (f" (untested: {', '.join(rest)})" if rest else "")
+            + "; each is listed below.")
 
 def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:
     "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing at their executed copies (`figures/notebooks/`: a code host shows their tables and figures; the sources in `nbs/` have no outputs), or into `nbs/` where the book has none."

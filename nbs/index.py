@@ -24,13 +24,13 @@
 # equations beside the code that computes them, run by papermill to regenerate its tables and figures; every claim is
 # a test over seeds that may answer "cannot tell".
 #
-# <!-- figure -->
-# <!-- /figure -->
+# <!-- headline -->
+# <!-- /headline -->
 #
 # ## Quick start
 #
 # You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (Debian's,
-# installed by apt-get). Every command first creates `.venv/` with capbook in it (about 3 minutes, once).
+# installed by apt-get). Each command first makes `.venv/` with capbook (about 3 minutes, once).
 #
 # ```bash
 # make docs                 # build and open the published book's site: runs/default/site/ (no training)
@@ -60,18 +60,20 @@
 # ## What the book found
 #
 # Every model below was trained on the same shapes data, features and trainer under one protocol (15 epochs, or 30
-# where a row was still gaining at 15; the rate annealed to zero, weights averaged, the best validation CIDEr's
-# evaluation kept), over three or more seeds, and tested on the same 1,000 images with beam 3. A claim quoted from its
-# paper holds when the 95 % interval of the difference (t over seeds and images) is above zero, "cannot tell" when it
-# contains zero (simulated, the rule errs at most 5 % of the time). Scores ×100.
+# where a row still gained at 15; the best validation CIDEr's evaluation kept), over three or more seeds, and tested
+# on the same 1,000 images with beam 3. A claim holds when the 95 % interval of the difference (t over seeds and
+# images) is above zero, "cannot tell" when it contains zero (the rule errs at most 5 % of the time). Scores ×100.
 #
 # <!-- results -->
 # <!-- /results -->
 #
-# The papers' claims, as each tables chapter tested them:
+# The claims, by chapter:
 #
 # <!-- verdicts -->
 # <!-- /verdicts -->
+#
+# <!-- figure -->
+# <!-- /figure -->
 #
 # ## Read more
 #
@@ -81,11 +83,11 @@
 # - [Your own images](00q_caption.ipynb): `capbook caption photo.jpg` with a trained model, and where it looked.
 # - [Scoring](00j_metrics.ipynb): `capbook score` on any COCO-format captions file, capbook's or a peer's.
 # - [The package](00f_models.ipynb): the step interface and registry (a new model: a module and a registry entry), the [trainer](00i_train.ipynb), [decoding](00g_decode.ipynb).
-# - `CHANGELOG.md`: how the book got here.
+# - `CHANGELOG.md`: the book's history.
 #
 # ## How the book is written
 #
-# The papers' words are quoted with their section or equation; capbook's own remarks start with *capbook:* (a choice
-# where the paper is silent, a departure, a reading of a result). Each equation is a comment above the line that
-# computes it, with tensor shapes; each exported definition has an example that doubles as a test. The engine's
+# The papers' words are quoted with their section or equation; capbook's own remarks (a choice, a departure, a
+# reading) start with *capbook:*. Each equation is a comment above the line that computes it, with tensor shapes;
+# each exported definition has an example that doubles as a test. The engine's
 # notebooks (`00_core` to `00u_cli`) are `capbook/`, a module each, each importing only those before it.
