@@ -33,7 +33,7 @@
 # installed by apt-get). Each command first makes `.venv/` with capbook (about 3 minutes, once).
 #
 # ```bash
-# make docs                 # build and open the published book's site: runs/default/site/ (no training)
+# make docs                 # the published book's site, built in runs/default/site/ (no training)
 # make book PROFILE=smoke   # the whole book at toy sizes, in minutes
 # make book                 # the default book, every seed (time below)
 # make test-fast            # lint and the fast tests
