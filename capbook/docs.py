@@ -11,10 +11,11 @@ import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
 # %% auto 0
-__all__ = ['STRIP', 'TABLES_PAGE', 'ASSEMBLED', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html',
-           'prepare_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths',
-           'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks', 'figure_caption', 'findings_cells',
-           'write_book', 'build_site', 'Chromium', 'chromium_dom', 'chromium_screenshot']
+__all__ = ['STRIP', 'WIDE', 'READER', 'MERGED', 'TABLES_PAGE', 'ASSEMBLED', 'nbdev_directives', 'sanitize_markdown', 'png_size',
+           'strip_html', 'reader_table', 'frame_markdown', 'reader_tables', 'prepare_notebook', 'exported',
+           'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths', 'reader_notebook', 'slim_notebook',
+           'inflate_notebook', 'keep_notebooks', 'figure_caption', 'findings_cells', 'write_book', 'build_site',
+           'Chromium', 'chromium_dom', 'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb
 _DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -57,6 +58,90 @@ def strip_html(b64: str) -> str | None:
     return (f'<div class="capbook-strip" style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
             f'alt="attention, word by word" style="max-width: none; width: {size[0]}px; height: {size[1]}px"></div>')
 
+WIDE = 8                          # a table of more columns shows a reader's columns on the site and folds all of them
+READER = ("training", "seeds", "CIDEr", "semantic F1", "F1 all", "Δ CIDEr", "p", "on this run", "verdict", "Holm", "tests")
+MERGED = {"CIDEr": "CIDEr 95% CI", "F1 all": "semantic F1 95% CI"}       # a score and its interval: one cell
+_PIPE_TABLE = re.compile(r"^\|.*\|[ \t]*\n\|[ \t:|-]+\|[ \t]*\n(?:\|.*\|[ \t]*\n?)*", re.M)
+_OURS = re.compile(r"^(\S+) \(capbook, \w+ profile\)$")                # shapes (capbook, default profile): shapes
+
+def _cells(line: str) -> list[str]: return [c.strip() for c in line.strip().strip("|").split("|")]
+
+def _number(c: str) -> float | None:
+    "The cell's number, None for text or a number that is not finite."
+    import math
+    try: return x if math.isfinite(x := float(c)) else None
+    except ValueError: return None
+
+def _as_integers(col: list[str]) -> list[str]:
+    "A column whose numbers are all whole shown as integers (3.00 seeds: 3), else as it is."
+    nums = [_number(c) for c in col]
+    if all(n is None and c in ("—", "") or n is not None and n == int(n) for c, n in zip(col, nums)) and any(n is not None for n in nums):
+        return [c if n is None else str(int(n)) for c, n in zip(col, nums)]
+    return col
+
+def reader_table(md: str) -> str:
+    "A Markdown table as the site shows it: dataset labels short (shapes, not 'shapes (capbook, default profile)') and whole numbers as integers; a table wider than `WIDE` columns shows the row names and a reader's columns (`READER`: seeds, CIDEr with its interval in one cell, semantic F1 likewise, the claim's difference, p and verdict), a note column as footnotes, and every column in a folded block under it. A table it cannot read is left as it is."
+    lines = md.rstrip("\n").split("\n")
+    head, rows = _cells(lines[0]), [_cells(l) for l in lines[2:]]
+    if any(len(r) != len(head) for r in rows): return md
+    cols = {h: _as_integers([_OURS.sub(r"\1", r[i]) for r in rows]) for i, h in enumerate(head)}
+    if len(head) != len(cols): return md                                     # two columns of one name
+    def table(names: list[str]) -> str:
+        out = ["| " + " | ".join(names) + " |", "|" + "|".join(":---" if all(_number(c) is None for c in cols[n]) else "---:" for n in names) + "|"]
+        return "\n".join(out + ["| " + " | ".join(cols[n][i] for n in names) + " |" for i in range(len(rows))])
+    if len(head) <= WIDE: return table(head)
+    prose = lambda h: h != head[0] and sum(map(len, cols[h])) > 40 * len(rows)
+    names = []
+    for h in head:
+        if h in READER or h in MERGED.values() or any(_number(c) is not None for c in cols[h]): break
+        if not prose(h) and h != "note": names.append(h)
+    keep = [h for h in READER if h in cols and h not in names]
+    if len(keep) < 2:                                                         # no reader's column: the F1s, else the first columns
+        keep = [h for h in head if h.endswith("F1") and h not in names] or [h for h in head if h not in names and not prose(h)]
+        keep = keep[:max(1, WIDE - len(names))]
+    for score, ci in MERGED.items():
+        if score in keep and ci in cols:
+            cols[score] = [f"{a} {b}" if b not in ("—", "") else a for a, b in zip(cols[score], cols[ci])]
+            title = "semantic F1" if score == "F1 all" else score
+            cols[f"{title} [95% CI]"] = cols.pop(score); keep[keep.index(score)] = f"{title} [95% CI]"
+    if "Δ CIDEr" in keep and {"95% CI low", "95% CI high"} <= set(cols):
+        cols["Δ CIDEr [95% CI]"] = [f"{d} [{lo}, {hi}]" for d, lo, hi in zip(cols.pop("Δ CIDEr"), cols["95% CI low"], cols["95% CI high"])]
+        keep[keep.index("Δ CIDEr")] = "Δ CIDEr [95% CI]"
+    notes, marks = [], []
+    if "note" in cols and names:
+        for n in cols["note"]:
+            if n in ("—", ""): marks.append(""); continue
+            if n not in notes: notes.append(n)
+            marks.append(f" [{notes.index(n) + 1}]")
+        cols[names[-1]] = [c + m for c, m in zip(cols[names[-1]], marks)]      # on the row's name
+    foot = "".join(f"\n\n[{i + 1}] {n}" for i, n in enumerate(notes))
+    return (table(names + keep) + foot + f"\n\n<details><summary>All {len(head)} columns</summary>\n\n"
+            + "\n".join(lines) + "\n\n</details>")
+
+def frame_markdown(html: str) -> str | None:
+    "A pandas DataFrame's HTML output (`class=\"dataframe\"`) as a Markdown table, its index left out where it is the default 0, 1, ... (then `reader_table` can shape it for the site); None for any other HTML."
+    from html.parser import HTMLParser
+    if html.count('class="dataframe"') != 1 or html.count("<table") != 1: return None
+    rows: list[list[str]] = []
+    class Frame(HTMLParser):
+        cell = None
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr": rows.append([])
+            elif tag in ("td", "th") and rows: self.cell = ""
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None: rows[-1].append(" ".join(self.cell.split()).replace("|", "\\|")); self.cell = None
+        def handle_data(self, data):
+            if self.cell is not None: self.cell += data
+    Frame().feed(html)
+    if len(rows) < 2 or any(len(r) != len(rows[0]) for r in rows) or len(rows[0]) < 2: return None
+    if [r[0] for r in rows[1:]] == [str(i) for i in range(len(rows) - 1)] and not rows[0][0]: rows = [r[1:] for r in rows]
+    head = rows[0]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + ["| " + " | ".join(r) + " |" for r in rows[1:]])
+
+def reader_tables(md: str) -> str:
+    "Every Markdown table in `md` as the site shows it (`reader_table`)."
+    return _PIPE_TABLE.sub(lambda m: reader_table(m.group(0)) + ("\n" if m.group(0).endswith("\n") else ""), md)
+
 _PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")
 
 def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
@@ -65,8 +150,11 @@ def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
     if _WIDGET_VIEW in data: return None
     if "image/png" in data and (html := strip_html(data["image/png"])):
         out["data"] = {"text/html": html}
+    if "text/html" in data and (md := frame_markdown(data["text/html"] if isinstance(data["text/html"], str) else "".join(data["text/html"]))):
+        out["data"] = {"text/markdown": md}                  # a DataFrame: a Markdown table the site can shape like the others
+        data = out["data"]                                   # (a notebook node copies what it is given)
     if "text/markdown" in data:
-        data["text/markdown"] = sanitize_markdown(data["text/markdown"])
+        data["text/markdown"] = reader_tables(sanitize_markdown(data["text/markdown"]))
     if set(data) == {"text/plain"}:               # a value's repr: a path shows as the path, not as PosixPath('...')
         text = data["text/plain"] if isinstance(data["text/plain"], str) else "".join(data["text/plain"])
         data["text/plain"] = _PATH_REPR.sub(lambda m: m[1], text)
@@ -344,7 +432,8 @@ sphinx:
 
 _CSS = """/* capbook: code and outputs stay within the page: long lines wrap instead of scrolling sideways */
 div.cell div.highlight pre, div.cell_output pre, div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
-div.cell_output table { display: block; max-width: 100%; overflow-x: auto; }
+div.cell_output table { display: block; max-width: 100%; overflow-x: auto; font-size: 0.85em; }
+div.cell_output table th, div.cell_output table td { padding: 0.2em 0.4em; }   /* a table of eight columns fits the column */
 mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }   /* a display equation wider than the page scrolls inside it */
 """
 
@@ -601,13 +690,16 @@ class Chromium:
                 self._send("Target.closeTarget", {"targetId": target}, what=url)
                 self._events = [e for e in self._events if e.get("sessionId") not in (None, s)]
 
+    def evaluate(self, url_or_path: str | Path, expression: str, size: tuple[int, int] | None = None):
+        "The value of a JavaScript `expression` (JSON-able) on a page (a URL or a local file) after its scripts ran, in a window of `size` (width, height) if given."
+        with self._page(url_or_path, size) as (s, url):
+            res = self._send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=s, what=url)["result"]
+        if "value" not in res: raise CapbookError(f"chromium could not evaluate on {url}: {res.get('description', res)}")
+        return res["value"]
+
     def dom(self, url_or_path: str | Path) -> str:
         "The DOM of a page (a URL or a local file) after its scripts ran, as HTML."
-        with self._page(url_or_path) as (s, url):
-            res = self._send("Runtime.evaluate", {"expression": "document.documentElement.outerHTML", "returnByValue": True},
-                             session=s, what=url)["result"]
-        if "value" not in res: raise CapbookError(f"chromium could not read the DOM of {url}: {res.get('description', res)}")
-        return res["value"]
+        return self.evaluate(url_or_path, "document.documentElement.outerHTML")
 
     def screenshot(self, url_or_path: str | Path, png_path: str | Path, size: tuple[int, int] = (1280, 2000)) -> Path:
         "Save a `size` (width, height) PNG screenshot of a page (a URL or a local file) to `png_path`, atomically."

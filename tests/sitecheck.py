@@ -94,6 +94,19 @@ def check_folding(name: str, html: str) -> int:
     return visible
 
 
+SCREEN = (1280, 900)   # the reader's window
+_TABLE_WIDTHS = """Array.from(document.querySelectorAll('article table')).filter(t => t.offsetParent !== null && !t.closest('details:not([open])'))
+  .map(t => [t.scrollWidth, t.clientWidth, (t.closest('.cell_output, section') || t).getAttribute('id') || '', t.innerText.slice(0, 60)])"""
+
+
+def check_table_widths(browser: Chromium, page: Path) -> int:
+    "No table a reader sees on `page` (folded ones aside) is wider than its column in a 1,280-pixel window: each fits without scrolling. Returns the tables measured."
+    widths = browser.evaluate(page, _TABLE_WIDTHS, SCREEN)
+    wide = [w for w in widths if w[0] > w[1] + 2]
+    assert not wide, (page.stem, "tables wider than the column (content px, shown px, where, text)", wide)
+    return len(widths)
+
+
 def check_findings_first(name: str, html: str, claims: list[str]) -> None:
     "A tables chapter opens with what it found: every claim it tested, with its verdict, before its first table; its books kept, folded, at the end."
     import html as H
@@ -148,6 +161,7 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
         if any(c.source.startswith("*This run used") for c in nbformat.read(nb_path, as_version=4).cells):
             assert "This run used" in html, name               # the injected parameters, as one line
         check_folding(name, html)
+        check_table_widths(browser, index if name == "index" else index.parent / f"{name}.html")
         if TABLES_PAGE.match(name) and (claims := published_claims(Path(kept).parent, name)):
             check_findings_first(name, html, claims)
         seen[name] = (tables, images)
