@@ -581,6 +581,7 @@ def load_gt(root: str | Path) -> dict[str, dict]:
 # Six images of a tiny set, each with its five reference captions.
 
 # %%
+#| fig-cap: Six images the generator draws (four train, one validation, one test), each with its reference captions, every statement of them checked true of its image
 import tempfile
 import matplotlib.pyplot as plt
 _root = generate(Path(tempfile.mkdtemp()) / "shapes", dict(train=4, val=1, test=1), seed=0)

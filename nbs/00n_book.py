@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
+import atexit, base64, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
 from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
@@ -237,18 +237,17 @@ def fill_blocks(md: str, blocks: dict[str, str]) -> str:
 FIGURE = ("fig_sat_figure3.png", "Where soft and hard attention look, word by word, on one test image (Show, Attend and Tell's Figure 3, regenerated)")
 
 def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = False) -> dict[str, str]:
-    "The generated parts of the README and the site's first page, from the published book in `folder` (where part of it is not made yet, a sentence saying so); `site`: the figure inline."
-    import base64
+    "The generated parts of the README and the site's first page, from the published book in `folder` (where part of it is not made yet, a sentence saying so); `site`: the figure inline, as the site shows every figure (`capbook.docs.figure_html`: at its size, with its caption, the page's full width)."
+    from capbook.docs import figure_html
     folder = Path(folder)
     def block(make):                                  # a part of the book not yet made: one sentence instead
         try: return make()
         except CapbookError as e: return f"*Not in this book yet: {e}.*"
     fig = folder / FIGURE[0]
-    src = (f"data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}" if site and fig.exists()
-           else f"figures/{FIGURE[0]}")
+    if not site: figure = f"![Figure 3, regenerated](figures/{FIGURE[0]})\n\n*{FIGURE[1]}.*"
+    else: figure = f'<div class="full-width">{figure_html(base64.b64encode(fig.read_bytes()).decode(), FIGURE[1] + ".")}</div>' if fig.exists() else ""
     return {"chapters": chapter_table(status), "results": block(lambda: results_table(folder)), "verdicts": verdict_lines(folder),
-            "booktime": book_time(folder), "onechapter": one_chapter(folder), "headline": headline(folder),
-            "figure": f"![Figure 3, regenerated]({src})\n\n*{FIGURE[1]}.*" if not site or fig.exists() else ""}
+            "booktime": book_time(folder), "onechapter": one_chapter(folder), "headline": headline(folder), "figure": figure}
 
 def headline(folder: Path) -> str:
     "What the book found, in one sentence for the first screen: how many of the papers' claims its seeds confirm, refute or cannot tell, from every `table_*_verdicts.csv` it published."

@@ -24,9 +24,10 @@
 # %%
 #| export
 from __future__ import annotations
-import base64, contextlib, copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile, time
+import base64, contextlib, copy, importlib, json, logging, math, os, re, shutil, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 from typing import Callable
+from html import escape as _escape
 import nbformat
 from capbook.core import CapbookError, atomic_write, io_error, temp_dir
 
@@ -77,6 +78,8 @@ def sanitize_markdown(md: str) -> str:
     return "\n".join(lines)
 
 STRIP = 4.0     # an image at least this many times wider than high (a per-word attention strip) keeps its size and scrolls
+SCALE = 0.75    # the least a figure is shrunk to fit: its 9-point labels (110 dpi: 13.8 px) stay over 10 px; past that it scrolls
+COLUMN = 680    # the page's column at 1,280 px, in CSS pixels: a wider figure takes the page's full width (the column and its margin)
 
 def png_size(b64: str) -> tuple[int, int] | None:
     "The (width, height) in pixels of a base64 PNG, read from its header; None if it is not a PNG."
@@ -85,12 +88,19 @@ def png_size(b64: str) -> tuple[int, int] | None:
     except ValueError: return None
     return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR" else None
 
-def strip_html(b64: str) -> str | None:
-    "A strip image as the site shows it: at its own size (1 pixel a CSS pixel), scrolling sideways in its cell, instead of shrunk to the page's width (panels of 60 px); None for any other image."
+def figure_html(b64: str, caption: str | None) -> str | None:
+    "A PNG figure as the site shows it, with its caption under it: at its own size (one image pixel a CSS pixel) where it fits, else shrunk to the width it has but never below `SCALE` of its size, scrolling sideways past that; a strip (`STRIP`) always at its own size. None if `b64` is not a PNG."
     size = png_size(b64)
-    if size is None or size[0] < STRIP * size[1]: return None
-    return (f'<div class="capbook-strip" style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
-            f'alt="attention, word by word" style="max-width: none; width: {size[0]}px; height: {size[1]}px"></div>')
+    if size is None: return None
+    w, h = size
+    fit = f"width: {w}px" if w >= STRIP * h else f"width: min(100%, {w}px); min-width: {math.ceil(SCALE * w)}px"
+    text = _escape(caption or "")
+    return (f'<figure class="capbook-figure"><div style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
+            f'alt="{text}" style="max-width: none; height: auto; {fit}"></div>' + (f"<figcaption>{text}</figcaption>" * bool(text)) + "</figure>")
+
+def wide(b64: str) -> bool:
+    "Whether a PNG is wider than the page's column (`COLUMN`): its cell takes the page's full width."
+    return (png_size(b64) or (0, 0))[0] > COLUMN
 
 WIDE = 8                          # a table of more columns shows a reader's columns on the site and folds all of them
 READER = ("training", "seeds", "CIDEr", "semantic F1", "F1 all", "Δ CIDEr", "p", "on this run", "verdict", "Holm", "tests")
@@ -178,12 +188,13 @@ def reader_tables(md: str) -> str:
 
 _PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")
 
-def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a strip image as scrolling HTML (`strip_html`); a path's repr as the path."
+def _clean_output(out: nbformat.NotebookNode, caption: str | None = None) -> nbformat.NotebookNode | None:
+    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a figure as HTML at its size with its `caption` (`figure_html`); a path's repr as the path."
     data = out.get("data", {})
     if _WIDGET_VIEW in data: return None
-    if "image/png" in data and (html := strip_html(data["image/png"])):
-        out["data"] = {"text/html": html}
+    if "image/png" in data and (fig := figure_html(data["image/png"], caption)):
+        out["data"] = {"text/html": fig}
+        return out
     if "text/html" in data and (md := frame_markdown(data["text/html"] if isinstance(data["text/html"], str) else "".join(data["text/html"]))):
         out["data"] = {"text/markdown": md}                  # a DataFrame: a Markdown table the site can shape like the others
         data = out["data"]                                   # (a notebook node copies what it is given)
@@ -213,14 +224,31 @@ def _bookkeeping(cell: nbformat.NotebookNode, dirs: dict[str, str]) -> bool:
     return "bookkeeping" in dirs or "parameters" in cell.metadata.get("tags", []) or \
         (cell.cell_type == "markdown" and cell.source.startswith("*This run used"))
 
+def _once(outputs: list) -> list:
+    "A cell's outputs with an image it showed twice kept once (a figure displayed, then shown again by the inline backend at the cell's end)."
+    seen, kept = set(), []
+    for o in outputs:
+        png = "".join(str(o.get("data", {}).get("image/png", "")).split())
+        if png and png in seen: continue
+        seen.add(png); kept.append(o)
+    return kept
+
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.M)
+
+def _heading(md: str) -> str | None:
+    "The last heading of a Markdown cell: the section its next cells are in."
+    found = _HEADING.findall(md)
+    return found[-1] if found else None
+
 def prepare_notebook(nb: nbformat.NotebookNode, tables: bool = False) -> nbformat.NotebookNode:
     "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils; a cell that only draws a table or figure folded; on a tables chapter (`tables`), every code cell folded and the cells that keep books moved, folded, to a last section (`ASSEMBLED`)."
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     nb.metadata.setdefault("language_info", {"name": "python"})
-    cells, books = [], []
+    cells, books, heading = [], [], None
     for cell in nb.cells:
         dirs = {}
+        if cell.cell_type == "markdown": heading = _heading(cell.source) or heading
         if cell.cell_type == "code":
             dirs, cell.source = nbdev_directives(cell.source)
             if dirs.keys() & _DROP or _off(dirs.get("include", "")): continue
@@ -228,7 +256,9 @@ def prepare_notebook(nb: nbformat.NotebookNode, tables: bool = False) -> nbforma
             if _off(dirs.get("echo", "")): tags.append("remove-input")
             if _off(dirs.get("output", "")): tags.append("remove-output")
             if not _off(dirs.get("code-fold", "false")): tags.append("hide-input")
-            cell.outputs = [o for o in map(_clean_output, cell.outputs) if o is not None]
+            cell.outputs = _once(cell.outputs)
+            if any(wide(o.get("data", {}).get("image/png", "")) for o in cell.outputs): tags.append("full-width")
+            cell.outputs = [o for o in (_clean_output(o, dirs.get("fig-cap") or heading) for o in cell.outputs) if o is not None]
             if (tables or _builds_only(cell)) and not _FOLDED & set(tags): tags.append("hide-input")   # builds a table or figure: folded
             if not cell.source.strip() and not cell.outputs: continue
         if tables and _bookkeeping(cell, dirs):
@@ -292,8 +322,12 @@ assert frame_markdown('<table border="1" class="dataframe"><thead><tr><th></th><
                       '<tbody><tr><th>0</th><td>1.5</td></tr><tr><th>1</th><td>1.2</td></tr></tbody></table>') == "| loss |\n|---|\n| 1.5 |\n| 1.2 |"
 
 # %% [markdown]
-# A strip of per-word panels (here 2,000 × 200 pixels) keeps its size on the page and scrolls sideways; a figure of
-# ordinary shape stays an image the page scales.
+# A figure is shown at its own size, one image pixel to a CSS pixel, so that its 9-point labels stay as drawn; one wider
+# than the column (`COLUMN`) gets the page's full width, the column and its margin; one wider still is shrunk to fit, but
+# never below three quarters of its size (`SCALE`), and past that it scrolls sideways. A strip of per-word panels (here
+# 2,000 × 200 pixels) always keeps its size. Every figure carries a caption under it: its cell's `#| fig-cap:` line, or
+# else the heading of the section that shows it. A figure a cell shows twice (displayed, then shown again by the inline
+# backend as the cell ends) is shown once.
 
 # %%
 import io as _io
@@ -301,10 +335,23 @@ from PIL import Image as _PILImage
 def _png_b64(w, h):
     buf = _io.BytesIO(); _PILImage.new("RGB", (w, h)).save(buf, format="PNG")
     return __import__("base64").b64encode(buf.getvalue()).decode()
-_strip, _plain = (nbformat.v4.new_output("display_data", data={"image/png": _png_b64(w, h), "text/plain": "<Figure>"}) for w, h in ((2000, 200), (600, 400)))
+def _fig_out(w, h): return nbformat.v4.new_output("display_data", data={"image/png": _png_b64(w, h), "text/plain": "<Figure>"})
+_strip, _plain, _wide = _fig_out(2000, 200), _fig_out(600, 400), _fig_out(1200, 800)
 assert png_size(_plain.data["image/png"]) == (600, 400) and png_size("bm90IGEgcG5n") is None
-assert list(_clean_output(_strip).data) == ["text/html"] and 'width: 2000px; height: 200px' in _strip.data["text/html"]
-assert list(_clean_output(_plain).data) == ["image/png", "text/plain"]
+assert not wide(_plain.data["image/png"]) and wide(_wide.data["image/png"])
+assert list(_clean_output(_strip, "Attention, word by word").data) == ["text/html"]
+assert "max-width: none; height: auto; width: 2000px" in _strip.data["text/html"]
+assert "width: min(100%, 1200px); min-width: 900px" in _clean_output(_wide, "A <wide> one").data["text/html"]
+assert "<figcaption>A &lt;wide&gt; one</figcaption>" in _wide.data["text/html"]
+_fig_nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## Where it looks"),
+                                          nbformat.v4.new_code_cell("show()", outputs=[_fig_out(600, 400)]),
+                                          nbformat.v4.new_code_cell("#| fig-cap: Figure 1: the same, captioned\nshow()", outputs=[_fig_out(1200, 800)])])
+_shown = prepare_notebook(_fig_nb)
+assert [c.outputs[0].data["text/html"].count("<figcaption>Where it looks<") for c in _shown.cells[1:2]] == [1]
+assert "<figcaption>Figure 1: the same, captioned<" in _shown.cells[2].outputs[0].data["text/html"]
+assert "full-width" in _shown.cells[2].metadata.tags and "full-width" not in _shown.cells[1].metadata.tags
+_twice = nbformat.v4.new_code_cell("display(fig)", outputs=[_fig_out(600, 400), _fig_out(600, 400), _fig_out(300, 200)])
+assert len(prepare_notebook(nbformat.v4.new_notebook(cells=[_twice])).cells[0].outputs) == 2      # shown twice: once on the page
 
 # %% [markdown]
 # ## The book as readers meet it, and as the repository keeps it
@@ -592,6 +639,8 @@ div.cell div.highlight pre, div.cell_output pre, div.output pre { white-space: p
 div.cell_output table { display: block; max-width: 100%; overflow-x: auto; font-size: 0.85em; }
 div.cell_output table th, div.cell_output table td { padding: 0.2em 0.4em; }   /* a table of eight columns fits the column */
 mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }   /* a display equation wider than the page scrolls inside it */
+figure.capbook-figure { margin: 0.5em 0 1.2em; }      /* a figure at its size (capbook.docs.figure_html), its caption under it */
+figure.capbook-figure figcaption { font-size: 0.9em; color: var(--pst-color-text-base); margin-top: 0.3em; }
 """
 
 def _toc_yml(chapters: list[str]) -> str:
@@ -623,12 +672,12 @@ def _png_b64(path: Path) -> str:
     return base64.b64encode(Path(path).read_bytes()).decode()
 
 def figure_caption(nb: nbformat.NotebookNode, b64: str) -> str | None:
-    "The heading of the section in which a page shows the image `b64` (base64 PNG): the figure's caption; None if the page does not show it."
+    "The caption a page gives the image `b64` (base64 PNG): its cell's `#| fig-cap:` line, else the heading of the section that shows it; None if the page does not show it."
     want, heading = "".join(b64.split()), None
     for c in nb.cells:
-        if c.cell_type == "markdown" and (m := re.search(r"^#{1,6}\s+(.+?)\s*$", c.source, re.M)): heading = m[1]
+        if c.cell_type == "markdown": heading = _heading(c.source) or heading
         if c.cell_type == "code" and any("".join(str(o.get("data", {}).get("image/png", "")).split()) == want for o in c.get("outputs", [])):
-            return heading
+            return nbdev_directives(c.source)[0].get("fig-cap") or heading
     return None
 
 def _title_and_lede(md: str) -> tuple[str, str]:
@@ -639,15 +688,15 @@ def _title_and_lede(md: str) -> tuple[str, str]:
     return "\n".join(lines[:i]).rstrip(), "\n".join(lines[i:]).strip()
 
 def findings_cells(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None) -> list:
-    "The cells a tables chapter opens with: what it found (`claims_md`, its verdicts one line each) and the figure that carries it, with the caption of the section that shows it."
+    "The cells a tables chapter opens with: what it found (`claims_md`, its verdicts one line each) and the figure that carries it, with the caption the page gives it (`figure_caption`; `nb`: the page as it ran)."
     cells = [nbformat.v4.new_markdown_cell("**What this chapter found.**\n\n" + claims_md)]
     if figure is not None and Path(figure).is_file():
         b64 = _png_b64(figure)
-        fig = nbformat.v4.new_code_cell("# the chapter's figure", metadata={"tags": ["remove-input"]})   # (a cell without source is not shown)
-        fig.outputs = [nbformat.v4.new_output("display_data", data={"image/png": b64, "text/plain": "<Figure>"})]
         caption = figure_caption(nb, b64) or Path(figure).stem.removeprefix("fig_").replace("_", " ")
-        caption = caption if caption.lower().startswith("fig") else f"Figure: {caption}"
-        cells += [fig, nbformat.v4.new_markdown_cell(f"*{caption}* (its section below says how it was made).")]
+        caption = (caption if caption.lower().startswith("fig") else f"Figure: {caption}") + " (its section below says how it was made)."
+        fig = nbformat.v4.new_code_cell("# the chapter's figure", metadata={"tags": ["remove-input"] + ["full-width"] * wide(b64)})
+        fig.outputs = [nbformat.v4.new_output("display_data", data={"text/html": figure_html(b64, caption)})]   # (a cell without source is not shown)
+        cells.append(fig)
     return cells
 
 def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
@@ -662,7 +711,8 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
         raise CapbookError(f"build_site: two pages would be named {', '.join(dups)}; rename the notebook")
     if intro_md is not None: (src / "index.md").write_text(intro_md)
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
-        nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"), tables=bool(TABLES_PAGE.match(p.stem)))
+        ran = inflate_notebook(_read_notebook(p), p.parent / "img")
+        nb = prepare_notebook(ran, tables=bool(TABLES_PAGE.match(p.stem)))
         if fill:
             for c in nb.cells:
                 if c.cell_type == "markdown": c.source = fill(c.source)
@@ -670,7 +720,7 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
         if findings and p.stem in findings and at:                # ... and its lede: the rest of that cell after the findings
             head, rest = _title_and_lede(nb.cells[at - 1].source)
             if rest: nb.cells[at - 1].source = head; nb.cells.insert(at, nbformat.v4.new_markdown_cell(rest))
-        if findings and p.stem in findings: nb.cells[at:at] = findings_cells(nb, *findings[p.stem])
+        if findings and p.stem in findings: nb.cells[at:at] = findings_cells(ran, *findings[p.stem])
         if notes and p.stem in notes: nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
         nbformat.write(nb, src / f"{name}.ipynb")
     (src / "_static").mkdir(exist_ok=True)

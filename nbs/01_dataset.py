@@ -125,6 +125,7 @@ card_df
 # Some test images with their five references:
 
 # %%
+#| fig-cap: The first four test images of the book's data, each with its reference captions
 paths = prep.image_paths("test")[:4]
 fig, axes = plt.subplots(1, 4, figsize=(14, 4.2))
 for ax, p, refs in zip(axes, paths, prep.test.refs[:4]):

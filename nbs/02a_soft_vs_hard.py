@@ -186,7 +186,7 @@ def explain_mistake(words, alpha, key):
     objs, (gh, gw), S = prep.gt["images"][key]["objects"], prep.grid, prep.image_size
     for st, (head, idx) in zip([s for s in parse_caption(words) if s["kind"] == "np" and s["shape"]],
                                object_mentions(words, prep.gt["images"][key])):
-        if idx or head >= len(alpha): continue
+        if idx or head >= min(len(alpha), 16): continue              # (the figure shows a caption's first 16 words)
         cell = int(alpha[head].argmax()); cy, cx = (cell // gw + 0.5) * S / gh, (cell % gw + 0.5) * S / gw
         seen = [o for o in objs if o["box"][0] <= cx <= o["box"][2] and o["box"][1] <= cy <= o["box"][3]]
         if seen: return " ".join(words[st["start"]:st["end"]]), head, seen[0]
@@ -204,11 +204,17 @@ else:
     seen = " ".join(v for v in (obj["size"], obj["colour"], obj["shape"]) if v)
     fig = attention_rows([{"label": "Soft-Attention", "image": images[i], "words": caps[""]["words"][i],
                              "alpha": caps[""]["alpha"][i], "grid": prep.grid}])
+    ncol = len(fig.axes) // -(-min(len(caps[""]["words"][i]), 16) // 4)          # panels a line: the image, then up to 4 words
+    ax = fig.axes[head // 4 * ncol + head % 4 + 1]                               # the panel of the word said there
+    (gh, gw), (H, W) = prep.grid, ax.get_images()[0].get_array().shape[:2]
+    cell = int(caps[""]["alpha"][i][head].argmax())                              # where α peaked: the cell the text names
+    ax.add_patch(plt.Rectangle(((cell % gw) * W / gw - 0.5, (cell // gw) * H / gh - 0.5), W / gw, H / gh,
+                               fill=False, edgecolor="red", lw=1.5))
     fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.02)
     save_figure(fig, run.path("fig_sat_figure5.png")); plt.close(fig)
     display(Markdown(f"Test image {keys[i]}: the caption *“{' '.join(caps['']['words'][i])}”* names “{phrase}”, "
                      f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked on "
-                     f"the {seen}. Objects in the image: "
+                     f"the {seen} (the red square: the cell where α peaked; the smoothed map spreads it). Objects in the image: "
                      + ", ".join(" ".join(v for v in (o['size'], o['colour'], o['shape']) if v)
                                  for o in prep.gt["images"][keys[i]]["objects"]) + "."))
     display(IPImage(filename=str(run.path("fig_sat_figure5.png"))))

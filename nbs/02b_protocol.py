@@ -105,6 +105,7 @@ display(Markdown(save_table(proto, run.path("table_protocol_settings"), floatfmt
 # before.
 
 # %%
+#| fig-cap: The two recipes, seed by seed: validation CIDEr at each evaluation (a dot: the one whose weights were kept), and the share of validation captions whose opening changed since the last
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 colours = {"protocol": "tab:blue", "legacy": "tab:red"}
 x = lambda h: h.get("epochs", h["epoch"] + 1)

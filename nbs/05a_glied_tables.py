@@ -98,12 +98,12 @@ def stage_row(model, k, stage):
             "train min": rec["stages"][stage]["train_s"] / 60, "note": spice_note(rec)}
 def spice_note(rec):                                      # the record's note names this machine's folders: the table does not
     note = rec.get("notes", {}).get("SPICE", "")
-    return "SPICE unavailable: Stanford CoreNLP's jars are not installed (they cannot be downloaded here)" if note else ""
+    return "SPICE not computed: it needs Stanford CoreNLP's jars, which the book's set-up does not install" if note else ""
 ours = [stage_row(name, k, st) for st in STAGES
         for name, k in (("SCST (Att2in)", ("base", "att2in")), ("Up-Down", ("base", "")),
                         ("Base", ("glied", "base")), ("GLIED", ("glied", "")))]
 quoted = [{"dataset": "COCO (Karpathy test)", "model": "GLIED", "training": "+ reinforcement learning", "source": "paper (quoted)",
-           "CIDEr": GLIED_ABSTRACT_CIDER, "note": "the abstract's number; the rest of the paper's Table 1 is an image capbook's copy lost"}]
+           "CIDEr": GLIED_ABSTRACT_CIDER, "note": "the abstract's number; the paper's Table 1 is an image in its text, so its other cells are not quoted"}]
 quoted += [{"dataset": "COCO (Karpathy test)", "model": m, "training": "cross-entropy; + reinforcement learning",
             "source": "paper (quoted)", "note": why} for m, why in GLIED_TABLE1_NOT_RUN.items()]
 table1 = pd.DataFrame(quoted + ours)

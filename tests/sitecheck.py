@@ -5,7 +5,7 @@ import html as _html
 import re
 from pathlib import Path
 import nbformat
-from capbook.docs import ASSEMBLED, TABLES_PAGE, Chromium
+from capbook.docs import ASSEMBLED, SCALE, TABLES_PAGE, Chromium
 
 # an absolute path on a build machine: /work/…, /home/…, /root/…, /tmp/…, /Users/…, /mnt/…, /var/folders/…
 MACHINE_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:work|home|root|tmp|Users|mnt|var/folders|opt/conda)/[\w.-]")
@@ -107,6 +107,21 @@ def check_table_widths(browser: Chromium, page: Path) -> int:
     return len(widths)
 
 
+_FIGURES = """Array.from(document.querySelectorAll('article img')).filter(i => i.offsetParent !== null && !i.closest('details:not([open])'))
+  .map(i => { const f = i.closest('figure'), c = f && f.querySelector('figcaption'), box = i.parentElement.getBoundingClientRect();
+    return [i.naturalWidth, i.getBoundingClientRect().width, box.width, c ? c.innerText.trim() : '', (i.closest('section') || i).getAttribute('id') || ''] })"""
+
+
+def check_figures(browser: Chromium, page: Path) -> int:
+    "Every figure a reader sees on `page` in a 1,280-pixel window is legible and captioned: shown at its own size, or shrunk to no less than `SCALE` of it (it scrolls past that), never enlarged, with a visible caption. Returns the figures measured."
+    figures = browser.evaluate(page, _FIGURES, SCREEN)
+    small = [f for f in figures if f[1] < SCALE * f[0] - 1 or f[1] > f[0] + 1]
+    assert not small, (page.stem, "figures not at their size (own px, shown px, room px, caption, where)", small)
+    bare = [f for f in figures if not f[3]]
+    assert not bare, (page.stem, "figures without a caption (own px, shown px, room px, caption, where)", bare)
+    return len(figures)
+
+
 def check_findings_first(name: str, html: str, claims: list[str]) -> None:
     "A tables chapter opens with what it found: every claim it tested, with its verdict, before its first table; its books kept, folded, at the end."
     import html as H
@@ -128,10 +143,13 @@ def expected(nb: nbformat.NotebookNode) -> tuple[int, int]:
     tables = images = 0
     for cell in nb.cells:
         assert "injected-parameters" not in cell.metadata.get("tags", []), "papermill's injected cell is kept"
+        shown = set()                                       # an image a cell shows twice is on the page once
         for o in cell.get("outputs", []):
             assert o.output_type != "error", f"error output: {o.get('ename')}: {o.get('evalue')}"
             d = o.get("data", {})
-            images += "capbook_image" in o.get("metadata", {}) or "image/png" in d
+            image = o.get("metadata", {}).get("capbook_image") or d.get("image/png")
+            images += bool(image) and image not in shown
+            shown.add(image)
             tables += "<table" in str(d.get("text/html", "")) or len(_MD_TABLE.findall(str(d.get("text/markdown", ""))))
     return tables, images
 
@@ -162,6 +180,7 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
             assert "This run used" in html, name               # the injected parameters, as one line
         check_folding(name, html)
         check_table_widths(browser, index if name == "index" else index.parent / f"{name}.html")
+        check_figures(browser, index if name == "index" else index.parent / f"{name}.html")
         if TABLES_PAGE.match(name) and (claims := published_claims(Path(kept).parent, name)):
             check_findings_first(name, html, claims)
         seen[name] = (tables, images)
