@@ -177,8 +177,10 @@ display(IPImage(filename=str(fig3)))
 #
 # The paper's Figure 5 shows mistakes whose attention "gives intuition into what the model saw". capbook finds one by
 # rule: the first of those 24 test images whose soft-attention caption names an object that is not in the image (no object matches
-# the phrase's shape, colour and size), at a step where the attention peak falls on an object that *is* there. The
-# object the model looked at is read from the ground truth, so the figure's explanation is measured, not guessed.
+# the phrase's shape, colour and size), at a step where the attention peak falls on an object that *is* there: the
+# centre of the grid cell with the largest weight lies in that object's bounding box (a box, not the shape's own pixels).
+# The object is read from the ground truth, so the figure's explanation is measured, not guessed; the figure marks that
+# cell in red, because the smoothed map drawn under it spreads the peak over its neighbours.
 
 # %%
 def explain_mistake(words, alpha, key):
@@ -210,11 +212,11 @@ else:
     cell = int(caps[""]["alpha"][i][head].argmax())                              # where α peaked: the cell the text names
     ax.add_patch(plt.Rectangle(((cell % gw) * W / gw - 0.5, (cell // gw) * H / gh - 0.5), W / gw, H / gh,
                                fill=False, edgecolor="red", lw=1.5))
-    fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.02)
+    fig.suptitle(f"said “{phrase}” (no such object in the image); its attention peaked in the box of the {seen} (red: the peak cell)", fontsize=10, y=1.02)
     save_figure(fig, run.path("fig_sat_figure5.png")); plt.close(fig)
     display(Markdown(f"Test image {keys[i]}: the caption *“{' '.join(caps['']['words'][i])}”* names “{phrase}”, "
-                     f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked on "
-                     f"the {seen} (the red square: the cell where α peaked; the smoothed map spreads it). Objects in the image: "
+                     f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked in the cell marked red, "
+                     f"inside the bounding box of the {seen}. Objects in the image: "
                      + ", ".join(" ".join(v for v in (o['size'], o['colour'], o['shape']) if v)
                                  for o in prep.gt["images"][keys[i]]["objects"]) + "."))
     display(IPImage(filename=str(run.path("fig_sat_figure5.png"))))
