@@ -36,7 +36,7 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import (start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, late_gain,
+from capbook.runner import (start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, SEED_METRICS, Claims, epochs_trained, late_gain,
                             curve_end, row_epochs, paired_verdict, stage_best, book_family)
 from capbook.papers import CLAIM_SOURCES
 from capbook.results import compared_runs
@@ -118,10 +118,16 @@ display(Markdown(show_table(table, run.path("table_baselines_all"), floatfmt=".1
 # ## Which model looks where, and which describes best
 #
 # Left: CIDEr against the semantic F1 (what the caption states; shapes only). Right: CIDEr against the attention mass
-# on the named object, for the models that have a spatial map to measure (NIC and the every-step LSTM have none).
+# on the named object, for the models that have a spatial map to measure (NIC and the every-step LSTM have none). The
+# bars are the spread over training seeds (one sample standard deviation each way); a ring marks a row whose
+# cross-entropy training ran at the ladder's next budget because its validation curve was still rising at the base one.
 
 # %%
+#| fig-cap: Every model of the book on the same test images: CIDEr against the semantic F1 and against the attention mass on the named object; bars: one seed standard deviation; a ring: a row whose cross-entropy training climbed to the next budget
 T = table.set_index("model")
+sd = {r["model"]: {c: float(r[f"{m} sd"]) if r[f"{m} sd"] != "—" else np.nan for m, c in SEED_METRICS.items()} for r in rows}
+budget = pd.Series(E)                                 # each row's cross-entropy budget; a longer one climbed the ladder (`protocol_epochs`)
+base_epochs = budget.min()
 families = list(dict.fromkeys(T["family"]))
 marks = dict(zip(families, "osD^vP"))
 has_sem = "F1 all" in T
@@ -130,13 +136,18 @@ fig, axes = plt.subplots(len(panels), 1, figsize=(9, 5.2 * len(panels)), squeeze
 axes = axes.T
 for ax, (col, xlabel) in zip(axes[0], panels):
     if col not in T: ax.set_visible(False); continue
-    for fam in families:
-        sub = T[(T["family"] == fam) & T[col].notna()]
-        ax.scatter(sub[col], sub["CIDEr"], marker=marks[fam], s=46, label=fam)
-    ax.set_xlabel(xlabel); ax.set_ylabel("CIDEr"); ax.grid(alpha=.3)
     shown = T[T[col].notna()]
+    ax.errorbar(shown[col], shown["CIDEr"], yerr=[sd[m]["CIDEr"] for m in shown.index],
+                xerr=[sd[m].get(col, np.nan) for m in shown.index], fmt="none", ecolor="0.55", lw=0.9, capsize=2, zorder=1)
+    for fam in families:
+        sub = shown[shown["family"] == fam]
+        ax.scatter(sub[col], sub["CIDEr"], marker=marks[fam], s=46, label=fam, zorder=2)
+    longer = shown[budget[shown.index] > base_epochs]
+    ax.scatter(longer[col], longer["CIDEr"], s=190, facecolors="none", edgecolors="k", lw=1.1, zorder=3,
+               label=f"cross-entropy for {', '.join(f'{e:.0f}' for e in sorted(set(budget[longer.index])))} epochs, not {base_epochs:.0f}: still rising at {base_epochs:.0f}" if len(longer) else None)
+    ax.set_xlabel(xlabel); ax.set_ylabel("CIDEr (bars: ±1 seed sd)"); ax.grid(alpha=.3)
     ax.margins(0.12)
-    label_points(ax, shown[col], shown["CIDEr"], shown.index, fontsize=6.5)
+    label_points(ax, shown[col], shown["CIDEr"], shown.index, fontsize=7)
 axes[0][0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"Every model of the book on the same test images ({data['dataset']}, {profile} profile)", fontsize=10)
 fig.tight_layout()
