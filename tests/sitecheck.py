@@ -17,15 +17,11 @@ CHATTER = ("PTBTokenizer tokenized", "tokens per second", "it/s]", "TqdmWarning"
 WORKSHOP = re.compile(r"\bissues?\b|\b(?:this|previous|last|earlier|next|our) sessions?\b|\bwe could\b|\blost them\b|\bcopy lost\b|\bdownload(?:ed|able) here\b|"
                       r"(?<!\bis )(?<!\bare )(?<!\bwas )(?<!\bwere )(?<!\bbe )(?<!\bbeen )\bused to\b|\bbefore this (?:chapter|section)\b|"
                       r"\bafternoon\b|\bthe machines? this book\b", re.I)
-# Workshop words a page shows that come from a tables chapter's own code cells (not its prose): editing those cells re-keys
-# the chapter's results, so they stay until it is regenerated. (page, the words matched)
-WORKSHOP_PENDING = {("05a_glied_tables", "copy lost"), ("05a_glied_tables", "downloaded here")}
 
 
-def workshop_words(text: str, page: str) -> list[str]:
-    "The workshop words (`WORKSHOP`) in `text` shown on `page`, each with its context; those `WORKSHOP_PENDING` allows left out."
-    return [" ".join(text[max(0, m.start() - 60):m.end() + 60].split()) for m in WORKSHOP.finditer(text)
-            if (page, m.group(0).lower()) not in WORKSHOP_PENDING]
+def workshop_words(text: str) -> list[str]:
+    "The workshop words (`WORKSHOP`) in `text`, each with its context."
+    return [" ".join(text[max(0, m.start() - 60):m.end() + 60].split()) for m in WORKSHOP.finditer(text)]
 
 
 def as_text(html: str) -> str:
@@ -175,7 +171,7 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
         assert "Traceback (most recent call last)" not in shown and 'class="output traceback' not in shown, name
         assert not (m := MACHINE_PATH.search(shown)), (name, shown[max(0, m.start() - 80):m.end() + 80])
         assert not [c for c in CHATTER if c in shown], (name, [c for c in CHATTER if c in shown])
-        assert not (w := workshop_words(as_text(shown), name)), (name, w)
+        assert not (w := workshop_words(as_text(shown))), (name, w)
         if any(c.source.startswith("*This run used") for c in nbformat.read(nb_path, as_version=4).cells):
             assert "This run used" in html, name               # the injected parameters, as one line
         check_folding(name, html)

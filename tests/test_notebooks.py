@@ -73,7 +73,7 @@ def test_readme_is_a_front_door():
     assert links and all(l.startswith("figures/notebooks/") and (ROOT / l).exists() for l in links), links
     assert not HISTORY.search(text), HISTORY.search(text)
     from sitecheck import workshop_words
-    assert not workshop_words(text, "README"), workshop_words(text, "README")
+    assert not workshop_words(text), workshop_words(text)
 
 
 HISTORY = __import__("re").compile(r"\bissues? #?\d+\b|\bcommit `?[0-9a-f]{7,}\b|`[0-9a-f]{7}`|\bthis session\b|\bsessions?\b|\bprevious book\b|"
@@ -88,7 +88,7 @@ def test_no_history_on_the_site():
     for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
         for c in nbformat.read(nb, as_version=4).cells:
             if c.cell_type == "markdown" and (m := HISTORY.search(c.source)): found.append(f"{nb.name}: {m.group(0)!r}")
-            if c.cell_type == "markdown": found += [f"{nb.name}: {w!r}" for w in workshop_words(c.source, nb.stem)]
+            if c.cell_type == "markdown": found += [f"{nb.name}: {w!r}" for w in workshop_words(c.source)]
     assert not found, found
 
 
@@ -97,11 +97,11 @@ def test_no_workshop_talk_in_the_published_book():
     import ast, nbformat
     from sitecheck import shown_text, workshop_words
     found = [f"{f.stem}: {w!r}" for f in sorted((ROOT / "figures" / "notebooks").glob("*.ipynb"))
-             for w in workshop_words(shown_text(nbformat.read(f, as_version=4)), f.stem)]
+             for w in workshop_words(shown_text(nbformat.read(f, as_version=4)))]
     for mod in sorted((ROOT / "capbook").glob("*.py")):
         for node in ast.walk(ast.parse(mod.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and (doc := ast.get_docstring(node)):
-                found += [f"{mod.name}: {w!r}" for w in workshop_words(doc, "api")]
+                found += [f"{mod.name}: {w!r}" for w in workshop_words(doc)]
     assert not found, found
 
 
