@@ -506,6 +506,7 @@ else:
 # above the other, as the paper's figure does. The no-attention baseline has no map.
 
 # %%
+#| fig-cap: What the model looks at, word by word, on the first test image whose caption names two of its objects
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
 
 # %% [markdown]

@@ -474,6 +474,7 @@ pd.DataFrame(r.record["inter_attention"]["layers"]).rename_axis("decoder layer")
 # on the image picked by the same rule (`capbook.runner.figure_pick`).
 
 # %%
+#| fig-cap: What the model looks at, word by word, on the first test image whose caption names two of its objects
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
 
 # %% [markdown]
