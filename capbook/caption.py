@@ -30,12 +30,9 @@ def train_hint(model: str, profile: str = "default") -> str:
     trained = f"; trained runs to caption with: {', '.join(have)}" if have else ""
     if model not in {s.name for s in plan(profile)}:
         return f"{model} is no step of the {profile} book (e.g. 02_show_attend_tell, 06_baselines-att2in){trained}"
-    took = ""
-    csv = out_dir(profile) / "table_book_times.csv"
-    if csv.exists():
-        import pandas as pd
-        rows = pd.read_csv(csv).set_index("step")
-        if model in rows.index: took = f" (the published book's run took {rows.loc[model, 'minutes']:.0f} minutes)"
+    from capbook.book import published_minutes
+    minutes = published_minutes(out_dir(profile), model)
+    took = f" (the published book's run took {minutes:.0f} minutes)" if minutes is not None else ""
     book = "capbook book" + ("" if profile == "default" else f" --profile {profile}")
     return f"train that run alone with `{book} --only ={model} --no-docs`{took}{trained}"
 

@@ -146,14 +146,29 @@ def results_table(folder: Path) -> str:
                   + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start, seed by seed."]
     return "\n".join(lines)
 
-def verdict_lines(folder: Path) -> str:
-    "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per chapter noted)."
-    import pandas as pd
+def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
+    "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."
     from capbook.results import MANIFEST
     folder = Path(folder)
     made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
+    return [(f, made.get(f.name)) for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name))]
+
+def published_minutes(folder: Path, step: str) -> float | None:
+    "The minutes `step` took in the book published in `folder` (its `table_book_times.csv`); None where it has no row."
+    import pandas as pd
+    csv = Path(folder) / "table_book_times.csv"
+    df = pd.read_csv(csv).set_index("step") if csv.exists() else None
+    return float(df.loc[step, "minutes"]) if df is not None and step in df.index else None
+
+def _part(f: Path) -> str:
+    "The part of its chapter a verdicts table is about: table_glied_table4_verdicts.csv: 'Table 4'; '' for the chapter's own."
+    return f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2].replace("table", "Table ")
+
+def verdict_lines(folder: Path) -> str:
+    "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per chapter noted)."
+    import pandas as pd
     out = []
-    for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
+    for f, step in verdict_tables(folder):
         df = pd.read_csv(f)
         by = lambda v, df=df: [f"{c}{' (survives Holm)' if h == 'survives' else ''}" for c, h in
                                df.loc[df["verdict"] == v, ["claim", "Holm"]].itertuples(index=False)]
@@ -163,9 +178,8 @@ def verdict_lines(folder: Path) -> str:
                  f"**does not hold**: {', '.join(by('does not hold'))}" if by("does not hold") else "",
                  f"cannot tell: {cannot}" if cannot else "", f"no verdict (one seed): {none}" if none else "",
                  f"stage kept its start (no test): {kept}" if kept else ""]
-        nb = made.get(f.name, f.stem)
-        part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
-        what = f" ({part.replace('table', 'Table ')})" if part else ""
+        nb, part = step or f.stem, _part(f)
+        what = f" ({part})" if part else ""
         out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
     if not out: return "*No tables chapter of this book has published its verdicts yet.*"
     return ("Holm's correction runs over each chapter's distinct tests (\"survives Holm\") and, in the all-models "
@@ -175,18 +189,16 @@ def verdict_lines(folder: Path) -> str:
 def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
     "What each tables chapter found, for the top of its page (`capbook.docs.findings_cells`): its claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`)."
     import pandas as pd
-    from capbook.results import MANIFEST
     folder = Path(folder)
-    made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
     lines: dict[str, list[str]] = {}
-    for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
-        if f.name not in made: continue
-        part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
+    for f, step in verdict_tables(folder):
+        if step is None: continue
+        part = _part(f)
         for r in pd.read_csv(f).itertuples(index=False):
             p = f"p {r.p:.2g}; Holm: {r.Holm}" if isinstance(r.p, float) and r.p == r.p else ""
             claim = re.sub(r"([*_\[\]`])", r"\\\1", r.claim)      # as written: Soft-Attention* is no emphasis
-            claim = f"{part.replace('table', 'Table ')}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
-            lines.setdefault(made[f.name], []).append(f"- {claim}: **{r.verdict}**" + (f" ({p})" if p else ""))
+            claim = f"{part}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
+            lines.setdefault(step, []).append(f"- {claim}: **{r.verdict}**" + (f" ({p})" if p else ""))
     out = {}
     for nb, ls in lines.items():
         ch = next((c for name, c in chapters().items() if name[:2] == nb[:2]), None)    # 03a_spca_tables: 03_spca's
@@ -205,14 +217,12 @@ EXAMPLE = ("03_spca", {"kernel": 5})   # the README's one chapter run with other
 
 def one_chapter(folder: Path) -> str:
     "The README's one-chapter example (`EXAMPLE`): its papermill command and, from the published `table_book_times.csv`, the minutes the book's run of the same parameters took and on what machine."
-    import pandas as pd
     nb, params = EXAMPLE
     cmd = f"`.venv/bin/papermill nbs/{nb}.ipynb out.ipynb " + " ".join(f"-p {k} {v}" for k, v in params.items()) + "`"
     step = next((s.name for s in plan("default") if s.notebook == nb and s.params == {"profile": "default", **params}), None)
-    csv = Path(folder) / "table_book_times.csv"
-    df = pd.read_csv(csv).set_index("step") if csv.exists() else None
-    if step is None or df is None or step not in df.index: return f"One chapter with other parameters: {cmd}."
-    return (f"One chapter with other parameters: {cmd} (the book's `{step}`: {df.loc[step, 'minutes']:.0f} minutes on "
+    minutes = published_minutes(folder, step) if step else None
+    if minutes is None: return f"One chapter with other parameters: {cmd}."
+    return (f"One chapter with other parameters: {cmd} (the book's `{step}`: {minutes:.0f} minutes on "
             f"{_timed_on(folder)}, two runs side by side).")
 
 def book_time(folder: Path) -> str:
@@ -252,7 +262,7 @@ def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = Fals
 def headline(folder: Path) -> str:
     "What the book found, in one sentence for the first screen: how many of the papers' claims its seeds confirm, refute or cannot tell, from every `table_*_verdicts.csv` it published."
     import pandas as pd
-    v = pd.concat([pd.read_csv(f)["verdict"] for f in sorted(Path(folder).glob("table_*_verdicts.csv"))] or [pd.Series([], dtype=str)])
+    v = pd.concat([pd.read_csv(f)["verdict"] for f, _ in verdict_tables(folder)] or [pd.Series([], dtype=str)])
     if not len(v): return "*No chapter has tested its paper's claims yet.*"
     n = lambda pre: int(v.str.startswith(pre).sum())
     one, kept = int(v.str.contains("one seed").sum()), n("kept its start")
