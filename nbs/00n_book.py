@@ -27,7 +27,7 @@ from __future__ import annotations
 import atexit, base64, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from capbook.core import (CapbookError, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.runner import check_profile, out_dir, chapters, parameters_source
 from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
@@ -593,21 +593,31 @@ def _step_failure(e: BaseException) -> str:
     if isinstance(e, OSError): return str(os_error_line(e)).removesuffix("; nothing already written was changed")
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
-def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print) -> dict[str, Path]:
-    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
+EXECUTORS = ("local", "slurm")     # where the book's steps run: processes on this machine, or jobs on a SLURM cluster (capbook.cluster)
+
+def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print, executor: str = "local",
+             executor_config: str | Path | None = None) -> dict[str, Path]:
+    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line. `executor`: 'local' (a pool of processes here) or 'slurm' (each step a job, `capbook.cluster.SlurmPool`, its resources from `executor_config`)."
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
     import multiprocessing as mp
+    check_choice("executor", executor, EXECUTORS)
     keyring = plan_keys(profile)                  # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    if jobs > 1:                                  # each kernel inherits its share of the cores
+    if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
+    if executor == "slurm":
+        from capbook.cluster import SlurmPool, executor_config as read_config
+        pool_cm = SlurmPool(profile, read_config(executor_config, profile), runs_dir() / profile / "slurm", force, log=log)
+        submit = lambda s: pool_cm.submit_step(s, keyring.get(s))
+    else:
+        pool_cm = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))
+        submit = lambda s: pool_cm.submit(run_step, s, profile, force, print, keyring.get(s))
     try:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),)) as pool, \
-                progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
+        with pool_cm, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             while waiting or running:
                 while skip := [(s, kept) for s in ready() if not force and (kept := unchanged(s, profile, keyring.get(s)))]:
                     for s, kept in skip:              # unchanged: skipped here, no worker starts for it
@@ -615,7 +625,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                         log(f"  {s.name}: unchanged, skipped"); bar.update(1)
                 for s in ready()[:jobs - len(running)]:
                     waiting.remove(s)
-                    running[pool.submit(run_step, s, profile, force, print, keyring.get(s))] = s
+                    try: running[submit(s)] = s
+                    except CapbookError as e: failed = failed or e           # a job the scheduler refused
                 if not running: break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
@@ -671,18 +682,23 @@ def book_lock(profile: str):
         except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
         yield
 
-def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1,
-             only: list[str] | None = None) -> dict:
-    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay."
+def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
+             only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None) -> dict:
+    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way."
     check_profile(profile)
-    check_int("jobs", jobs, lo=1)
+    check_choice("executor", executor, EXECUTORS)
+    if executor_config is not None and executor == "local":
+        raise CapbookError("parameter executor_config is for --executor slurm: a local book runs on this machine's cores (-j)")
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
+    jobs = check_int("jobs", jobs, lo=1) if jobs is not None else (1 if executor == "local" else max(1, len(steps)))
     from capbook.metrics import meteor_service
     with book_lock(profile):                      # one book at a time on a home and profile
-        log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
-        with meteor_service() as meteor:          # one METEOR JVM for every run's scoring, not one per run
-            run_plan(profile, steps, force, jobs, log)
+        log(f"capbook book --profile {profile} -j {jobs}" + (f" --executor {executor}" if executor != "local" else "")
+            + f": {len(steps)} notebooks -> {runs_dir() / profile}")
+        shared = meteor_service() if executor == "local" else contextlib.nullcontext({"served": 0})   # a node cannot reach this machine's
+        with shared as meteor:                    # one METEOR JVM for every run's scoring, not one per run
+            run_plan(profile, steps, force, jobs, log, executor, executor_config)
         if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
         dst = publish(profile, steps, partial=bool(only))
         log(f"tables, figures and the reader's notebooks -> {dst}")

@@ -104,7 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--profile", default="default", choices=PROFILES)
     b.add_argument("--force", action="store_true", help="rerun notebooks even if unchanged")
     b.add_argument("--no-docs", action="store_true", help="skip building the docs site")
-    b.add_argument("-j", "--jobs", type=int, default=1, help="notebooks run side by side (each with its share of the cores)")
+    b.add_argument("-j", "--jobs", type=int, default=None, help="notebooks run side by side (each with its share of the cores; "
+                   "default 1); with --executor slurm, jobs queued at once (default: every step that is ready)")
+    b.add_argument("--executor", default="local", choices=("local", "slurm"), help="where steps run: processes on this machine "
+                   "(default), or one SLURM job each through submitit (CAPBOOK_HOME, CAPBOOK_DATA and the venv on a filesystem "
+                   "the nodes share; see capbook.cluster)")
+    b.add_argument("--executor-config", metavar="YAML", help="with --executor slurm: each step's CPUs, GPUs, memory, time "
+                   "limit, partition, account and sbatch options (capbook.cluster.Resources; default: capbook's per profile)")
     b.add_argument("--only", nargs="+", metavar="PATTERN", help="only these notebooks or steps (shell patterns; "
                    "e.g. 03_spca 03a_spca_tables; =03_spca: the step of that name alone, not the chapter's every run): "
                    "the other chapters' published tables and copies stay")
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
-        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only)
+        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only, executor=a.executor,
+                                     executor_config=a.executor_config)
         elif a.cmd == "docs":
             with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:

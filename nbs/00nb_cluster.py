@@ -1,0 +1,327 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # cluster
+#
+# > The book on a SLURM cluster: each step a job submitted through submitit, in the plan's order, with the book's keys,
+# > skipping, lock and publishing kept on the machine that submits.
+
+# %%
+#| default_exp cluster
+
+# %%
+#| export
+from __future__ import annotations
+import fnmatch, os, threading, time
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+import submitit
+from capbook.core import CapbookError, load_yaml
+
+# %% [markdown]
+# ## Why a second executor
+#
+# `capbook book -j N` runs the plan's steps in a pool of processes on one machine (`capbook.book.run_plan`): each step
+# starts as soon as the runs it tabulates are done, an unchanged step is skipped before anything starts, and the book's
+# lock and its publishing stay with the book's own process. A lab with a cluster wants the same book with each step on
+# a node of its own. `capbook book --executor slurm` keeps every part of that and changes one thing: a step is a SLURM
+# job, submitted through [submitit](https://github.com/facebookincubator/submitit) (the library Hydra's launcher,
+# fairseq and DINO use), which pickles the call, writes the `sbatch` script, and reads the job's state and result back.
+#
+# What a cluster needs that one machine does not:
+#
+# - **the same files everywhere**: `CAPBOOK_HOME` (runs, figures), `CAPBOOK_DATA` (the dataset, features, encoder) and
+#   the virtual environment on a filesystem every node mounts; a job writes its results where a local book would;
+# - **resources per step**: CPUs, GPUs, memory, time limit, partition, account, any other `sbatch` option — from one
+#   YAML file, with defaults per profile (below);
+# - **failures as a cluster has them**: a job can fail, run out of time or memory, lose its node, or be preempted. Each
+#   ends the step with one line (the step, the job id, the state, the log to open); a job that runs out of time or is
+#   preempted is requeued, and its training resumes from its checkpoint (runs resume exactly after a kill);
+# - **cancelling**: Ctrl-C on the book cancels the jobs it submitted.
+
+# %% [markdown]
+# ## Resources: one YAML file, defaults per profile
+#
+# A step's resources are merged from four layers, later ones winning: capbook's defaults for every profile
+# (`RESOURCES`), capbook's defaults for the book's profile (`PROFILE_RESOURCES`), the config file's top level, its
+# `profiles:` entry for the profile, and each of its `steps:` entries whose shell-style pattern matches the step's name
+# (in the file's order). The defaults are sized from the published time table: the default book's longest run took
+# under an hour on two cores; the paper profile trains on a GPU.
+
+# %%
+#| export
+@dataclass(frozen=True)
+class Resources:
+    "What one step's job asks the scheduler for."
+    cpus: int = 2                     # CPUs of the job's one task (its intra-op threads)
+    gpus: int = 0                     # GPUs on its node; more than one: the training runs under torchrun, one process a GPU
+    mem_gb: float = 8                 # memory of the job
+    time_min: int = 120               # its time limit; a job that reaches it is requeued and resumes from its checkpoint
+    partition: str | None = None      # the partition (queue); None: the cluster's default
+    account: str | None = None        # the account charged; None: the user's default
+    sbatch: dict = field(default_factory=dict)   # any other sbatch option, without its dashes: {"qos": "high", "constraint": "a100"}
+    setup: tuple = ()                 # shell lines each job runs before capbook (e.g. "module load cuda/12.4")
+    requeues: int = 3                 # how often a job that timed out or was preempted is requeued before the step fails
+
+RESOURCES = Resources()
+PROFILE_RESOURCES = {"smoke": {"mem_gb": 4, "time_min": 20},
+                     "default": {"mem_gb": 8, "time_min": 180},
+                     "paper": {"cpus": 8, "gpus": 1, "mem_gb": 32, "time_min": 2880}}
+KEYS = [f.name for f in fields(Resources)]
+
+# %%
+#| export
+def _checked(entry: Any, where: str) -> dict:
+    "One layer of a config file, its keys and types checked: one line naming the file, the place and what is allowed."
+    if entry is None: return {}
+    if not isinstance(entry, dict): raise CapbookError(f"{where}: expected a mapping of {', '.join(KEYS)}, got {type(entry).__name__}")
+    if bad := sorted(set(entry) - set(KEYS)):
+        raise CapbookError(f"{where}: unknown key {', '.join(map(repr, bad))}; allowed: {', '.join(KEYS)}")
+    out = dict(entry)
+    for k in ("cpus", "gpus", "time_min", "requeues"):
+        if k in out and (not isinstance(out[k], int) or isinstance(out[k], bool) or out[k] < (1 if k in ("cpus", "time_min") else 0)):
+            raise CapbookError(f"{where}: {k} must be a whole number {'of at least 1' if k in ('cpus', 'time_min') else '>= 0'}, got {out[k]!r}")
+    if "mem_gb" in out and (not isinstance(out["mem_gb"], (int, float)) or isinstance(out["mem_gb"], bool) or out["mem_gb"] <= 0):
+        raise CapbookError(f"{where}: mem_gb must be a positive number, got {out['mem_gb']!r}")
+    for k in ("partition", "account"):
+        if k in out and out[k] is not None and not isinstance(out[k], str): raise CapbookError(f"{where}: {k} must be a name, got {out[k]!r}")
+    if "sbatch" in out and not isinstance(out["sbatch"], dict): raise CapbookError(f"{where}: sbatch must be a mapping of options, got {out['sbatch']!r}")
+    if "setup" in out:
+        if isinstance(out["setup"], str): out["setup"] = [out["setup"]]
+        if not isinstance(out["setup"], list) or not all(isinstance(s, str) for s in out["setup"]):
+            raise CapbookError(f"{where}: setup must be a list of shell lines, got {out['setup']!r}")
+        out["setup"] = tuple(out["setup"])
+    return out
+
+@dataclass
+class ExecutorConfig:
+    "The resources of every step of a book at one profile: `resources(step_name)`."
+    profile: str
+    layers: list = field(default_factory=list)          # [(pattern or None, {key: value})], applied in order
+    source: str = "capbook's defaults"
+
+    def resources(self, name: str) -> Resources:
+        r = replace(RESOURCES, **PROFILE_RESOURCES.get(self.profile, {}))
+        for pattern, entry in self.layers:
+            if pattern is None or fnmatch.fnmatchcase(name, pattern):
+                sb = {**r.sbatch, **entry.get("sbatch", {})}     # sbatch options add up; the rest replaces
+                r = replace(r, **{**entry, "sbatch": sb})
+        return r
+
+def executor_config(path: str | Path | None, profile: str) -> ExecutorConfig:
+    "The executor config for `profile`: capbook's defaults, then the YAML file at `path` (None: the defaults alone); a malformed file stops in one line naming it."
+    if path is None: return ExecutorConfig(profile)
+    path = Path(path)
+    doc = load_yaml(path, "executor config") or {}
+    if not isinstance(doc, dict): raise CapbookError(f"{path}: an executor config is a mapping (see capbook.cluster), got {type(doc).__name__}")
+    profiles, steps = doc.pop("profiles", None) or {}, doc.pop("steps", None) or {}
+    if not isinstance(profiles, dict): raise CapbookError(f"{path}: profiles must map a profile to its resources, got {profiles!r}")
+    if not isinstance(steps, dict): raise CapbookError(f"{path}: steps must map a step pattern to its resources, got {steps!r}")
+    layers = [(None, _checked(doc, f"{path}"))]
+    for name, entry in profiles.items():
+        checked = _checked(entry, f"{path}: profiles: {name}")
+        if name == profile: layers.append((None, checked))
+    layers += [(str(pat), _checked(entry, f"{path}: steps: {pat}")) for pat, entry in steps.items()]
+    return ExecutorConfig(profile, layers, str(path))
+
+# %% [markdown]
+# An example config, as a lab would write it: every job on partition `cpu` of account `vision`, the default book's
+# chapter runs given three hours, the SPCA rows (the book's slowest) four, the paper profile on two GPUs of partition
+# `gpu`. A mistyped key stops with the file, the place and the keys allowed.
+
+# %%
+import tempfile
+_cfg = Path(tempfile.mkdtemp()) / "slurm.yaml"
+_cfg.write_text("""partition: cpu
+account: vision
+sbatch: {qos: normal}
+profiles:
+  paper: {partition: gpu, gpus: 2, sbatch: {constraint: a100}}
+steps:
+  "0[2-6]_*": {time_min: 180}
+  "03_spca*": {time_min: 240, mem_gb: 12}
+""")
+_c = executor_config(_cfg, "default")
+assert _c.resources("03_spca-k5") == Resources(cpus=2, gpus=0, mem_gb=12, time_min=240, partition="cpu", account="vision", sbatch={"qos": "normal"})
+assert _c.resources("00_core").time_min == PROFILE_RESOURCES["default"]["time_min"] and _c.resources("00_core").partition == "cpu"
+_p = executor_config(_cfg, "paper").resources("05_glied")
+assert (_p.gpus, _p.partition, _p.sbatch, _p.time_min) == (2, "gpu", {"qos": "normal", "constraint": "a100"}, 180)
+assert executor_config(None, "smoke").resources("02_show_attend_tell").time_min == 20
+_cfg.write_text("steps:\n  '03_*': {time: 10}\n")
+try: executor_config(_cfg, "default"); raise AssertionError("a mistyped key passed")
+except CapbookError as e: assert "steps: 03_*: unknown key 'time'; allowed: cpus, gpus, mem_gb, time_min" in str(e), e
+_cfg.write_text("cpus: two\n")
+try: executor_config(_cfg, "default"); raise AssertionError("a bad value passed")
+except CapbookError as e: assert str(e) == f"{_cfg}: cpus must be a whole number of at least 1, got 'two'", e
+
+# %% [markdown]
+# ## The job: one step, resumable
+#
+# A job calls `capbook.book.run_step` on its node, as a local worker does, with its own intra-op threads (its CPUs)
+# and none of the submitting host's services (its METEOR process listens on a socket of that host: a job on another node
+# starts its own). A step that fails in a way the book names (a notebook's failing cell, a full disk) returns that one
+# line as its result, so the host reports it as a local book would; anything else fails the job, and its log says why.
+#
+# `StepJob` is a `submitit.helpers.Checkpointable`: when SLURM signals that the job's time is nearly up, or that it is
+# preempted, submitit asks it for a checkpoint and requeues the same call. Nothing more is needed: a training run
+# checkpoints every epoch and resumes exactly after a kill, so the requeued job goes on where the last one stopped.
+
+# %%
+#| export
+def _step_call(step, profile: str, force: bool, key: str, cpus: int) -> tuple:
+    "What a job runs: the step, as a local worker runs it; ('ok', executed notebook, whether it ran) or ('failed', the book's one line)."
+    from capbook.book import run_step
+    os.environ.pop("CAPBOOK_METEOR", None)                  # the submitting host's METEOR socket: not on this node
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[k] = str(cpus)
+    try:
+        out, ran = run_step(step, profile, force, print, key)
+        return "ok", str(out), ran
+    except CapbookError as e:
+        return "failed", str(e)
+
+class StepJob(submitit.helpers.Checkpointable):
+    "One book step as a requeueable job (`checkpoint`, inherited from submitit: the same call again, and the run resumes from its checkpoint)."
+    def __call__(self, step, profile: str, force: bool, key: str, cpus: int) -> tuple:
+        return _step_call(step, profile, force, key, cpus)
+
+# %% [markdown]
+# ## The pool: steps in, results out, failures in one line
+#
+# `SlurmPool` is what `run_plan` submits to in place of its process pool. `submit_step` sends a step as a job with the
+# resources the config gives its name, and returns a `Future` that a watcher thread settles when the job ends: with
+# the executed notebook, or with one line. submitit knows a job has ended when its result file appears, or else from
+# `sacct` (a job that died without a result: out of time, out of memory, its node lost); the watcher looks for results
+# every `poll_s` seconds and asks `sacct` at least every `sacct_s`.
+#
+# The states a step can end in, and the line the book prints (SLURM's names):
+#
+# | state | what happened | the line says |
+# |---|---|---|
+# | COMPLETED | the job ran; the step's own failure, if any, is the book's usual line | — |
+# | FAILED | the job's process failed outside the notebook (the environment, an import) | the last line of its traceback |
+# | TIMEOUT | out of time after `requeues` requeues | raise `time_min` |
+# | PREEMPTED | preempted and not requeued | run the book again |
+# | NODE_FAIL | its node was lost | run the book again |
+# | OUT_OF_MEMORY | over its memory | raise `mem_gb` |
+# | CANCELLED | cancelled (`scancel`, or the book's Ctrl-C) | run the book again |
+#
+# Each line names the step, the job id and the log file to open. A book run again completes only what is unfinished:
+# every finished step is unchanged and skipped, and a requeued or rerun training resumes from its checkpoint.
+
+# %%
+#| export
+ADVICE = {"TIMEOUT": "raise its time_min in the executor config (its run resumes from its checkpoint)",
+          "OUT_OF_MEMORY": "raise its mem_gb in the executor config", "FAILED": "its log says why"}
+
+def failure_line(step_name: str, job_id: str, state: str, log: Path | str, why: str = "") -> str:
+    "The one line a step's failed job ends the book with: the step, the job, its state, what to do and the log to open."
+    advice = ADVICE.get(state, "run the book again to finish what is unfinished")
+    return f"{step_name}: SLURM job {job_id} ended {state}" + (f" ({why})" if why else "") + f"; {advice}; log: {log}"
+
+def _last_line(e: BaseException) -> str:
+    "The last non-empty line of a job's error (submitit's carries the node's traceback)."
+    lines = [l.strip() for l in str(e).splitlines() if l.strip() and not l.strip().startswith(("File ", "^", "~"))]
+    return lines[-1][:300] if lines else type(e).__name__
+
+class SlurmPool:
+    "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); jobs' scripts, logs and pickles under `folder`."
+    def __init__(self, profile: str, config: ExecutorConfig, folder: str | Path, force: bool = False, cluster: str = "slurm",
+                 poll_s: float = 2.0, sacct_s: float = 30.0, log: Callable = print):
+        self.profile, self.config, self.force, self.cluster, self.log = profile, config, force, cluster, log
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=cluster)
+        self.poll_s, self.sacct_s = poll_s, sacct_s
+        self.jobs: dict[Future, tuple] = {}
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="capbook-slurm-watcher", daemon=True)
+
+    def parameters(self, name: str) -> dict:
+        "submitit's parameters for the job of step `name` (`ExecutorConfig.resources`)."
+        r = self.config.resources(name)
+        p = {"name": f"capbook-{name}", "timeout_min": r.time_min, "cpus_per_task": r.cpus, "mem_gb": r.mem_gb,
+             "tasks_per_node": 1, "nodes": 1}
+        if self.cluster == "slurm":
+            p |= {"slurm_max_num_timeout": r.requeues, "slurm_additional_parameters": dict(r.sbatch), "slurm_setup": list(r.setup)}
+            if r.gpus: p["gpus_per_node"] = r.gpus
+            if r.partition: p["slurm_partition"] = r.partition
+            if r.account: p["slurm_account"] = r.account
+        return p
+
+    def submit_step(self, step, key: str) -> Future:
+        "Submit `step` (its key computed here, before it runs) as one job; the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
+        r = self.config.resources(step.name)
+        self.executor.update_parameters(**self.parameters(step.name))
+        try: job = self.executor.submit(StepJob(), step, self.profile, self.force, key, r.cpus)
+        except Exception as e:                     # sbatch refused it: an unknown partition or account, a limit
+            raise CapbookError(f"{step.name}: the scheduler refused its job ({_last_line(e)}); check the executor config "
+                               f"({self.config.source})") from None
+        fut = Future(); fut.set_running_or_notify_cancel()
+        with self._lock: self.jobs[fut] = (step, job)
+        self.log(f"  {step.name}: job {job.job_id} submitted ({r.cpus} CPUs{f', {r.gpus} GPUs' if r.gpus else ''}, "
+                 f"{r.mem_gb:g} GB, {r.time_min} min{f', partition {r.partition}' if r.partition else ''})")
+        return fut
+
+    def _settle(self, fut: Future, step, job) -> None:
+        state = job.state.split()[0] if job.state else "UNKNOWN"      # "CANCELLED by 0": the state alone
+        try: res = job.result()
+        except Exception as e:
+            why = _last_line(e) if state in ("FAILED", "UNKNOWN", "FINISHED") else ""
+            fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr, why))); return
+        if res[0] == "ok": fut.set_result((Path(res[1]), res[2]))
+        else: fut.set_exception(CapbookError(res[1]))                 # the step's own line, as a local book prints it
+
+    def _watch(self) -> None:
+        last_sacct = time.time()
+        while not self._stop.wait(self.poll_s):
+            with self._lock: pending = [(f, s, j) for f, (s, j) in self.jobs.items() if not f.done()]
+            ask = time.time() - last_sacct >= self.sacct_s
+            if ask: last_sacct = time.time()
+            for f, s, j in pending:
+                try: done = j.done(force_check=ask)
+                except Exception: continue                # sacct briefly unreachable: the next look asks again
+                if done: self._settle(f, s, j)
+
+    def cancel(self) -> list[str]:
+        "Cancel every job not yet ended; returns their ids."
+        with self._lock: pending = [(f, j) for f, (_, j) in self.jobs.items() if not f.done()]
+        for f, j in pending:
+            try: j.cancel(check=False)
+            except Exception: pass
+            try: f.set_exception(CapbookError(f"job {j.job_id} cancelled"))
+            except Exception: pass                        # (the watcher settled it meanwhile)
+        return [j.job_id for _, j in pending]
+
+    def __enter__(self) -> "SlurmPool":
+        self._watcher.start(); return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and (ids := self.cancel()):          # Ctrl-C, or the book stopping on an error of its own
+            self.log(f"cancelled {len(ids)} SLURM jobs: {' '.join(ids)}")
+        self._stop.set(); self._watcher.join(timeout=10)
+
+# %% [markdown]
+# A step's job parameters as submitit receives them, and a failed job's line:
+
+# %%
+_pool = SlurmPool("default", executor_config(None, "default"), Path(tempfile.mkdtemp()), cluster="slurm")
+assert _pool.parameters("03_spca-k5") == {"name": "capbook-03_spca-k5", "timeout_min": 180, "cpus_per_task": 2, "mem_gb": 8,
+                                           "tasks_per_node": 1, "nodes": 1, "slurm_max_num_timeout": 3,
+                                           "slurm_additional_parameters": {}, "slurm_setup": []}
+print(failure_line("03_spca-k5", "4127", "TIMEOUT", "runs/default/slurm/4127/4127_0_log.err"))
+assert failure_line("x", "7", "OUT_OF_MEMORY", "l").endswith("raise its mem_gb in the executor config; log: l")
