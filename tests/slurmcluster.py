@@ -64,6 +64,7 @@ SlurmdPidFile={root}/run/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
 SlurmdLogFile={root}/log/slurmd.log
 PlugStackConfig={root}/plugstack.conf
+MailProg=/bin/true
 # Job ids start at a random number: submitit caches the state of finished job ids for the whole process, so a second
 # cluster in one pytest process must not reuse the first one's ids.
 FirstJobId={first_job_id}
@@ -210,13 +211,13 @@ class _Daemons:
         self.procs[name] = p
         return p
 
-    def wait_for(self, name: str, ready, timeout: float = 60) -> None:
+    def wait_for(self, name: str, ready, timeout: float = 60, what: str = "ready") -> None:
         "Poll `ready()` until it is true; fail with the daemon's own words if it exits or the time runs out."
         p, deadline = self.procs[name], time.monotonic() + timeout
         while not ready():
             if p.poll() is not None or time.monotonic() > deadline:
                 tail = (self.root / "log" / f"{name}.out").read_text(errors="replace").strip().splitlines()[-5:]
-                what = f"exited with status {p.returncode}" if p.returncode is not None else f"not ready after {timeout:.0f} s"
+                what = f"exited with status {p.returncode}" if p.returncode is not None else f"not {what} after {timeout:.0f} s"
                 raise RuntimeError(f"{name} {what}: " + " | ".join(tail))
             time.sleep(0.1)
 
@@ -262,7 +263,7 @@ def one_node_slurm(tmp_path: Path, accounting: str = "jobcomp", partition: str =
     assert accounting in ("slurmdbd", "jobcomp"), accounting
     ensure_packages(accounting)
     # Unix socket paths (munged's, mariadbd's) must stay under 108 bytes: a long pytest folder gets a short one beside.
-    root = Path(tmp_path) / "slurm" if len(str(tmp_path)) <= 60 else Path(tempfile.mkdtemp(prefix="slurm-", dir=tmp_path.anchor + "tmp"))
+    root = Path(tmp_path) / "slurm" if len(str(tmp_path)) <= 60 else Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
     for d in ("state", "spool", "log", "run", "bin", "munge", "db"): (root / d).mkdir(parents=True, exist_ok=True)
     for d in ("munge", "db"): (root / d).chmod(0o700)             # the key and the database's socket: root's alone
     node_line, node, cpus, memory_mb = _node_line()
@@ -310,7 +311,7 @@ def one_node_slurm(tmp_path: Path, accounting: str = "jobcomp", partition: str =
         def idle() -> bool:
             try: return cluster.run("sinfo", "-h", "-N", "-o", "%t", timeout=10, check=False).stdout.strip() == "idle"
             except subprocess.TimeoutExpired: return False
-        daemons.wait_for("slurmctld", idle, timeout)
+        daemons.wait_for("slurmctld", idle, timeout, what=f"showing node {node} idle")
         cluster.up_s = time.monotonic() - t0
         cluster.pids = {name: p.pid for name, p in daemons.procs.items()}
         yield cluster
@@ -325,4 +326,6 @@ def one_node_slurm(tmp_path: Path, accounting: str = "jobcomp", partition: str =
         _kill_marked(str(root), spare={p.pid for p in daemons.procs.values()})
         daemons.stop()
         _kill_marked(str(root))
-        if root.parent != Path(tmp_path): shutil.rmtree(root, ignore_errors=True)
+        if root.parent != Path(tmp_path):          # the short folder beside: its logs kept in tmp_path, the rest removed
+            with contextlib.suppress(OSError): shutil.copytree(root / "log", Path(tmp_path) / "slurm-log", dirs_exist_ok=True)
+            shutil.rmtree(root, ignore_errors=True)
