@@ -49,6 +49,21 @@
 # <!-- onechapter -->
 # <!-- /onechapter -->
 #
+# ### On a cluster
+#
+# On SLURM every step runs as a job of its own, submitted through submitit from the machine you are on. Put the
+# checkout with its `.venv/`, `CAPBOOK_HOME` (runs, figures) and `CAPBOOK_DATA` (data, features) on a filesystem the
+# nodes share; name the partition and what steps need in a YAML file (`partition: cpu`, then per profile or per step
+# `cpus`, `gpus`, `mem_gb`, `time_min`, `account`, any `sbatch` option: [the fields](00nb_cluster.ipynb)); then
+#
+# ```bash
+# .venv/bin/capbook book --executor slurm --executor-config slurm.yaml
+# ```
+#
+# The lock, the skipping of what is current and the publishing stay where you run it. A failed job prints its step,
+# job id, state and log; a job out of time or preempted is requeued and resumes from its checkpoint; Ctrl-C cancels
+# the jobs; running the book again finishes what is unfinished.
+#
 # ## The chapters
 #
 # <!-- chapters -->
