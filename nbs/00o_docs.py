@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import base64, contextlib, copy, importlib, json, logging, math, os, re, shutil, signal, subprocess, sys, tempfile, time
+import base64, contextlib, copy, hashlib, importlib, json, logging, math, os, re, shutil, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 from typing import Callable
 from html import escape as _escape
@@ -97,6 +97,19 @@ def figure_html(b64: str, caption: str | None) -> str | None:
     text = _escape(caption or "")
     return (f'<figure class="capbook-figure"><div style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
             f'alt="{text}" style="max-width: none; height: auto; {fit}"></div>' + (f"<figcaption>{text}</figcaption>" * bool(text)) + "</figure>")
+
+_INLINE_PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+FIGURES = "_static/figures"     # where the site keeps its figures, one file each by content
+
+def figure_files(text: str, src: Path) -> str:
+    "`text` (a page's HTML or Markdown) with each inline PNG of `figure_html` written once, by content, under the site's `FIGURES` and linked from there: a figure a reader can open alone, and pages that stay small."
+    def save(m: re.Match) -> str:
+        data = base64.b64decode(m[1])
+        path = Path(src) / FIGURES / f"{hashlib.sha256(data).hexdigest()[:16]}.png"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True); atomic_write(path, lambda t: t.write_bytes(data))
+        return f'src="{FIGURES}/{path.name}"'
+    return _INLINE_PNG.sub(save, text)
 
 def wide(b64: str) -> bool:
     "Whether a PNG is wider than the page's column (`COLUMN`): its cell takes the page's full width."
@@ -343,6 +356,8 @@ assert list(_clean_output(_strip, "Attention, word by word").data) == ["text/htm
 assert "max-width: none; height: auto; width: 2000px" in _strip.data["text/html"]
 assert "width: min(100%, 1200px); min-width: 900px" in _clean_output(_wide, "A <wide> one").data["text/html"]
 assert "<figcaption>A &lt;wide&gt; one</figcaption>" in _wide.data["text/html"]
+_site = Path(tempfile.mkdtemp())                       # on the site, a figure is a file of its own, stored once by content
+assert figure_files(_wide.data["text/html"] * 2, _site).count(f'src="{FIGURES}/') == 2 and len(list((_site / FIGURES).glob("*.png"))) == 1
 _fig_nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## Where it looks"),
                                           nbformat.v4.new_code_cell("show()", outputs=[_fig_out(600, 400)]),
                                           nbformat.v4.new_code_cell("#| fig-cap: Figure 1: the same, captioned\nshow()", outputs=[_fig_out(1200, 800)])])
@@ -709,7 +724,7 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
     pages = names + ["api"] + ["index"] * (intro_md is not None)
     if dups := sorted({n for n in pages if pages.count(n) > 1}):
         raise CapbookError(f"build_site: two pages would be named {', '.join(dups)}; rename the notebook")
-    if intro_md is not None: (src / "index.md").write_text(intro_md)
+    if intro_md is not None: (src / "index.md").write_text(figure_files(intro_md, src))
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
         ran = inflate_notebook(_read_notebook(p), p.parent / "img")
         nb = prepare_notebook(ran, tables=bool(TABLES_PAGE.match(p.stem)))
@@ -722,6 +737,10 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
             if rest: nb.cells[at - 1].source = head; nb.cells.insert(at, nbformat.v4.new_markdown_cell(rest))
         if findings and p.stem in findings: nb.cells[at:at] = findings_cells(ran, *findings[p.stem])
         if notes and p.stem in notes: nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
+        for c in nb.cells:                        # figures as files of the site, linked from the page
+            if c.cell_type == "markdown": c.source = figure_files(c.source, src)
+            for o in c.get("outputs", []):
+                if isinstance(html := o.get("data", {}).get("text/html"), str): o["data"]["text/html"] = figure_files(html, src)
         nbformat.write(nb, src / f"{name}.ipynb")
     (src / "_static").mkdir(exist_ok=True)
     (src / "_static" / "capbook.css").write_text(_CSS)

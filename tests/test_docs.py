@@ -195,8 +195,10 @@ def test_kept_copies_read_as_a_book(tmp_path):
     assert keep_notebooks([run / "01_a.ipynb"], tmp_path / "kept") and sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["01_a.ipynb", "img"]
     src = tmp_path / "src"; src.mkdir()
     docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
-    shown = nbformat.read(src / "index.ipynb", 4).cells[-3].outputs[0].data["text/html"]       # a figure at its size, captioned
-    assert "".join(nb.cells[-3].outputs[0].data["image/png"].split()) in shown and "<figcaption>" in shown
+    shown = nbformat.read(src / "index.ipynb", 4).cells[-3].outputs[0].data["text/html"]       # a figure at its size, captioned,
+    fig = re.search(r'<img src="(_static/figures/\w+\.png)"', shown)                            # a file of the site
+    assert fig and "<figcaption>" in shown, shown[:300]
+    assert (src / fig[1]).read_bytes() == base64.b64decode(nb.cells[-3].outputs[0].data["image/png"])
     next((tmp_path / "kept" / "img").glob("*.png")).unlink()
     with pytest.raises(CapbookError, match="image of a kept notebook not found"): docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
 
@@ -238,7 +240,7 @@ def test_repository_book_site(tmp_path):
     log = (tmp_path / "site.build.log").read_text()
     assert "build succeeded." in log and "WARNING" not in log, [l for l in log.splitlines() if "WARNING" in l]   # zero Sphinx warnings
     front = (index.parent / "index.html").read_text()
-    assert "data:image/png;base64," in front and "what it holds" in front      # the figure, the chapter table
+    assert 'class="capbook-figure"><div style="overflow-x: auto"><img src="_static/figures/' in front and "what it holds" in front   # the figure, the chapter table
     with Chromium() as browser:
         seen = check_site(index, kept, browser)
         for name in notebooks():
