@@ -92,13 +92,14 @@ def executor_config(path: str | Path | None, profile: str) -> ExecutorConfig:
 
 # %% ../nbs/00nb_cluster.ipynb
 def _step_call(step, profile: str, force: bool, key: str, cpus: int) -> tuple:
-    "What a job runs: the step, as a local worker runs it; ('ok', executed notebook, whether it ran) or ('failed', the book's one line)."
+    "What a job runs: the step, as a local worker runs it; ('ok', executed notebook, whether it ran, seconds) or ('failed', the book's one line)."
     from capbook.book import run_step
     os.environ.pop("CAPBOOK_METEOR", None)                  # the submitting host's METEOR socket: not on this node
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[k] = str(cpus)
+    t0 = time.time()
     try:
         out, ran = run_step(step, profile, force, print, key)
-        return "ok", str(out), ran
+        return "ok", str(out), ran, time.time() - t0
     except CapbookError as e:
         return "failed", str(e)
 
@@ -128,7 +129,6 @@ class SlurmPool:
         self.profile, self.config, self.force, self.cluster, self.log = profile, config, force, cluster, log
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=cluster)
         self.poll_s, self.sacct_s = poll_s, sacct_s
         self.jobs: dict[Future, tuple] = {}
         self._lock, self._stop = threading.Lock(), threading.Event()
@@ -140,7 +140,7 @@ class SlurmPool:
         p = {"name": f"capbook-{name}", "timeout_min": r.time_min, "cpus_per_task": r.cpus, "mem_gb": r.mem_gb,
              "tasks_per_node": 1, "nodes": 1}
         if self.cluster == "slurm":
-            p |= {"slurm_max_num_timeout": r.requeues, "slurm_additional_parameters": dict(r.sbatch), "slurm_setup": list(r.setup)}
+            p |= {"slurm_additional_parameters": dict(r.sbatch), "slurm_setup": list(r.setup)}
             if r.gpus: p["gpus_per_node"] = r.gpus
             if r.partition: p["slurm_partition"] = r.partition
             if r.account: p["slurm_account"] = r.account
@@ -149,8 +149,10 @@ class SlurmPool:
     def submit_step(self, step, key: str) -> Future:
         "Submit `step` (its key computed here, before it runs) as one job; the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
         r = self.config.resources(step.name)
-        self.executor.update_parameters(**self.parameters(step.name))
-        try: job = self.executor.submit(StepJob(), step, self.profile, self.force, key, r.cpus)
+        requeues = {"slurm_max_num_timeout": r.requeues} if self.cluster == "slurm" else {}
+        executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster, **requeues)   # one a job: its own requeues
+        executor.update_parameters(**self.parameters(step.name))
+        try: job = executor.submit(StepJob(), step, self.profile, self.force, key, r.cpus)
         except Exception as e:                     # sbatch refused it: an unknown partition or account, a limit
             raise CapbookError(f"{step.name}: the scheduler refused its job ({_last_line(e)}); check the executor config "
                                f"({self.config.source})") from None
@@ -166,7 +168,9 @@ class SlurmPool:
         except Exception as e:
             why = _last_line(e) if state in ("FAILED", "UNKNOWN", "FINISHED") else ""
             fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr, why))); return
-        if res[0] == "ok": fut.set_result((Path(res[1]), res[2]))
+        if res[0] == "ok":
+            self.log(f"  {step.name}: ran in {res[3]:.1f} s (job {job.job_id})" if res[2] else f"  {step.name}: unchanged, skipped (job {job.job_id})")
+            fut.set_result((Path(res[1]), res[2]))
         else: fut.set_exception(CapbookError(res[1]))                 # the step's own line, as a local book prints it
 
     def _watch(self) -> None:

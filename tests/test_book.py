@@ -1,5 +1,5 @@
 "The book end to end at the smoke profile: papermill plan, records, tables, figures, skip-unchanged, docs site."
-import contextlib, json, subprocess, sys
+import contextlib, json, re, subprocess, sys
 from pathlib import Path
 import pytest
 from capbook.results import Step
@@ -814,3 +814,68 @@ def test_a_partial_book_keeps_the_time_table_rows_of_the_steps_it_did_not_run(tm
     assert df["step"].tolist() == ["00_core", "00a_shapes", "total (one after another)"]     # 00b_data ran nowhere
     assert df["minutes"].tolist() == [2.0, 1.0, 3.0] and df["rest"].tolist() == [2.0, 1.0, 3.0]
     assert book_times("smoke", steps)["step"].tolist() == ["00a_shapes", "total (one after another)"]   # a whole book: its own runs
+
+
+SLURM_STEPS = ["02_show_attend_tell-none", "02a_soft_vs_hard"]       # a training run and the tables step that reads it
+
+
+@pytest.fixture(scope="module")
+def slurm_book(book, tmp_path_factory):
+    "The fixture's smoke book copied to a home of its own with `SLURM_STEPS` unmade, and a one-node SLURM cluster to make them with: (home, environment, cluster)."
+    import os, shutil
+    from slurmcluster import one_node_slurm
+    home, _ = book
+    copy = tmp_path_factory.mktemp("slurm-home")
+    shutil.copytree(home / "runs", copy / "runs", ignore=shutil.ignore_patterns("site", "slurm"))
+    for s in SLURM_STEPS: shutil.rmtree(copy / "runs" / "smoke" / s)
+    with one_node_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield copy, {**os.environ, **cluster.env, "CAPBOOK_HOME": str(copy)}, cluster
+
+
+def _slurm_book(env: dict, *only: str, timeout: float = 600) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm", "--only", *only],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_slurm_book_makes_the_local_books_results(book, slurm_book):
+    "Steps run as SLURM jobs (a training run and the tables step that reads it) publish what the local book published: the same figures' bytes, tables and records (measured times aside)."
+    from capbook.results import read_record
+    local, _ = book
+    home, env, _ = slurm_book
+    p = _slurm_book(env, *[f"={s}" for s in SLURM_STEPS])
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, out[-3000:]
+    for s in SLURM_STEPS: assert re.search(rf"{s}: job \d+ submitted", out) and re.search(rf"{s}: ran in [\d.]+ s \(job \d+\)", out), out
+    assert "METEOR process scored" not in out                          # each job scored on its node, not through this machine
+    figs, local_figs = home / "runs" / "smoke" / "figures", local / "runs" / "smoke" / "figures"
+    assert _published_results(figs) == _published_results(local_figs)
+    rec, local_rec = (read_record(f / "records" / f"{SLURM_STEPS[0]}.json.gz") for f in (figs, local_figs))
+    assert rec["metrics"] == local_rec["metrics"] and rec["history"] == local_rec["history"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_slurm_job_cancelled_mid_training_reports_one_line_and_the_rerun_finishes_it(slurm_book):
+    "A training step's job cancelled mid-run (scancel, as an administrator or a preemption without requeue would) ends the book with one line naming the step, the job, its state and its log; the book run again finishes only that step, skipping the rest unchanged."
+    import shutil, time
+    home, env, cluster = slurm_book
+    step, done = "02_show_attend_tell-hard", SLURM_STEPS[0]
+    shutil.rmtree(home / "runs" / "smoke" / step)
+    p = _slurm_book(env, f"={done}", f"={step}")
+    runs, t0 = home / "runs" / "smoke" / step, time.time()
+    while not any(runs.glob("ckpt/tb/*")) and p.poll() is None and time.time() - t0 < 300: time.sleep(0.1)   # training under way
+    jobs = cluster.run("squeue", "-h", "-o", "%A %j").stdout.split("\n")
+    job = next(l.split()[0] for l in jobs if l.endswith(f"capbook-{step}"))
+    cluster.run("scancel", job)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode != 0, out[-3000:]
+    line = next(l for l in out.splitlines() if f"SLURM job {job}" in l)
+    assert f"{step}: SLURM job {job} ended CANCELLED" in line, line
+    assert "log: " in line and Path(line.rsplit("log: ", 1)[1]).exists(), line
+    assert f"{done}: unchanged, skipped" in out
+    q = _slurm_book(env, f"={done}", f"={step}")
+    again = q.communicate(timeout=600)[0]
+    assert q.returncode == 0, again[-3000:]
+    assert f"{done}: unchanged, skipped" in again and re.search(rf"{step}: ran in [\d.]+ s \(job \d+\)", again), again
