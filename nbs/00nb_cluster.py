@@ -25,7 +25,7 @@
 # %%
 #| export
 from __future__ import annotations
-import fnmatch, os, threading, time
+import fnmatch, os, re, threading, time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -234,10 +234,24 @@ def failure_line(step_name: str, job_id: str, state: str, log: Path | str, why: 
     advice = ADVICE.get(state, "run the book again to finish what is unfinished")
     return f"{step_name}: SLURM job {job_id} ended {state}" + (f" ({why})" if why else "") + f"; {advice}; log: {log}"
 
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*$")
+
 def _last_line(e: BaseException) -> str:
-    "The last non-empty line of a job's error (submitit's carries the node's traceback)."
-    lines = [l.strip() for l in str(e).splitlines() if l.strip() and not l.strip().startswith(("File ", "^", "~"))]
-    return lines[-1][:300] if lines else type(e).__name__
+    "What a job's error says in one line: the last exception named in it (submitit's carries the node's traceback), else its last line."
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    raised = [l for l in lines if _RAISED.match(l)]
+    return (raised or lines or [type(e).__name__])[-1][:300]
+
+UNFINISHED = ("UNKNOWN", "PENDING", "RUNNING", "COMPLETING", "REQUEUED", "READY", "CONFIGURING", "SUSPENDED")
+
+def final_state(job, wait_s: float = 20.0) -> str:
+    "A job's final SLURM state: asked of `sacct` until it has one (a job can leave its result before the accounting records its end), at most `wait_s` seconds; its first word ('CANCELLED by 0': CANCELLED)."
+    t0 = time.time()
+    while True:
+        try: state = (job.watcher.get_state(job.job_id, mode="force") or "UNKNOWN").split()[0]
+        except Exception: state = "UNKNOWN"
+        if state not in UNFINISHED or time.time() - t0 > wait_s: return state
+        time.sleep(1)
 
 class SlurmPool:
     "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); jobs' scripts, logs and pickles under `folder`."
@@ -257,7 +271,10 @@ class SlurmPool:
         p = {"name": f"capbook-{name}", "timeout_min": r.time_min, "cpus_per_task": r.cpus, "mem_gb": r.mem_gb,
              "tasks_per_node": 1, "nodes": 1}
         if self.cluster == "slurm":
-            p |= {"slurm_additional_parameters": dict(r.sbatch), "slurm_setup": list(r.setup)}
+            # submitit's warning before the time limit, when the job checkpoints and requeues itself: 90 s, or a quarter
+            # of a short limit (SLURM checks limits every 30 s or so, so a warning too close to the end may come too late)
+            p |= {"slurm_additional_parameters": dict(r.sbatch), "slurm_setup": list(r.setup),
+                  "slurm_signal_delay_s": min(90, r.time_min * 15)}
             if r.gpus: p["gpus_per_node"] = r.gpus
             if r.partition: p["slurm_partition"] = r.partition
             if r.account: p["slurm_account"] = r.account
@@ -280,10 +297,10 @@ class SlurmPool:
         return fut
 
     def _settle(self, fut: Future, step, job) -> None:
-        state = job.state.split()[0] if job.state else "UNKNOWN"      # "CANCELLED by 0": the state alone
         try: res = job.result()
         except Exception as e:
-            why = _last_line(e) if state in ("FAILED", "UNKNOWN", "FINISHED") else ""
+            state = final_state(job) if self.cluster == "slurm" else "FAILED"
+            why = _last_line(e) if state in ("FAILED", "UNKNOWN") else ""
             fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr, why))); return
         if res[0] == "ok":
             self.log(f"  {step.name}: ran in {res[3]:.1f} s (job {job.job_id})" if res[2] else f"  {step.name}: unchanged, skipped (job {job.job_id})")
@@ -325,6 +342,7 @@ class SlurmPool:
 # %%
 _pool = SlurmPool("default", executor_config(None, "default"), Path(tempfile.mkdtemp()), cluster="slurm")
 assert _pool.parameters("03_spca-k5") == {"name": "capbook-03_spca-k5", "timeout_min": 180, "cpus_per_task": 2, "mem_gb": 8,
-                                           "tasks_per_node": 1, "nodes": 1, "slurm_additional_parameters": {}, "slurm_setup": []}
+                                           "tasks_per_node": 1, "nodes": 1, "slurm_additional_parameters": {}, "slurm_setup": [],
+                                           "slurm_signal_delay_s": 90}
 print(failure_line("03_spca-k5", "4127", "TIMEOUT", "runs/default/slurm/4127/4127_0_log.err"))
 assert failure_line("x", "7", "OUT_OF_MEMORY", "l").endswith("raise its mem_gb in the executor config; log: l")
