@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(e, "error"), file=sys.stderr); return 2
     except OSError as e:                            # the environment: read-only or full disk, a file as a folder
         print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
+    except KeyboardInterrupt:                       # Ctrl-C: a book's workers or jobs end with it; what finished is kept
+        print("interrupted: what finished is kept; the same command goes on from there", file=sys.stderr); return 130
     return 0
 
 # %% ../nbs/00u_cli.ipynb
