@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--run-dir"); t.add_argument("--epochs", type=int)
     t.add_argument("--ckpt-every", type=int); t.add_argument("--batch-size", type=int)
     t.add_argument("--seed", type=int)
+    fc = sub.add_parser("fit-chapter", help="train a chapter run's stages in its run folder (under torchrun: what a book step "
+                        "with several GPUs runs; capbook.runner.fit_stages)")
+    fc.add_argument("notebook", help="the chapter's notebook, e.g. 02_show_attend_tell")
+    fc.add_argument("run_dir", help="the run folder, holding the params.yaml its notebook wrote")
     d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training) into "
                        "runs/<profile>/site/ (index.html)")
     d.add_argument("--profile", default="default", choices=PROFILES)
@@ -200,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             changed = sync_readme(write=not a.check, status=chapter_status(current("default", nbs_dir().parent / "figures")))
             print("README.md " + ("changed" if changed else "is current"))
             return int(a.check and changed)
+        elif a.cmd == "fit-chapter":
+            from capbook.runner import fit_stages
+            fit_stages(a.notebook, a.run_dir)
         elif a.cmd == "rehearse":
             from capbook.rehearsal import rehearse, rehearsal_table, stage_main
             if a.stage: print(json.dumps(stage_main(a.stage, a.root, a.scale)), flush=True)
