@@ -91,11 +91,14 @@ def executor_config(path: str | Path | None, profile: str) -> ExecutorConfig:
     return ExecutorConfig(profile, layers, str(path))
 
 # %% ../nbs/00nb_cluster.ipynb
-def _step_call(step, profile: str, force: bool, key: str, cpus: int) -> tuple:
+def _step_call(step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
     "What a job runs: the step, as a local worker runs it; ('ok', executed notebook, whether it ran, seconds) or ('failed', the book's one line)."
     from capbook.book import run_step
     os.environ.pop("CAPBOOK_METEOR", None)                  # the submitting host's METEOR socket: not on this node
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[k] = str(cpus)
+    from capbook.runner import TRAIN_PROCS
+    if gpus > 1: os.environ[TRAIN_PROCS] = str(gpus)          # its run trains under torchrun, one process a GPU
+    else: os.environ.pop(TRAIN_PROCS, None)
     t0 = time.time()
     try:
         out, ran = run_step(step, profile, force, print, key)
@@ -105,8 +108,8 @@ def _step_call(step, profile: str, force: bool, key: str, cpus: int) -> tuple:
 
 class StepJob(submitit.helpers.Checkpointable):
     "One book step as a requeueable job (`checkpoint`, inherited from submitit: the same call again, and the run resumes from its checkpoint)."
-    def __call__(self, step, profile: str, force: bool, key: str, cpus: int) -> tuple:
-        return _step_call(step, profile, force, key, cpus)
+    def __call__(self, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
+        return _step_call(step, profile, force, key, cpus, gpus)
 
 # %% ../nbs/00nb_cluster.ipynb
 ADVICE = {"TIMEOUT": "raise its time_min in the executor config (its run resumes from its checkpoint)",
@@ -169,7 +172,7 @@ class SlurmPool:
         requeues = {"slurm_max_num_timeout": r.requeues} if self.cluster == "slurm" else {}
         executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster, **requeues)   # one a job: its own requeues
         executor.update_parameters(**self.parameters(step.name))
-        try: job = executor.submit(StepJob(), step, self.profile, self.force, key, r.cpus)
+        try: job = executor.submit(StepJob(), step, self.profile, self.force, key, r.cpus, r.gpus)
         except Exception as e:                     # sbatch refused it: an unknown partition or account, a limit
             raise CapbookError(f"{step.name}: the scheduler refused its job ({_last_line(e)}); check the executor config "
                                f"({self.config.source})") from None

@@ -601,7 +601,11 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
     import multiprocessing as mp
     check_choice("executor", executor, EXECUTORS)
-    keyring = plan_keys(profile)                  # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
+    if executor == "slurm":
+        from capbook.cluster import SlurmPool, executor_config as read_config
+        config = read_config(executor_config, profile)
+        procs = lambda s: max(1, config.resources(s.name).gpus)   # a step's training processes: its job's GPUs
+    keyring = plan_keys(profile, procs=procs if executor == "slurm" else None)   # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
@@ -610,8 +614,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
     if executor == "slurm":
-        from capbook.cluster import SlurmPool, executor_config as read_config
-        pool_cm = SlurmPool(profile, read_config(executor_config, profile), runs_dir() / profile / "slurm", force, log=log)
+        pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", force, log=log)
         submit = lambda s: pool_cm.submit_step(s, keyring.get(s))
     else:
         pool_cm = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))
