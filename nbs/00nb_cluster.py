@@ -180,6 +180,12 @@ except CapbookError as e: assert str(e) == f"{_cfg}: cpus must be a whole number
 # `StepJob` is a `submitit.helpers.Checkpointable`: when SLURM signals that the job's time is nearly up, or that it is
 # preempted, submitit asks it for a checkpoint and requeues the same call. Nothing more is needed: a training run
 # checkpoints every epoch and resumes exactly after a kill, so the requeued job goes on where the last one stopped.
+#
+# A job given several GPUs (`gpus: N`, N > 1) sets `CAPBOOK_TRAIN_PROCS=N` for its step: the chapter run trains every
+# stage under `torchrun`, one process a GPU, and its kernel then evaluates the finished checkpoints
+# (`capbook.runner.fit_under_torchrun`). The host keys such a step apart from its one-process key
+# (`capbook.results.Keys`): DDP's batch is every process's, another computation, never published as the one-process
+# book's numbers.
 
 # %%
 #| export

@@ -62,7 +62,9 @@
 #
 # The lock, the skipping of what is current and the publishing stay where you run it. A failed job prints its step,
 # job id, state and log; a job out of time or preempted is requeued and resumes from its checkpoint; Ctrl-C cancels
-# the jobs; running the book again finishes what is unfinished.
+# the jobs; running the book again finishes what is unfinished. A step given several GPUs (`gpus: 4`) trains under
+# `torchrun`, one process a GPU; its batch is then every process's, so its results are kept apart from the
+# one-process book's.
 #
 # ## The chapters
 #
