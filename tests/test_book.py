@@ -828,12 +828,14 @@ def slurm_book(book, tmp_path_factory):
     copy = tmp_path_factory.mktemp("slurm-home")
     shutil.copytree(home / "runs", copy / "runs", ignore=shutil.ignore_patterns("site", "slurm"))
     for s in SLURM_STEPS: shutil.rmtree(copy / "runs" / "smoke" / s)
+    (copy / "slurm.yaml").write_text("cpus: 1\nmem_gb: 2\n")    # one CPU a job: two jobs side by side, as make test's two workers
     with one_node_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
         yield copy, {**os.environ, **cluster.env, "CAPBOOK_HOME": str(copy)}, cluster
 
 
 def _slurm_book(env: dict, *only: str, timeout: float = 600) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm", "--only", *only],
+    return subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm",
+                             "--executor-config", str(Path(env["CAPBOOK_HOME"]) / "slurm.yaml"), "--only", *only],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -847,7 +849,8 @@ def test_slurm_book_makes_the_local_books_results(book, slurm_book):
     p = _slurm_book(env, *[f"={s}" for s in SLURM_STEPS])
     out = p.communicate(timeout=600)[0]
     assert p.returncode == 0, out[-3000:]
-    for s in SLURM_STEPS: assert re.search(rf"{s}: job \d+ submitted", out) and re.search(rf"{s}: ran in [\d.]+ s \(job \d+\)", out), out
+    for s in SLURM_STEPS:      # each a job with the executor config's resources
+        assert re.search(rf"{s}: job \d+ submitted \(1 CPUs, 2 GB, 20 min\)", out) and re.search(rf"{s}: ran in [\d.]+ s \(job \d+\)", out), out
     assert "METEOR process scored" not in out                          # each job scored on its node, not through this machine
     figs, local_figs = home / "runs" / "smoke" / "figures", local / "runs" / "smoke" / "figures"
     assert _published_results(figs) == _published_results(local_figs)
@@ -858,17 +861,24 @@ def test_slurm_book_makes_the_local_books_results(book, slurm_book):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
-def test_slurm_job_cancelled_mid_training_reports_one_line_and_the_rerun_finishes_it(slurm_book):
-    "A training step's job cancelled mid-run (scancel, as an administrator or a preemption without requeue would) ends the book with one line naming the step, the job, its state and its log; the book run again finishes only that step, skipping the rest unchanged."
+def test_slurm_job_requeued_resumes_cancelled_reports_one_line_and_the_rerun_finishes_it(book, slurm_book):
+    "A training step's job requeued mid-training (`scontrol requeue`: what a preemption, or submitit at the time limit, does) starts again under its id and resumes the run from its checkpoint; cancelled then (scancel) it ends the book with one line naming the step, the job, its state and its log; the book run again finishes only that step, from its checkpoint, with the local book's numbers."
     import shutil, time
+    local, _ = book
     home, env, cluster = slurm_book
     step, done = "02_show_attend_tell-hard", SLURM_STEPS[0]
-    shutil.rmtree(home / "runs" / "smoke" / step)
+    runs = home / "runs" / "smoke" / step
+    shutil.rmtree(runs)
+    def until(cond, what: str, timeout: float = 300):
+        t0 = time.time()
+        while not cond():
+            assert p.poll() is None and time.time() - t0 < timeout, f"{what}: {p.communicate()[0][-3000:] if p.poll() is not None else 'timed out'}"
+            time.sleep(0.05)
     p = _slurm_book(env, f"={done}", f"={step}")
-    runs, t0 = home / "runs" / "smoke" / step, time.time()
-    while not any(runs.glob("ckpt/tb/*")) and p.poll() is None and time.time() - t0 < 300: time.sleep(0.1)   # training under way
-    jobs = cluster.run("squeue", "-h", "-o", "%A %j").stdout.split("\n")
-    job = next(l.split()[0] for l in jobs if l.endswith(f"capbook-{step}"))
+    until(lambda: (runs / "ckpt" / "last.pt").exists(), "a checkpoint")
+    job = next(l.split()[0] for l in cluster.run("squeue", "-h", "-o", "%A %j").stdout.split("\n") if l.endswith(f"capbook-{step}"))
+    cluster.run("scontrol", "requeue", job)
+    until(lambda: len(list((runs / "ckpt" / "tb").glob("events*"))) >= 2, "the requeued job resuming")   # the resumed run's curves
     cluster.run("scancel", job)
     out = p.communicate(timeout=300)[0]
     assert p.returncode != 0, out[-3000:]
@@ -876,7 +886,13 @@ def test_slurm_job_cancelled_mid_training_reports_one_line_and_the_rerun_finishe
     assert f"{step}: SLURM job {job} ended CANCELLED" in line, line
     assert (log := re.search(r"log: (\S+)", line)) and Path(log[1]).exists(), line
     assert f"{done}: unchanged, skipped" in out
+    job_log = Path(log[1]).with_suffix(".out").read_text()
+    assert job_log.count("Starting with JobEnvironment") == 2 and "signal SIGTERM: the job ends here" in job_log, job_log
     q = _slurm_book(env, f"={done}", f"={step}")
     again = q.communicate(timeout=600)[0]
     assert q.returncode == 0, again[-3000:]
     assert f"{done}: unchanged, skipped" in again and re.search(rf"{step}: ran in [\d.]+ s \(job \d+\)", again), again
+    kept = (runs / "02_show_attend_tell.ipynb").read_text()
+    assert re.search(r"resumed from \S+ckpt/last.pt at epoch \d+, batch \d+", kept)             # from its checkpoint, not from scratch
+    mine, theirs = (json.loads((h / "runs" / "smoke" / step / "record.json").read_text()) for h in (home, local))
+    assert json.dumps(mine["metrics"], sort_keys=True) == json.dumps(theirs["metrics"], sort_keys=True)
