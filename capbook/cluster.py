@@ -13,8 +13,8 @@ import submitit
 from .core import CapbookError, load_yaml
 
 # %% auto 0
-__all__ = ['RESOURCES', 'PROFILE_RESOURCES', 'KEYS', 'KILL_WAIT_S', 'ADVICE', 'UNFINISHED', 'Resources', 'ExecutorConfig',
-           'executor_config', 'StepJob', 'failure_line', 'final_state', 'SlurmPool']
+__all__ = ['RESOURCES', 'PROFILE_RESOURCES', 'KEYS', 'KILL_WAIT_S', 'ADVICE', 'NO_RESULT', 'UNFINISHED', 'SACCT_S', 'Resources',
+           'ExecutorConfig', 'executor_config', 'StepJob', 'failure_line', 'final_state', 'sacct_interval', 'SlurmPool']
 
 # %% ../nbs/00nb_cluster.ipynb
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ def _note_signals() -> list:
 
 def _await_kill(signalled: list) -> None:
     "Wait for the scheduler's SIGKILL after its signal: the step's kernel died of that signal, and its failure must not be written as the job's result (the requeued job writes the real one)."
-    print(f"signal {', '.join(signal.Signals(s).name for s in signalled)}: the job ends here; requeued, it resumes the run from its checkpoint", flush=True)
+    print(f"signal {', '.join(signal.Signals(s).name for s in signalled)}: the job ends here (requeued, it resumes the run from "
+          f"its checkpoint; cancelled, the book's next run does)", flush=True)
     t0 = time.time()
     while time.time() - t0 < KILL_WAIT_S: time.sleep(1)
 
@@ -150,6 +151,7 @@ def _last_line(e: BaseException) -> str:
     raised = [l for l in lines if _RAISED.match(l)]
     return (raised or lines or [type(e).__name__])[-1][:300]
 
+NO_RESULT = ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL")   # ended by the scheduler: the job wrote nothing
 UNFINISHED = ("UNKNOWN", "PENDING", "RUNNING", "COMPLETING", "REQUEUED", "READY", "CONFIGURING", "SUSPENDED")
 
 def final_state(job, wait_s: float = 20.0) -> str:
@@ -161,14 +163,24 @@ def final_state(job, wait_s: float = 20.0) -> str:
         if state not in UNFINISHED or time.time() - t0 > wait_s: return state
         time.sleep(1)
 
+SACCT_S = "CAPBOOK_SACCT_S"    # environment: seconds between the book's sacct calls about its running jobs (default 30)
+
+def sacct_interval() -> float:
+    "How often the pool asks sacct about its running jobs (`SACCT_S`, default 30 s: a job that ends without a result — cancelled, out of time, killed — is seen within it; a finished one at once, by its result); a malformed value stops in one line."
+    v = os.environ.get(SACCT_S, "30")
+    try: out = float(v)
+    except ValueError: out = -1.0
+    if not out > 0: raise CapbookError(f"environment variable {SACCT_S}={v!r} is invalid: seconds between sacct calls, a positive number")
+    return out
+
 class SlurmPool:
     "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); jobs' scripts, logs and pickles under `folder`."
     def __init__(self, profile: str, config: ExecutorConfig, folder: str | Path, force: bool = False, cluster: str = "slurm",
-                 poll_s: float = 2.0, sacct_s: float = 30.0, log: Callable = print):
+                 poll_s: float = 2.0, sacct_s: float | None = None, log: Callable = print):
         self.profile, self.config, self.force, self.cluster, self.log = profile, config, force, cluster, log
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.poll_s, self.sacct_s = poll_s, sacct_s
+        self.poll_s, self.sacct_s = poll_s, sacct_interval() if sacct_s is None else sacct_s
         self.jobs: dict[Future, tuple] = {}
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="capbook-slurm-watcher", daemon=True)
@@ -205,6 +217,9 @@ class SlurmPool:
         return fut
 
     def _settle(self, fut: Future, step, job) -> None:
+        if self.cluster == "slurm" and not job.paths.result_pickle.exists() and (state := final_state(job)) in NO_RESULT:
+            # ended by the scheduler: no result is coming (submitit would wait 15 s for one, for a slow shared filesystem)
+            fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr))); return
         try: res = job.result()
         except Exception as e:
             state = final_state(job) if self.cluster == "slurm" else "FAILED"

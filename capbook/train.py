@@ -348,7 +348,7 @@ class _Run:
             r.train_seconds, r.val_seconds, r.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
             r.resumed_from, r.world_size = (self.epoch, self.skip), ck.get("world_size", 1)
             _set_rng_state(ck["rng"])
-            if ck.get("finished"): self.epoch = cfg.epochs
+            if ck.get("finished"): self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
             log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: same code ({self.code}), same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
