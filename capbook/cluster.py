@@ -4,7 +4,7 @@
 
 # %% ../nbs/00nb_cluster.ipynb 2
 from __future__ import annotations
-import fnmatch, os, re, signal, threading, time
+import contextlib, fnmatch, os, re, signal, threading, time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -99,28 +99,33 @@ def _step_call(step, profile: str, force: bool, key: str, cpus: int, gpus: int =
     from capbook.runner import TRAIN_PROCS
     if gpus > 1: os.environ[TRAIN_PROCS] = str(gpus)          # its run trains under torchrun, one process a GPU
     else: os.environ.pop(TRAIN_PROCS, None)
-    signalled = _note_signals()
-    t0 = time.time()
-    try:
-        out, ran = run_step(step, profile, force, print, key)
-        return "ok", str(out), ran, time.time() - t0
-    except BaseException as e:
-        if signalled: _await_kill(signalled)       # requeued or preempted: no result, or the host would read it as the step's end
-        if isinstance(e, CapbookError): return "failed", str(e)
-        raise
+    with _signals_noted() as signalled:
+        t0 = time.time()
+        try:
+            out, ran = run_step(step, profile, force, print, key)
+            return "ok", str(out), ran, time.time() - t0
+        except BaseException as e:
+            if signalled: _await_kill(signalled)   # requeued or preempted: no result, or the host would read it as the step's end
+            if isinstance(e, CapbookError): return "failed", str(e)
+            raise
 
 KILL_WAIT_S = 600    # how long a signalled job waits for the scheduler's SIGKILL before it reports its step's failure after all
 
-def _note_signals() -> list:
-    "Note SLURM's SIGTERM (a requeue, a preemption, a cancel: SIGKILL follows) and SIGUSR2 (submitit's warning before the time limit, on which it requeues the job), then let submitit's own handlers act; returns the list they are noted in."
-    seen = []
+@contextlib.contextmanager
+def _signals_noted():
+    "Within the block, note SLURM's SIGTERM (a requeue, a preemption, a cancel: SIGKILL follows) and SIGUSR2 (submitit's warning before the time limit, on which it requeues the job), then let the handlers there were (submitit's) act; yields the list they are noted in."
+    seen, before = [], {}
     def noted(previous):
         def handler(signum, frame):
             seen.append(signum)
             if callable(previous): previous(signum, frame)
         return handler
-    for sig in (signal.SIGTERM, signal.SIGUSR2): signal.signal(sig, noted(signal.getsignal(sig)))
-    return seen
+    for sig in (signal.SIGTERM, signal.SIGUSR2):
+        before[sig] = signal.getsignal(sig)
+        signal.signal(sig, noted(before[sig]))
+    try: yield seen
+    finally:
+        for sig, h in before.items(): signal.signal(sig, h)
 
 def _await_kill(signalled: list) -> None:
     "Wait for the scheduler's SIGKILL after its signal: the step's kernel died of that signal, and its failure must not be written as the job's result (the requeued job writes the real one)."

@@ -816,6 +816,26 @@ def test_a_partial_book_keeps_the_time_table_rows_of_the_steps_it_did_not_run(tm
     assert book_times("smoke", steps)["step"].tolist() == ["00a_shapes", "total (one after another)"]   # a whole book: its own runs
 
 
+def test_a_step_job_runs_with_its_resources_and_leaves_the_signals_as_they_were(monkeypatch, tmp_path):
+    "A job's step sees its resources: its CPUs as intra-op threads; several GPUs as CAPBOOK_TRAIN_PROCS (its run trains under torchrun, one process a GPU), none as none; submitit is asked for the GPUs; the job's signal handlers are the ones it had once the step returns; a malformed sacct interval stops in one line."
+    import os, signal
+    from capbook import book, cluster
+    seen = []
+    def run_step(step, profile, force, log, key):
+        seen.append((os.environ.get("CAPBOOK_TRAIN_PROCS"), os.environ["OMP_NUM_THREADS"], signal.getsignal(signal.SIGTERM) is not before))
+        return tmp_path / "out.ipynb", True
+    monkeypatch.setattr(book, "run_step", run_step)
+    for k in ("CAPBOOK_TRAIN_PROCS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CAPBOOK_METEOR"): monkeypatch.setenv(k, "9")   # restored after
+    before = signal.getsignal(signal.SIGTERM)
+    assert cluster._step_call(Step("02_show_attend_tell"), "smoke", False, "k", 4, 2)[:3] == ("ok", str(tmp_path / "out.ipynb"), True)
+    assert cluster._step_call(Step("02_show_attend_tell"), "smoke", False, "k", 1, 1)[0] == "ok"
+    assert seen == [("2", "4", True), (None, "1", True)] and signal.getsignal(signal.SIGTERM) is before
+    assert "CAPBOOK_METEOR" not in os.environ                            # the host's METEOR socket: not on a node
+    assert cluster.SlurmPool("paper", cluster.executor_config(None, "paper"), tmp_path).parameters("02_show_attend_tell")["gpus_per_node"] == 1
+    monkeypatch.setenv("CAPBOOK_SACCT_S", "soon")
+    with pytest.raises(CapbookError, match="CAPBOOK_SACCT_S='soon' is invalid"): cluster.sacct_interval()
+
+
 SLURM_STEPS = ["02_show_attend_tell-none", "02a_soft_vs_hard"]       # a training run and the tables step that reads it
 SLURM_CANCELLED = "02_show_attend_tell-hard"                          # the training run whose job is requeued, then cancelled
 
@@ -844,8 +864,8 @@ def _slurm_book(env: dict, *only: str) -> subprocess.Popen:
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
 def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slurm_book):
-    "A training step's job requeued mid-training (`scontrol requeue`: what a preemption, or submitit at the time limit, does) starts again under its id and resumes the run from its checkpoint; cancelled then (scancel), it ends the book with one line naming the step, the job, its state and its log. (The next test's book finishes it.)"
-    import shutil, time
+    "A training step's job requeued mid-training (`scontrol requeue`: what a preemption, or submitit at the time limit, does) starts again under its id and resumes the run from its checkpoint; cancelled then (scancel), it ends the book with one line naming the step, the job, its state and its log; Ctrl-C on the book run again cancels the job it submitted. (The next test's book finishes the step.)"
+    import shutil, signal, time
     home, env, cluster = slurm_book
     step, runs = SLURM_CANCELLED, home / "runs" / "smoke" / SLURM_CANCELLED
     shutil.rmtree(runs)
@@ -868,6 +888,15 @@ def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slur
     job_log = Path(log[1]).with_suffix(".out").read_text()
     assert job_log.count("Starting with JobEnvironment") == 2 and job_log.count("signal SIGTERM: the job ends here") == 2, job_log
     assert not (runs / "done.json").exists()
+    p = _slurm_book(env, f"={step}")                                  # Ctrl-C on the book cancels its jobs
+    for l in p.stdout:
+        if m := re.search(rf"{step}: job (\d+) submitted", l): break
+    assert m, "no job submitted"
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 130 and f"cancelled 1 SLURM jobs: {m[1]}" in out and "interrupted: what finished is kept" in out, out
+    t0 = time.time()
+    while m[1] in cluster.run("squeue", "-h", "-o", "%A").stdout.split(): time.sleep(0.2); assert time.time() - t0 < 30, "the job still queued"
 
 
 @pytest.mark.slow
