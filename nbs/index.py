@@ -30,7 +30,7 @@
 # ## Quick start
 #
 # You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (Debian's,
-# installed by apt-get). Each command first makes `.venv/` with capbook (about 3 minutes, once).
+# installed by apt-get). Each command first makes `.venv/` (about 3 minutes, once).
 #
 # ```bash
 # make docs                 # the published book's site, built in runs/default/site/ (no training)
@@ -43,36 +43,24 @@
 # <!-- booktime -->
 # <!-- /booktime -->
 #
-# Part of the book: `make book ONLY="03_spca*"`; in Python, `import capbook` (`from capbook.models import build`,
-# `from capbook.train import fit`, ...).
+# Part of the book: `make book ONLY="03_spca*"`; in Python: `import capbook`.
 #
 # <!-- onechapter -->
 # <!-- /onechapter -->
 #
 # ### On a cluster
 #
-# On SLURM every step runs as a job of its own, submitted through submitit from the machine you are on. Put the
-# checkout with its `.venv/`, `CAPBOOK_HOME` (runs, figures) and `CAPBOOK_DATA` (data, features) on a filesystem the
-# nodes share; name the partition and what steps need in a YAML file (`partition: cpu`, then per profile or per step
-# `cpus`, `gpus`, `mem_gb`, `time_min`, `account`, any `sbatch` option: [the fields](00nb_cluster.ipynb)); then
-#
-# ```bash
-# .venv/bin/capbook book --executor slurm --executor-config slurm.yaml
-# ```
-#
-# The lock, the skipping of what is current and the publishing stay where you run it. A failed job prints its step,
-# job id, state and log; a job out of time or preempted is requeued and resumes from its checkpoint; Ctrl-C cancels
-# the jobs; running the book again finishes what is unfinished. A step given several GPUs (`gpus: 4`) trains under
-# `torchrun`, one process a GPU; its batch is then every process's, so its results are kept apart from the
-# one-process book's.
+# `.venv/bin/capbook book --executor slurm --executor-config slurm.yaml`: each step a SLURM job (submitit), with
+# `.venv/`, `CAPBOOK_HOME` and `CAPBOOK_DATA` on a filesystem the nodes share and the partition in `slurm.yaml`
+# (`partition: gpu`; [the fields](00nb_cluster.ipynb)).
 #
 # ## The chapters
 #
 # <!-- chapters -->
 # <!-- /chapters -->
 #
-# Each link opens a chapter as the book ran it, outputs included. "current": its published tables, figures and pages
-# are what the checkout's code makes (the tests fail on one that is not).
+# Each link opens a chapter as the book ran it; "current": its published results are what the
+# checkout's code makes (a test fails on one that is not).
 #
 # ## What the book found
 #
@@ -94,17 +82,16 @@
 #
 # ## Read more
 #
-# - [Performance](00r_bench.ipynb): `capbook bench`, where a step's time goes, on GPUs too; [COCO at scale](00s_rehearsal.ipynb): the data path rehearsed.
+# - [Performance](00r_bench.ipynb): `capbook bench`, where a step's time goes; [COCO at scale](00s_rehearsal.ipynb): the data path rehearsed.
 # - [The book's commands](00n_book.ipynb): what survives a kill, a full disk or a dead kernel; part of the book; contributing.
 # - [One chapter](00m_runner.ipynb): parameters, `params.yaml`, checkpoints, TensorBoard.
 # - [Your own images](00q_caption.ipynb): `capbook caption photo.jpg` with a trained model, and where it looked.
-# - [Scoring](00j_metrics.ipynb): `capbook score` on any COCO-format captions file, capbook's or a peer's.
-# - [The package](00f_models.ipynb): the step interface and registry (a new model: a module and a registry entry), the [trainer](00i_train.ipynb), [decoding](00g_decode.ipynb).
+# - [Scoring](00j_metrics.ipynb): `capbook score` on any COCO-format captions file.
+# - [The package](00f_models.ipynb): a new model is a module and a registry entry; the [trainer](00i_train.ipynb), [decoding](00g_decode.ipynb).
 # - `CHANGELOG.md`: the book's history.
 #
 # ## How the book is written
 #
-# The papers' words are quoted with their section or equation; capbook's own remarks (a choice, a departure, a
-# reading) start with *capbook:*. Each equation is a comment above the line that computes it, with tensor shapes;
-# each exported definition has an example that doubles as a test. The engine's
-# notebooks (`00_core` to `00u_cli`) are `capbook/`, a module each, each importing only those before it.
+# The papers' words are quoted with their section or equation; capbook's own remarks start with *capbook:*. Each
+# equation is a comment above the line that computes it, with tensor shapes; each exported definition has an example
+# that doubles as a test. The engine's notebooks are `capbook/`, a module each.

@@ -187,7 +187,7 @@ def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
     import dying_worker
     steps = [Step("00_core"), Step("00a_shapes")]
     class Keyring:                                                # the keys are not what is tested: no fingerprints computed
-        def __init__(self, profile): self.steps = steps
+        def __init__(self, profile, **how): self.steps = steps
         def get(self, step): return f"key of {step.name}"
     monkeypatch.setattr(book, "plan_keys", Keyring)
     monkeypatch.setattr(book, "run_step", dying_worker.run_step)
@@ -855,10 +855,13 @@ def slurm_book(book, tmp_path_factory):
         yield copy, {**os.environ, **cluster.env, "CAPBOOK_HOME": str(copy), "CAPBOOK_SACCT_S": "2"}, cluster
 
 
-def _slurm_book(env: dict, *only: str) -> subprocess.Popen:
+def _slurm_book(env: dict, *only: str, ctrl_c: bool = False) -> subprocess.Popen:
+    "A SLURM book of the `only` steps; `ctrl_c`: with SIGINT's default action (a pytest-xdist worker ignores it, and so would the book)."
+    import signal
     return subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm",
                              "--executor-config", str(Path(env["CAPBOOK_HOME"]) / "slurm.yaml"), "--only", *only],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None)
 
 
 @pytest.mark.slow
@@ -888,7 +891,7 @@ def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slur
     job_log = Path(log[1]).with_suffix(".out").read_text()
     assert job_log.count("Starting with JobEnvironment") == 2 and job_log.count("signal SIGTERM: the job ends here") == 2, job_log
     assert not (runs / "done.json").exists()
-    p = _slurm_book(env, f"={step}")                                  # Ctrl-C on the book cancels its jobs
+    p = _slurm_book(env, f"={step}", ctrl_c=True)                     # Ctrl-C on the book cancels its jobs
     for l in p.stdout:
         if m := re.search(rf"{step}: job (\d+) submitted", l): break
     assert m, "no job submitted"
