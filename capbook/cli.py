@@ -12,7 +12,7 @@ from .book import book_lock, build_docs, chapter_status, run_book, sync_paramete
 from .plan import nbs_dir
 
 # %% auto 0
-__all__ = ['TRAIN_DEFAULTS', 'EXAMPLES', 'train_cli', 'train_params', 'main']
+__all__ = ['CAPTION_MODEL', 'TRAIN_DEFAULTS', 'EXAMPLES', 'train_cli', 'train_params', 'main']
 
 # %% ../nbs/00u_cli.ipynb
 def train_cli(model: str = "sat_soft", profile: str = "smoke", run_dir: str | None = None, epochs: int = 2, ckpt_every: int = 0,
@@ -50,6 +50,8 @@ def train_cli(model: str = "sat_soft", profile: str = "smoke", run_dir: str | No
     return {"history": res.history, "best_epoch": res.best_epoch, "best_score": res.best_score,
             "world_size": res.world_size, "param_checksum": checksum, "resumed_from": res.resumed_from, "precision": res.precision}
 
+CAPTION_MODEL = "02_show_attend_tell"      # `capbook caption`'s default run: Show, Attend and Tell's soft attention, seed 0
+
 TRAIN_DEFAULTS = {k: v.default for k, v in inspect.signature(train_cli).parameters.items()}   # `capbook train`'s parameters, declared once: train_cli's
 
 def train_params(config: str | None, flags: dict) -> dict:
@@ -70,9 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--profile", default="default", choices=PROFILES)
     b.add_argument("--force", action="store_true", help="rerun notebooks even if unchanged")
     b.add_argument("--no-docs", action="store_true", help="skip building the docs site")
-    b.add_argument("-j", "--jobs", type=int, default=1, help="notebooks run side by side (each with its share of the cores)")
+    b.add_argument("-j", "--jobs", type=int, default=None, help="notebooks run side by side (each with its share of the cores; "
+                   "default 1); with --executor slurm, jobs queued at once (default: every step that is ready)")
+    b.add_argument("--executor", default="local", choices=("local", "slurm"), help="where steps run: processes on this machine "
+                   "(default), or one SLURM job each through submitit (CAPBOOK_HOME, CAPBOOK_DATA and the venv on a filesystem "
+                   "the nodes share; see capbook.cluster)")
+    b.add_argument("--executor-config", metavar="YAML", help="with --executor slurm: each step's CPUs, GPUs, memory, time "
+                   "limit, partition, account and sbatch options (capbook.cluster.Resources; default: capbook's per profile)")
     b.add_argument("--only", nargs="+", metavar="PATTERN", help="only these notebooks or steps (shell patterns; "
-                   "e.g. 03_spca 03a_spca_tables): the other chapters' published tables and copies stay")
+                   "e.g. 03_spca 03a_spca_tables; =03_spca: the step of that name alone, not the chapter's every run): "
+                   "the other chapters' published tables and copies stay")
     be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
@@ -92,17 +101,27 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--run-dir"); t.add_argument("--epochs", type=int)
     t.add_argument("--ckpt-every", type=int); t.add_argument("--batch-size", type=int)
     t.add_argument("--seed", type=int)
-    d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training)")
+    fc = sub.add_parser("fit-chapter", help="train a chapter run's stages in its run folder (under torchrun: what a book step "
+                        "with several GPUs runs; capbook.runner.fit_stages)")
+    fc.add_argument("notebook", help="the chapter's notebook, e.g. 02_show_attend_tell")
+    fc.add_argument("run_dir", help="the run folder, holding the params.yaml its notebook wrote")
+    d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training) into "
+                       "runs/<profile>/site/ (index.html)")
     d.add_argument("--profile", default="default", choices=PROFILES)
-    d.add_argument("--open", action="store_true", help="open the site in the default browser")
-    c = sub.add_parser("caption", help="caption your own images with a trained model of the book")
+    d.add_argument("--open", action="store_true", help="open the site in the default browser (where there is none: print its index.html)")
+    c = sub.add_parser("caption", help="caption your own images with a trained model of the book",
+                       description=f"Caption image files with a run the book trained, by default {CAPTION_MODEL} (Show, Attend "
+                       f"and Tell's soft attention). It needs that run trained: on a fresh clone `capbook book --only "
+                       f"={CAPTION_MODEL} --no-docs` trains it alone; --model names another run of the book, --run-dir any run folder.")
     c.add_argument("photos", nargs="+", metavar="PHOTO", help="image files (any format the loader reads)")
-    c.add_argument("--model", default="02_show_attend_tell", help="a run of the book (a plan step, e.g. 06_baselines-att2in)")
+    c.add_argument("--model", default=CAPTION_MODEL, help="a trained run of the book (a plan step, e.g. 06_baselines-att2in; "
+                   "default: %(default)s)")
     c.add_argument("--run-dir", help="a run folder instead (e.g. runs/default/adhoc/03_spca-1a2b3c4d)")
     c.add_argument("--profile", default="default", choices=PROFILES, help="the book whose runs --model names")
     c.add_argument("--beam", type=int, default=3, help="beam size")
     c.add_argument("--attention", metavar="PNG", help="write the per-word attention figure here")
-    c.add_argument("--device", default="auto")
+    c.add_argument("--device", default="auto", help="where the model runs: auto (a CUDA GPU if one is visible, else the CPU), "
+                   "cpu, cuda or cuda:N")
     c.add_argument("--json", metavar="RESULTS", help="also write the captions here as a COCO results file (image_id: the file name)")
     sc = sub.add_parser("score", help="score a COCO results file (capbook's or a peer's) with the book's evaluator")
     sc.add_argument("results", metavar="RESULTS.json", help='[{"image_id": ..., "caption": ...}, ...]')
@@ -119,12 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     rd.add_argument("--check", action="store_true", help="only report whether it would change (exit 1 if so)")
     a = ap.parse_args(argv)
     try:
-        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only)
+        if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only, executor=a.executor,
+                                     executor_config=a.executor_config)
         elif a.cmd == "docs":
             with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:
                 import webbrowser
-                webbrowser.open(site.as_uri())
+                try: opened = webbrowser.open(site.as_uri())
+                except webbrowser.Error: opened = False
+                if not opened: print(f"no browser to open it with: open {site}")     # a headless machine
         elif a.cmd == "caption":
             from capbook.caption import attention_png, caption_photos, find_run
             check_int("beam", a.beam, lo=1)
@@ -150,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             changed = sync_readme(write=not a.check, status=chapter_status(current("default", nbs_dir().parent / "figures")))
             print("README.md " + ("changed" if changed else "is current"))
             return int(a.check and changed)
+        elif a.cmd == "fit-chapter":
+            from capbook.runner import fit_stages
+            fit_stages(a.notebook, a.run_dir)
         elif a.cmd == "rehearse":
             from capbook.rehearsal import rehearse, rehearsal_table, stage_main
             if a.stage: print(json.dumps(stage_main(a.stage, a.root, a.scale)), flush=True)
@@ -172,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(e, "error"), file=sys.stderr); return 2
     except OSError as e:                            # the environment: read-only or full disk, a file as a folder
         print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
+    except KeyboardInterrupt:                       # Ctrl-C: a book's workers or jobs end with it; what finished is kept
+        print("interrupted: what finished is kept; the same command goes on from there", file=sys.stderr); return 130
     return 0
 
 # %% ../nbs/00u_cli.ipynb

@@ -4,16 +4,19 @@
 
 # %% ../nbs/00o_docs.ipynb 2
 from __future__ import annotations
-import base64, contextlib, copy, importlib, json, logging, os, re, shutil, signal, subprocess, sys, tempfile, time
+import base64, contextlib, copy, hashlib, importlib, json, logging, math, os, re, shutil, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 from typing import Callable
+from html import escape as _escape
 import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
 # %% auto 0
-__all__ = ['STRIP', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'strip_html', 'prepare_notebook', 'exported',
-           'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths', 'reader_notebook', 'slim_notebook',
-           'inflate_notebook', 'keep_notebooks', 'write_book', 'build_site', 'Chromium', 'chromium_dom',
+__all__ = ['STRIP', 'SCALE', 'COLUMN', 'FIGURES', 'WIDE', 'READER', 'MERGED', 'TABLES_PAGE', 'ASSEMBLED', 'nbdev_directives',
+           'sanitize_markdown', 'png_size', 'figure_html', 'figure_files', 'wide', 'reader_table', 'frame_markdown',
+           'reader_tables', 'prepare_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths',
+           'without_machine_paths', 'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks',
+           'figure_caption', 'findings_cells', 'write_book', 'build_site', 'Chromium', 'chromium_dom',
            'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb
@@ -42,6 +45,8 @@ def sanitize_markdown(md: str) -> str:
     return "\n".join(lines)
 
 STRIP = 4.0     # an image at least this many times wider than high (a per-word attention strip) keeps its size and scrolls
+SCALE = 0.75    # the least a figure is shrunk to fit: its 9-point labels (110 dpi: 13.8 px) stay over 10 px; past that it scrolls
+COLUMN = 680    # the page's column at 1,280 px, in CSS pixels: a wider figure takes the page's full width (the column and its margin)
 
 def png_size(b64: str) -> tuple[int, int] | None:
     "The (width, height) in pixels of a base64 PNG, read from its header; None if it is not a PNG."
@@ -50,21 +55,134 @@ def png_size(b64: str) -> tuple[int, int] | None:
     except ValueError: return None
     return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR" else None
 
-def strip_html(b64: str) -> str | None:
-    "A strip image as the site shows it: at its own size (1 pixel a CSS pixel), scrolling sideways in its cell, instead of shrunk to the page's width (panels of 60 px); None for any other image."
+def figure_html(b64: str, caption: str | None) -> str | None:
+    "A PNG figure as the site shows it, with its caption under it: at its own size (one image pixel a CSS pixel) where it fits, else shrunk to the width it has but never below `SCALE` of its size, scrolling sideways past that; a strip (`STRIP`) always at its own size. None if `b64` is not a PNG."
     size = png_size(b64)
-    if size is None or size[0] < STRIP * size[1]: return None
-    return (f'<div class="capbook-strip" style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
-            f'alt="attention, word by word" style="max-width: none; width: {size[0]}px; height: {size[1]}px"></div>')
+    if size is None: return None
+    w, h = size
+    fit = f"width: {w}px" if w >= STRIP * h else f"width: min(100%, {w}px); min-width: {math.ceil(SCALE * w)}px"
+    text = _escape(caption or "")
+    return (f'<figure class="capbook-figure"><div style="overflow-x: auto"><img src="data:image/png;base64,{"".join(b64.split())}" '
+            f'alt="{text}" style="max-width: none; height: auto; {fit}"></div>' + (f"<figcaption>{text}</figcaption>" * bool(text)) + "</figure>")
 
-def _clean_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a strip image as scrolling HTML (`strip_html`)."
+_INLINE_PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+FIGURES = "_static/figures"     # where the site keeps its figures, one file each by content
+
+def figure_files(text: str, src: Path) -> str:
+    "`text` (a page's HTML or Markdown) with each inline PNG of `figure_html` written once, by content, under the site's `FIGURES` and linked from there: a figure a reader can open alone, and pages that stay small."
+    def save(m: re.Match) -> str:
+        data = base64.b64decode(m[1])
+        path = Path(src) / FIGURES / f"{hashlib.sha256(data).hexdigest()[:16]}.png"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True); atomic_write(path, lambda t: t.write_bytes(data))
+        return f'src="{FIGURES}/{path.name}"'
+    return _INLINE_PNG.sub(save, text)
+
+def wide(b64: str) -> bool:
+    "Whether a PNG is wider than the page's column (`COLUMN`): its cell takes the page's full width."
+    return (png_size(b64) or (0, 0))[0] > COLUMN
+
+WIDE = 8                          # a table of more columns shows a reader's columns on the site and folds all of them
+READER = ("training", "seeds", "CIDEr", "semantic F1", "F1 all", "Δ CIDEr", "p", "on this run", "verdict", "Holm", "tests")
+MERGED = {"CIDEr": "CIDEr 95% CI", "F1 all": "semantic F1 95% CI"}       # a score and its interval: one cell
+_PIPE_TABLE = re.compile(r"^\|.*\|[ \t]*\n\|[ \t:|-]+\|[ \t]*\n(?:\|.*\|[ \t]*\n?)*", re.M)
+_OURS = re.compile(r"^(\S+) \(capbook, \w+ profile\)$")                # shapes (capbook, default profile): shapes
+
+def _cells(line: str) -> list[str]: return [c.strip() for c in line.strip().strip("|").split("|")]
+
+def _number(c: str) -> float | None:
+    "The cell's number, None for text or a number that is not finite."
+    import math
+    try: return x if math.isfinite(x := float(c)) else None
+    except ValueError: return None
+
+def _as_integers(col: list[str]) -> list[str]:
+    "A column whose numbers are all whole shown as integers (3.00 seeds: 3), else as it is."
+    nums = [_number(c) for c in col]
+    if all(n is None and c in ("—", "") or n is not None and n == int(n) for c, n in zip(col, nums)) and any(n is not None for n in nums):
+        return [c if n is None else str(int(n)) for c, n in zip(col, nums)]
+    return col
+
+def reader_table(md: str) -> str:
+    "A Markdown table as the site shows it: dataset labels short (shapes, not 'shapes (capbook, default profile)') and whole numbers as integers; a table wider than `WIDE` columns shows the row names and a reader's columns (`READER`: seeds, CIDEr with its interval in one cell, semantic F1 likewise, the claim's difference, p and verdict), a note column as footnotes, and every column in a folded block under it. A table it cannot read is left as it is."
+    lines = md.rstrip("\n").split("\n")
+    head, rows = _cells(lines[0]), [_cells(l) for l in lines[2:]]
+    if any(len(r) != len(head) for r in rows): return md
+    cols = {h: _as_integers([_OURS.sub(r"\1", r[i]) for r in rows]) for i, h in enumerate(head)}
+    if len(head) != len(cols): return md                                     # two columns of one name
+    def table(names: list[str]) -> str:
+        out = ["| " + " | ".join(names) + " |", "|" + "|".join(":---" if all(_number(c) is None for c in cols[n]) else "---:" for n in names) + "|"]
+        return "\n".join(out + ["| " + " | ".join(cols[n][i] for n in names) + " |" for i in range(len(rows))])
+    if len(head) <= WIDE: return table(head)
+    prose = lambda h: h != head[0] and sum(map(len, cols[h])) > 40 * len(rows)
+    names = []
+    for h in head:
+        if h in READER or h in MERGED.values() or any(_number(c) is not None for c in cols[h]): break
+        if not prose(h) and h != "note": names.append(h)
+    keep = [h for h in READER if h in cols and h not in names]
+    if len(keep) < 2:                                                         # no reader's column: the F1s, else the first columns
+        keep = [h for h in head if h.endswith("F1") and h not in names] or [h for h in head if h not in names and not prose(h)]
+        keep = keep[:max(1, WIDE - len(names))]
+    for score, ci in MERGED.items():
+        if score in keep and ci in cols:
+            cols[score] = [f"{a} {b}" if b not in ("—", "") else a for a, b in zip(cols[score], cols[ci])]
+            title = "semantic F1" if score == "F1 all" else score
+            cols[f"{title} [95% CI]"] = cols.pop(score); keep[keep.index(score)] = f"{title} [95% CI]"
+    if "Δ CIDEr" in keep and {"95% CI low", "95% CI high"} <= set(cols):
+        cols["Δ CIDEr [95% CI]"] = [f"{d} [{lo}, {hi}]" for d, lo, hi in zip(cols.pop("Δ CIDEr"), cols["95% CI low"], cols["95% CI high"])]
+        keep[keep.index("Δ CIDEr")] = "Δ CIDEr [95% CI]"
+    notes, marks = [], []
+    if "note" in cols and names:
+        for n in cols["note"]:
+            if n in ("—", ""): marks.append(""); continue
+            if n not in notes: notes.append(n)
+            marks.append(f" [{notes.index(n) + 1}]")
+        cols[names[-1]] = [c + m for c, m in zip(cols[names[-1]], marks)]      # on the row's name
+    foot = "".join(f"\n\n[{i + 1}] {n}" for i, n in enumerate(notes))
+    return (table(names + keep) + foot + f"\n\n<details><summary>All {len(head)} columns</summary>\n\n"
+            + "\n".join(lines) + "\n\n</details>")
+
+def frame_markdown(html: str) -> str | None:
+    "A pandas DataFrame's HTML output (`class=\"dataframe\"`) as a Markdown table, its index left out where it is the default 0, 1, ... (then `reader_table` can shape it for the site); None for any other HTML."
+    from html.parser import HTMLParser
+    if html.count('class="dataframe"') != 1 or html.count("<table") != 1: return None
+    rows: list[list[str]] = []
+    class Frame(HTMLParser):
+        cell = None
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr": rows.append([])
+            elif tag in ("td", "th") and rows: self.cell = ""
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None: rows[-1].append(" ".join(self.cell.split()).replace("|", "\\|")); self.cell = None
+        def handle_data(self, data):
+            if self.cell is not None: self.cell += data
+    Frame().feed(html)
+    if len(rows) < 2 or any(len(r) != len(rows[0]) for r in rows) or len(rows[0]) < 2: return None
+    if [r[0] for r in rows[1:]] == [str(i) for i in range(len(rows) - 1)] and not rows[0][0]: rows = [r[1:] for r in rows]
+    head = rows[0]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + ["| " + " | ".join(r) + " |" for r in rows[1:]])
+
+def reader_tables(md: str) -> str:
+    "Every Markdown table in `md` as the site shows it (`reader_table`)."
+    return _PIPE_TABLE.sub(lambda m: reader_table(m.group(0)) + ("\n" if m.group(0).endswith("\n") else ""), md)
+
+_PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")
+
+def _clean_output(out: nbformat.NotebookNode, caption: str | None = None) -> nbformat.NotebookNode | None:
+    "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a figure as HTML at its size with its `caption` (`figure_html`); a path's repr as the path."
     data = out.get("data", {})
     if _WIDGET_VIEW in data: return None
-    if "image/png" in data and (html := strip_html(data["image/png"])):
-        out["data"] = {"text/html": html}
+    if "image/png" in data and (fig := figure_html(data["image/png"], caption)):
+        out["data"] = {"text/html": fig}
+        return out
+    if "text/html" in data and (md := frame_markdown(data["text/html"] if isinstance(data["text/html"], str) else "".join(data["text/html"]))):
+        out["data"] = {"text/markdown": md}                  # a DataFrame: a Markdown table the site can shape like the others
+        data = out["data"]                                   # (a notebook node copies what it is given)
     if "text/markdown" in data:
-        data["text/markdown"] = sanitize_markdown(data["text/markdown"])
+        data["text/markdown"] = reader_tables(sanitize_markdown(data["text/markdown"]))
+    if set(data) == {"text/plain"}:               # a value's repr: a path shows as the path, not as PosixPath('...')
+        text = data["text/plain"] if isinstance(data["text/plain"], str) else "".join(data["text/plain"])
+        data["text/plain"] = _PATH_REPR.sub(lambda m: m[1], text)
     if out.get("output_type") == "stream":
         out["text"] = _quiet(out["text"])
         if not out["text"]: return None
@@ -77,13 +195,40 @@ def _builds_only(cell: nbformat.NotebookNode) -> bool:
     shows = any(k in o.get("data", {}) for o in cell.outputs for k in ("image/png", "text/markdown", "text/html"))
     return shows and not _EQUATION.search(cell.source) and not re.search(r"^(def|class) ", cell.source, re.M)
 
-def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils."
+TABLES_PAGE = re.compile(r"^(?!00)\d\da_")       # a tables chapter (02a_, 03a_, ...): it assembles earlier runs' results
+ASSEMBLED = "How these tables were assembled"      # the section at the end of a tables chapter that keeps its books
+_FOLDED = {"remove-input", "hide-input", "hide-cell"}
+
+def _bookkeeping(cell: nbformat.NotebookNode, dirs: dict[str, str]) -> bool:
+    "A cell that keeps books (`#| bookkeeping`: the run list, records, hashes), a run's parameters cell or papermill's note of them."
+    return "bookkeeping" in dirs or "parameters" in cell.metadata.get("tags", []) or \
+        (cell.cell_type == "markdown" and cell.source.startswith("*This run used"))
+
+def _once(outputs: list) -> list:
+    "A cell's outputs with an image it showed twice kept once (a figure displayed, then shown again by the inline backend at the cell's end)."
+    seen, kept = set(), []
+    for o in outputs:
+        png = "".join(str(o.get("data", {}).get("image/png", "")).split())
+        if png and png in seen: continue
+        seen.add(png); kept.append(o)
+    return kept
+
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.M)
+
+def _heading(md: str) -> str | None:
+    "The last heading of a Markdown cell: the section its next cells are in."
+    found = _HEADING.findall(md)
+    return found[-1] if found else None
+
+def prepare_notebook(nb: nbformat.NotebookNode, tables: bool = False) -> nbformat.NotebookNode:
+    "A copy of an executed notebook as the site shows it: nbdev directives honoured, outputs made safe for docutils; a cell that only draws a table or figure folded; on a tables chapter (`tables`), every code cell folded and the cells that keep books moved, folded, to a last section (`ASSEMBLED`)."
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     nb.metadata.setdefault("language_info", {"name": "python"})
-    cells = []
+    cells, books, heading = [], [], None
     for cell in nb.cells:
+        dirs = {}
+        if cell.cell_type == "markdown": heading = _heading(cell.source) or heading
         if cell.cell_type == "code":
             dirs, cell.source = nbdev_directives(cell.source)
             if dirs.keys() & _DROP or _off(dirs.get("include", "")): continue
@@ -91,11 +236,19 @@ def prepare_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             if _off(dirs.get("echo", "")): tags.append("remove-input")
             if _off(dirs.get("output", "")): tags.append("remove-output")
             if not _off(dirs.get("code-fold", "false")): tags.append("hide-input")
-            cell.outputs = [o for o in map(_clean_output, cell.outputs) if o is not None]
-            if _builds_only(cell) and not {"remove-input", "hide-input"} & set(tags): tags.append("hide-input")   # only draws a table or figure: folded
+            cell.outputs = _once(cell.outputs)
+            if any(wide(o.get("data", {}).get("image/png", "")) for o in cell.outputs): tags.append("full-width")
+            cell.outputs = [o for o in (_clean_output(o, dirs.get("fig-cap") or heading) for o in cell.outputs) if o is not None]
+            if (tables or _builds_only(cell)) and not _FOLDED & set(tags): tags.append("hide-input")   # builds a table or figure: folded
             if not cell.source.strip() and not cell.outputs: continue
+        if tables and _bookkeeping(cell, dirs):
+            if cell.cell_type == "code": cell.metadata["tags"] = [t for t in cell.metadata["tags"] if t not in _FOLDED] + ["hide-cell"]
+            books.append(cell); continue
         cells.append(cell)
-    nb.cells = cells
+    if books:
+        cells.append(nbformat.v4.new_markdown_cell(f"## {ASSEMBLED}\n\nThe runs this page reads, their records and the "
+                                                   "parameters it ran with (unfold a cell to see it)."))
+    nb.cells = cells + books
     return nb
 
 # %% ../nbs/00o_docs.ipynb
@@ -111,8 +264,18 @@ def _is_run(c) -> bool:
     "A cell whose outputs are the run's: a code cell that is not an exported definition."
     return c["cell_type"] == "code" and not exported(_text(c))
 
+def _code_of(source: str) -> str | None:
+    "What a code cell computes, as its syntax tree (comments and `#|` directives are not in it); None for a cell that is not Python."
+    import ast
+    try: return ast.dump(ast.parse(source))
+    except SyntaxError: return None
+
+def _same_run(ran: str, today: str) -> bool:
+    "Whether a cell as it ran and as it is today compute the same thing, their text differing only in comments or directives."
+    return ran != today and (code := _code_of(today)) is not None and code == _code_of(ran)
+
 def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNode:
-    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring or a paragraph changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
+    "An executed notebook `nb` (a notebook node) with today's prose and exported definitions from `source` (the notebook), cell by cell id, and the outputs of the cells it ran: a docstring, a paragraph or a comment changed since the run shows as it is now. Unchanged where a cell it ran is not in `source` (then the step's key has changed and it runs again)."
     import copy
     if not Path(source).exists(): return nb
     src = json.loads(Path(source).read_text())["cells"]
@@ -122,6 +285,7 @@ def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNo
     for c in src:
         if _is_run(c):
             i = ran[c["id"]]
+            if _same_run(_text(nb.cells[i]), _text(c)): nb.cells[i].source = _text(c)   # its comments as they are today
             cells.append(nb.cells[i])
             if i + 1 < len(nb.cells) and _run_parameters(nb.cells[i + 1]):
                 cells.append(nb.cells[i + 1])      # papermill's parameters (or a reader's note of them), after the parameters cell
@@ -138,10 +302,12 @@ def refresh_copy(nb: nbformat.NotebookNode, source: Path) -> nbformat.NotebookNo
     return nb
 
 def copy_current(copy: Path, source: Path) -> bool:
-    "Whether a reader's copy shows its notebook's prose and exported code as they are today."
+    "Whether a reader's copy shows its notebook's prose, exported code and comments as they are today."
     if not Path(source).exists(): return True
     had = {c.get("id"): _text(c) for c in json.loads(Path(copy).read_text())["cells"]}
-    return all(had.get(c.get("id")) == _text(c) for c in json.loads(Path(source).read_text())["cells"] if not _is_run(c))
+    src = json.loads(Path(source).read_text())["cells"]
+    return all(had.get(c.get("id")) == _text(c) for c in src if not _is_run(c)) and \
+        not any(_same_run(had.get(c.get("id"), ""), _text(c)) for c in src if _is_run(c))
 
 def _run_parameters(c) -> bool:
     "A run's own parameters cell: papermill's injected one, or the one-line note a reader's copy makes of it (`capbook.docs.reader_notebook`)."
@@ -172,8 +338,15 @@ def machine_paths() -> list[tuple[str, str]]:
     return sorted({(a.rstrip("/"), b) for a, b in pairs if len(a.rstrip("/")) > 1}, key=lambda p: -len(p[0]))
 
 def _relative(text: str, paths: list[tuple[str, str]]) -> str:
-    for a, b in paths: text = text.replace(a + "/", "" if b == "." else b + "/").replace(a, b)
-    return text
+    "Each path of `paths` (prefix, stand-in) in `text` replaced in one pass, only where it is a whole path or a path's folder: a file tmpab/x of the temporary folder becomes `<tmp>/tmpab/x` (never `<tmp><tmp>ab/x`), and a home folder user2 is left alone where the home folder user is replaced."
+    if not paths: return text
+    to = dict(paths)
+    alt = "|".join(re.escape(a) for a, _ in sorted(paths, key=lambda p: -len(p[0])))   # longest first: the alternation tries in order
+    def stand_in(m):
+        b = to[m.group(1)]
+        return ("" if b == "." else b + "/") if m.group(2) else b
+    # a prefix not inside a longer name (no name character before it), then a slash or the path's end (not a name character, nor '.name')
+    return re.sub(rf"(?<![\w.~-])({alt})(?:(/)|(?![\w-]|\.\w))", stand_in, text)
 
 def without_machine_paths(text: str) -> str:
     "`text` with this machine's paths (`machine_paths`) made relative: what a published file may say."
@@ -303,8 +476,11 @@ sphinx:
 
 _CSS = """/* capbook: code and outputs stay within the page: long lines wrap instead of scrolling sideways */
 div.cell div.highlight pre, div.cell_output pre, div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
-div.cell_output table { display: block; max-width: 100%; overflow-x: auto; }
+div.cell_output table { display: block; max-width: 100%; overflow-x: auto; font-size: 0.85em; }
+div.cell_output table th, div.cell_output table td { padding: 0.2em 0.4em; }   /* a table of eight columns fits the column */
 mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }   /* a display equation wider than the page scrolls inside it */
+figure.capbook-figure { margin: 0.5em 0 1.2em; }      /* a figure at its size (capbook.docs.figure_html), its caption under it */
+figure.capbook-figure figcaption { font-size: 0.9em; color: var(--pst-color-text-base); margin-top: 0.3em; }
 """
 
 def _toc_yml(chapters: list[str]) -> str:
@@ -332,24 +508,64 @@ def _read_notebook(path: Path) -> nbformat.NotebookNode:
     try: return nbformat.read(path, as_version=4)
     except Exception as e: raise CapbookError(f"{path}: unreadable notebook ({type(e).__name__}: {e})") from None
 
+def _png_b64(path: Path) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
+
+def figure_caption(nb: nbformat.NotebookNode, b64: str) -> str | None:
+    "The caption a page gives the image `b64` (base64 PNG): its cell's `#| fig-cap:` line, else the heading of the section that shows it; None if the page does not show it."
+    want, heading = "".join(b64.split()), None
+    for c in nb.cells:
+        if c.cell_type == "markdown": heading = _heading(c.source) or heading
+        if c.cell_type == "code" and any("".join(str(o.get("data", {}).get("image/png", "")).split()) == want for o in c.get("outputs", [])):
+            return nbdev_directives(c.source)[0].get("fig-cap") or heading
+    return None
+
+def _title_and_lede(md: str) -> tuple[str, str]:
+    "A page's first Markdown cell split after its title and the quoted lede under it: (those, the rest)."
+    lines = md.splitlines()
+    i = next((k + 1 for k, l in enumerate(lines) if l.startswith("# ")), 0)
+    while i < len(lines) and (not lines[i].strip() or lines[i].startswith(">")): i += 1
+    return "\n".join(lines[:i]).rstrip(), "\n".join(lines[i:]).strip()
+
+def findings_cells(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None) -> list:
+    "The cells a tables chapter opens with: what it found (`claims_md`, its verdicts one line each) and the figure that carries it, with the caption the page gives it (`figure_caption`; `nb`: the page as it ran)."
+    cells = [nbformat.v4.new_markdown_cell("**What this chapter found.**\n\n" + claims_md)]
+    if figure is not None and Path(figure).is_file():
+        b64 = _png_b64(figure)
+        caption = figure_caption(nb, b64) or Path(figure).stem.removeprefix("fig_").replace("_", " ")
+        caption = (caption if caption.lower().startswith("fig") else f"Figure: {caption}") + " (its section below says how it was made)."
+        fig = nbformat.v4.new_code_cell("# the chapter's figure", metadata={"tags": ["remove-input"] + ["full-width"] * wide(b64)})
+        fig.outputs = [nbformat.v4.new_output("display_data", data={"text/html": figure_html(b64, caption)})]   # (a cell without source is not shown)
+        cells.append(fig)
+    return cells
+
 def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None) -> list[str]:
-    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named; `fill`: applied to every Markdown cell, e.g. the generated blocks of the first page); returns the warnings about API modules left out."
+               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None,
+               findings: dict[str, tuple[str, Path | None]] | None = None) -> list[str]:
+    "Write a Jupyter Book project for `notebooks` into `src` (`notes`: Markdown put under the title of the pages named; `fill`: applied to every Markdown cell, e.g. the generated blocks of the first page; `findings`: what a tables chapter found, its verdicts' Markdown and its figure, put under its title, `findings_cells`); returns the warnings about API modules left out."
     notebooks = [Path(p) for p in notebooks]
     if not notebooks: raise CapbookError("build_site: no notebooks given")
     names = ["index" if i == 0 and intro_md is None else p.stem for i, p in enumerate(notebooks)]
     pages = names + ["api"] + ["index"] * (intro_md is not None)
     if dups := sorted({n for n in pages if pages.count(n) > 1}):
         raise CapbookError(f"build_site: two pages would be named {', '.join(dups)}; rename the notebook")
-    if intro_md is not None: (src / "index.md").write_text(intro_md)
+    if intro_md is not None: (src / "index.md").write_text(figure_files(intro_md, src))
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
-        nb = prepare_notebook(inflate_notebook(_read_notebook(p), p.parent / "img"))
+        ran = inflate_notebook(_read_notebook(p), p.parent / "img")
+        nb = prepare_notebook(ran, tables=bool(TABLES_PAGE.match(p.stem)))
         if fill:
             for c in nb.cells:
                 if c.cell_type == "markdown": c.source = fill(c.source)
-        if notes and p.stem in notes:
-            at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)   # under the title cell
-            nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
+        at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)   # under the title cell
+        if findings and p.stem in findings and at:                # ... and its lede: the rest of that cell after the findings
+            head, rest = _title_and_lede(nb.cells[at - 1].source)
+            if rest: nb.cells[at - 1].source = head; nb.cells.insert(at, nbformat.v4.new_markdown_cell(rest))
+        if findings and p.stem in findings: nb.cells[at:at] = findings_cells(ran, *findings[p.stem])
+        if notes and p.stem in notes: nb.cells.insert(at, nbformat.v4.new_markdown_cell(notes[p.stem]))
+        for c in nb.cells:                        # figures as files of the site, linked from the page
+            if c.cell_type == "markdown": c.source = figure_files(c.source, src)
+            for o in c.get("outputs", []):
+                if isinstance(html := o.get("data", {}).get("text/html"), str): o["data"]["text/html"] = figure_files(html, src)
         nbformat.write(nb, src / f"{name}.ipynb")
     (src / "_static").mkdir(exist_ok=True)
     (src / "_static" / "capbook.css").write_text(_CSS)
@@ -379,7 +595,8 @@ def _is_site(d: Path) -> bool:
     return not d.exists() or d.is_dir() and (not any(d.iterdir()) or (d / "index.html").exists())
 
 def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api_modules: list[str] | None = None,
-               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None) -> Path:
+               intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None,
+               findings: dict[str, tuple[str, Path | None]] | None = None) -> Path:
     "Build the HTML site of executed `notebooks` (in reading order) into `out_dir`, atomically; returns its `index.html`."
     out_dir = Path(out_dir).resolve()
     if not _is_site(out_dir): raise CapbookError(f"{out_dir}: not empty and not a docs site; refusing to replace it")
@@ -388,7 +605,7 @@ def build_site(notebooks: list[Path], out_dir: Path, title: str = "capbook", api
     tmp = temp_dir(out_dir)
     try:
         src = tmp / "src"; src.mkdir()
-        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes, fill)
+        warnings = write_book(notebooks, src, title, api_modules, intro_md, notes, fill, findings)
         cmd = [*_jupyter_book(), "build", str(src), "--path-output", str(tmp), "--builder", "html"]
         res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
         log = "".join(w + "\n" for w in warnings) + _ANSI.sub("", res.stdout + res.stderr)
@@ -524,13 +741,16 @@ class Chromium:
                 self._send("Target.closeTarget", {"targetId": target}, what=url)
                 self._events = [e for e in self._events if e.get("sessionId") not in (None, s)]
 
+    def evaluate(self, url_or_path: str | Path, expression: str, size: tuple[int, int] | None = None):
+        "The value of a JavaScript `expression` (JSON-able) on a page (a URL or a local file) after its scripts ran, in a window of `size` (width, height) if given."
+        with self._page(url_or_path, size) as (s, url):
+            res = self._send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=s, what=url)["result"]
+        if "value" not in res: raise CapbookError(f"chromium could not evaluate on {url}: {res.get('description', res)}")
+        return res["value"]
+
     def dom(self, url_or_path: str | Path) -> str:
         "The DOM of a page (a URL or a local file) after its scripts ran, as HTML."
-        with self._page(url_or_path) as (s, url):
-            res = self._send("Runtime.evaluate", {"expression": "document.documentElement.outerHTML", "returnByValue": True},
-                             session=s, what=url)["result"]
-        if "value" not in res: raise CapbookError(f"chromium could not read the DOM of {url}: {res.get('description', res)}")
-        return res["value"]
+        return self.evaluate(url_or_path, "document.documentElement.outerHTML")
 
     def screenshot(self, url_or_path: str | Path, png_path: str | Path, size: tuple[int, int] = (1280, 2000)) -> Path:
         "Save a `size` (width, height) PNG screenshot of a page (a URL or a local file) to `png_path`, atomically."

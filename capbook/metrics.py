@@ -160,7 +160,7 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
     out["CIDEr"] = float(Cider().compute_score(gts, res)[0])
     if spice:
         ok, lib = spice_jars()
-        if not ok: notes["SPICE"] = f"unavailable: Stanford CoreNLP 3.6.0 jars not in {lib} (they cannot be downloaded here)"
+        if not ok: notes["SPICE"] = f"unavailable: Stanford CoreNLP 3.6.0 jars not in {lib} (the book does not download them)"
         elif not java: notes["SPICE"] = "unavailable: Java not found"
         else:
             from pycocoevalcap.spice.spice import Spice

@@ -189,7 +189,7 @@ class _Tanh(torch.autograd.Function):
         return g * (1 - y * y)                              # d tanh x / dx = 1 - tanh^2 x
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
-    "`torch.tanh(x)`, computed on the CPU as 2σ(2x) − 1: torch's CPU tanh has no vectorised path on this machine's AVX (about 10x slower than its sigmoid), which made it a fifth of SCA-CNN's step."
+    "`torch.tanh(x)`, computed on the CPU as 2σ(2x) − 1: torch's CPU tanh has no vectorised path on the AVX CPU the book was timed on (about 10x slower than its sigmoid; it would take a fifth of SCA-CNN's step)."
     return _Tanh.apply(x) if x.device.type == "cpu" and fast() else torch.tanh(x)
 
 def check_inputs(model: CaptionModel, batch: Mapping[str, Any]) -> None:

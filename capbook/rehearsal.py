@@ -163,7 +163,7 @@ def run_stage(stage: str, root: str | Path, scale: float, log: Callable = print)
 
 # %% ../nbs/00s_rehearsal.ipynb
 def project_encoders(names: list[str] | None = None, batch: int = 8, log: Callable = print) -> dict:
-    "Per encoder of `BACKBONES`: its map, the images/s measured here, and COCO's store size and extraction time."
+    "Per encoder of `BACKBONES`: its map, the images/s measured on this machine, and COCO's store size and extraction time."
     import torch
     from capbook.encoders import BACKBONES, build_backbone
     n_coco, out = sum(KARPATHY_COCO.values()), {}
@@ -225,7 +225,7 @@ def stage_main(stage: str, root: str, scale: float) -> dict:
 def _gb(b: float) -> str: return f"{b / 1e9:.2f} GB"
 
 def rehearsal_table(results: dict) -> str:
-    "Markdown: one row per stage (time, peak memory, what it measured), then one per encoder (COCO's store and extraction time here)."
+    "Markdown: one row per stage (time, peak memory, what it measured), then one per encoder (COCO's store, and its extraction time at the measured speed)."
     st, scale = results["stages"], results["scale"]
     n = sum(coco_counts(scale).values())
     rows = ["| stage | time | peak resident (largest process) | peak anonymous (allocated) | measured |", "|---|---|---|---|---|"]
@@ -247,7 +247,7 @@ def rehearsal_table(results: dict) -> str:
     out = f"Scale {scale:g} ({n:,} images):\n\n" + "\n".join(rows)
     if "project" in st:
         p = [k for k in st["project"] if isinstance(st["project"][k], dict)]
-        enc = ["| encoder | input | map (h × w × D) | images/s here | COCO store (float16) | COCO extraction here |", "|---|---|---|---|---|---|"]
+        enc = ["| encoder | input | map (h × w × D) | images/s (measured) | COCO store (float16) | COCO extraction (projected) |", "|---|---|---|---|---|---|"]
         for k in p:
             e = st["project"][k]
             enc.append(f"| {k} | {e['image_size']} px | {' × '.join(map(str, e['map']))} | {e['images_per_s']:.1f} | "

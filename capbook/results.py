@@ -316,8 +316,10 @@ _FINGERPRINTS: dict = {}   # this process's fingerprints, by the file that keeps
 class Keys:
     "The keys of a plan's steps, the fingerprints computed once each: once per package source, kept between processes (`fingerprint_cache`), unless `fresh`."
     def __init__(self, steps: list, upstream: Callable[[Any, list], list], made: Callable[[Any], str | None] | None = None,
-                 fresh: bool = False):
+                 fresh: bool = False, procs: Callable[[Any], int] | None = None):
+        from capbook.runner import train_procs
         self.steps, self.upstream, self.made, self._keys = steps, upstream, made, {}
+        self.procs = procs or (lambda step: train_procs())    # the processes a chapter step trains with: this machine's setting
         self._file = None if fresh else fingerprint_cache()
         self._probes = {} if fresh else _FINGERPRINTS.setdefault(str(self._file), {})
         if self._file is not None and not self._probes and self._file.exists():
@@ -370,6 +372,7 @@ class Keys:
         if ch is not None:
             part["probe"] = self.probe(step)
             if b := budget(step): part["budget"] = b   # the protocol's budget adds nothing: a key names only a departure from it
+            if (n := self.procs(step)) > 1: part["processes"] = n   # DDP's batch is every process's: another computation
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for s in shared_used(path, run=ch is not None, tables=bool(ups)): part[f"shared {s}"] = self.shared(s)
         for h in helpers_used(path): part[f"helper {h}"] = self.helper(h)
@@ -379,12 +382,12 @@ class Keys:
         if step.name not in self._keys: self._keys[step.name] = self.key(step)
         return self._keys[step.name]
 
-def plan_keys(profile: str, made: bool = True, fresh: bool = False):
-    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process."
+def plan_keys(profile: str, made: bool = True, fresh: bool = False, procs: Callable[[Any], int] | None = None):
+    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process; `procs`: the processes each chapter step trains with (default: `capbook.runner.train_procs`)."
     def as_made(u: Step) -> str | None:
         done = runs_dir() / profile / u.name / "done.json"
         return load_json(done).get("key") if made and done.exists() else None
-    return Keys(plan(profile), upstream_of, as_made, fresh)
+    return Keys(plan(profile), upstream_of, as_made, fresh, procs)
 
 
 

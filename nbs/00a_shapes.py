@@ -24,8 +24,8 @@
 # %% [markdown]
 # ## Why a synthetic data set
 #
-# The papers train on COCO and Flickr with an ImageNet-pretrained CNN. Neither the images nor the weights can be
-# downloaded on the machines this book is built on, and a fresh clone must run end to end on a CPU. capbook therefore
+# The papers train on COCO and Flickr with an ImageNet-pretrained CNN. The book downloads neither the images nor the
+# weights, and a fresh clone must run end to end on a CPU. capbook therefore
 # ships a generator for a small scene-captioning set, *shapes*, written in exactly the on-disk form of the real ones
 # (the Karpathy-split JSON plus an image folder), so the default run goes through the same code path a COCO user runs.
 #
@@ -581,6 +581,7 @@ def load_gt(root: str | Path) -> dict[str, dict]:
 # Six images of a tiny set, each with its five reference captions.
 
 # %%
+#| fig-cap: Six images the generator draws (four train, one validation, one test), each with its reference captions, every statement of them checked true of its image
 import tempfile
 import matplotlib.pyplot as plt
 _root = generate(Path(tempfile.mkdtemp()) / "shapes", dict(train=4, val=1, test=1), seed=0)

@@ -228,8 +228,8 @@ def beam_search(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, be
 # A small soft-attention decoder, untrained, on three images of 2×2 locations: beam search with one beam is greedy
 # search, whether the batch is a mapping or a bare feature tensor; and the score beam search gives a caption is the
 # model's log-probability of it, as teacher forcing computes it. (A wider beam usually finds a more probable caption
-# than greedy search, but not always: the greedy prefix can fall out of the beam. An earlier version of this example
-# asserted it on unseeded weights, and the book's run drew a case where it does not hold.)
+# than greedy search, but not always: the greedy prefix can fall out of the beam. So this example does not assert it:
+# unseeded weights can draw a case where it does not hold.)
 
 # %%
 from capbook.models import build

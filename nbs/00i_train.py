@@ -267,10 +267,15 @@ def _recipe(cfg: dict, meta: dict | None) -> dict:
     return {"model": (meta or {}).get("model"), "hparams": (meta or {}).get("hparams"),
             "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
-def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None) -> tuple[str, str] | None:
-    "Why checkpoint `ck` must not be resumed by this run, as (folder tag, reason), or None."
+def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None."
     if ck is None: return None
     if ck.get("code") != code: return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code})"
+    # DDP's batch is every process's batch: an unfinished run goes on only with as many processes as it trained with; a
+    # finished one (nothing left to train) is read by any (the book's kernel reads the training torchrun finished)
+    was_world = ck.get("world_size", 1)
+    if was_world != world and not ck.get("finished"):
+        return f"world-{was_world}", f"was trained by {was_world} processes, this run has {world}"
     old = (ck.get("meta") or {}).get("data")
     if fp and old != fp: return f"data-{old}", f"was trained on other data (fingerprint {old}, this run's is {fp})"
     if recipe is not None:
@@ -462,7 +467,7 @@ class FitResult:
     val_seconds: float = 0.0         # the validation decodes and scores
     captions_per_s: float = 0.0
     resumed_from: tuple | None = None
-    world_size: int = 1
+    world_size: int = 1              # the processes that trained it (DDP under torchrun; a resumed run: its checkpoint's)
     captions: int = 0                # training captions seen (over every process)
     precision: str = "fp32"          # the arithmetic it trained in (`cpu_precision` of the config's)
 
@@ -525,7 +530,7 @@ class _Run:
         self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
         if fp: meta = {**(meta or {}), "data": fp}
         self.meta = meta
-        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta))
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world)
         if why:
             stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
             if world > 1: dist.barrier()
@@ -541,9 +546,9 @@ class _Run:
             r = self.res
             r.history, r.best_epoch, r.best_at, r.best_score = ck["history"], ck["best_epoch"], ck["best_at"], ck["best_score"]
             r.train_seconds, r.val_seconds, r.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
-            r.resumed_from = (self.epoch, self.skip)
+            r.resumed_from, r.world_size = (self.epoch, self.skip), ck.get("world_size", 1)
             _set_rng_state(ck["rng"])
-            if ck.get("finished"): self.epoch = cfg.epochs
+            if ck.get("finished"): self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
             log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: same code ({self.code}), same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
@@ -569,7 +574,7 @@ class _Run:
                                "best_epoch": r.best_epoch, "best_at": r.best_at, "best_score": r.best_score, "train_seconds": r.train_seconds,
                                "val_seconds": r.val_seconds, "captions": r.captions, "val_captions": self.val_caps, "rng": _rng_state(),
                                "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code,
-                               "finished": finished})
+                               "world_size": self.world, "finished": finished})
         self.finished = finished
 
     def validate(self, at: float, means: dict, candidate: bool = True) -> bool:
@@ -777,7 +782,7 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
 # alone too: a model that folds rows and tokens into one dimension, as the 2D-LSTM's word maps, would otherwise index
 # its draws by the batch's own width), and with `fixed=True` the rows too, to whole images of the largest batch
 # (`fixed_shape`), so one CUDA graph could replay every step; padded rows are captions without a word, which no loss
-# counts. *capbook:* capturing it on a GPU is not done here: it needs a GPU to test.
+# counts. *capbook:* the book does not capture the graph: that needs a GPU to test, and the book's runs are on a CPU.
 #
 # Runs differ only in `STACKABLE` fields (seed and rate) and must take as many steps an epoch (image-ordered batches
 # of a fixed caption count per image do). Self-critical training and scheduled sampling draw captions outside the keys

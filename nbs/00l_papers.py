@@ -172,8 +172,8 @@ assert ssa_table1().set_index("model").loc["Proposed Model", "BLEU-4"] == 22.6 a
 # NVIDIA GeForce GTX 1080 Ti. ips stands for images per second. The symbol † denotes the result reported from original
 # papers." (COCO, cross-entropy training, bottom-up region features.)
 #
-# Tables 1 and 4 are images in the paper; the text copy capbook was built from lost them, and no stored source we could search
-# reproduces their numbers. So capbook quotes only what the text states: the abstract's "CIDEr score of 129.3 in
+# Tables 1 and 4 are images in the paper: their numbers are not in its text, and capbook quotes no number it cannot
+# read. So capbook quotes only what the text states: the abstract's "CIDEr score of 129.3 in
 # offline COCO evaluation" (GLIED; the text does not say, but §4.3 submits "GLIED optimized using reinforcement
 # learning", and 129.3 is in the range of CIDEr-optimised models), and, for Table 4, the paper's **claims** in words —
 # each measured row of capbook's Table 4 is then checked against its claim. `None` never stands for a number we made up.

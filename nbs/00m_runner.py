@@ -729,9 +729,25 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     return TrainConfig(**{**spec(name).train, **ch.train, **recipe, **named, "epochs": p.epochs or (epochs(p) if callable(epochs) else epochs),
                           "max_len": max_len, "val_beam": p.beam_size, **decoding(p)})
 
+def chapter_setup(ch: Chapter, p: Any, phase: dict | None = None, log: Callable[[str], None] = print) -> tuple:
+    "What a run of chapter `ch` with resolved parameters `p` trains: (prepared data, per-image inputs' record, model seeded with `p.seed`, training config); the data's time into `phase['data_s']`."
+    from capbook.models import build
+    name = ch.model(p)
+    with timed(phase if phase is not None else {}, "data_s"):
+        prep = chapter_data(ch, p)
+        log(prep.describe())
+        inputs = ch.inputs(prep, p, log) if ch.inputs else {}  # per-image inputs besides the features (attributes)
+    seed_everything(p.seed)
+    model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **model_hparams(name, p))
+    return prep, inputs, model, train_config(ch, p, name, prep.max_len)
+
+def scst_start(model, xe: Path) -> None:
+    "A self-critical arm's start: the cross-entropy run's (in checkpoint folder `xe`) selected weights."
+    model.load_state_dict(load_torch(xe / "best.pt", "cross-entropy checkpoint")["model"])
+
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
-    from capbook.models import build, make_config
+    from capbook.models import make_config
     from capbook.train import fit
     from capbook.metrics import evaluate, write_results
     from capbook.viz import attention_figure
@@ -746,17 +762,12 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     make_config(name, **hp)                       # a wrong model parameter stops here, before any work
     run = start_run(notebook, dataclasses.asdict(given), dataclasses.asdict(p))   # its record: the parameters as asked for; params.yaml: as used
     phase = {}                                    # where the run's time goes: data, train, val, test, measure, figure
-    with timed(phase, "data_s"):
-        prep = chapter_data(ch, p)
-        log(prep.describe())
-        inputs = ch.inputs(prep, p, log) if ch.inputs else {}  # per-image inputs besides the features (attributes)
-    seed_everything(p.seed)
-    model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hp)
-    cfg = train_config(ch, p, name, prep.max_len)
+    prep, inputs, model, cfg = chapter_setup(ch, p, phase, log)
     kept = prep.train.n_kept(cfg.max_words)
     log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"
         + (f" (of {len(prep.train):,}: at most {cfg.max_words} words)" if kept < len(prep.train) else "")
         + f"; {cfg.epochs} epochs at most")
+    if (procs := train_procs()) > 1: fit_under_torchrun(notebook, run.dir, procs, log)   # then every fit below reads its finished checkpoint
     fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
     dev = get_device(p.device)
     model.to(dev)
@@ -771,7 +782,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
         save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
         xe = run.path("ckpt")
         for arm, baseline in scst_arms(p):           # each arm from the same start; the greedy baseline's last
-            model.load_state_dict(load_torch(xe / "best.pt", "cross-entropy checkpoint")["model"])
+            scst_start(model, xe)
             with timed(phase, "test_s"):
                 rl, ev, evg = self_critical(model, prep, p, cfg, run.path(f"ckpt-{arm}"), log, start=xe / "last.pt", baseline=baseline)
             stages[arm] = {"metrics": measured(ev), "greedy": measured(evg), "baseline": baseline, "best_epoch": rl.best_epoch,
@@ -794,11 +805,73 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                             history=fitted.history, model=name, hparams=hp, precision=fitted.precision,
                             data={"dataset": prep.dataset, "encoder": prep.encoder, "fingerprint": prep.fingerprint},
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
-                            **({"stages": stages} if stages else {}), **inputs, **extra)
+                            **({"stages": stages} if stages else {}), **({"world_size": fitted.world_size} if fitted.world_size > 1 else {}),
+                            **inputs, **extra)
     if given.run_dir is None:                      # a reader's run by hand: where it falls among the book's own rows
         for line in book_context(notebook, p, ctx.record): log(line)
     return ctx
 
+# %% [markdown]
+# ### Several GPUs: the training under `torchrun`
+#
+# A run trains in the notebook's kernel, one process. Where its job has several GPUs (a SLURM step that asks for them,
+# `capbook.cluster`; or `CAPBOOK_TRAIN_PROCS=N` set by hand), `run_chapter` first trains every stage of the run —
+# cross-entropy, then each self-critical arm from its selected weights — under `torchrun`, one process a GPU
+# (`fit_stages`, the trainer's DistributedDataParallel path), and then goes on as always: each of its `fit` calls finds
+# its stage's checkpoint finished and reads it, so evaluation, measurements, figure and record are the one path.
+#
+# > **Annotator's note.** DDP's batch is every process's batch: `N` processes train with `N × batch_size` captions a
+# > step, another computation than the one-process run. So the run's record names its `world_size`, a checkpoint left
+# > unfinished by `N` processes is never resumed by another number of them, and the book keys a step that trains with
+# > several processes apart from the one-process step (`capbook.results.Keys`): its numbers are never published as the
+# > one-process book's.
+
+# %%
+#| export
+TRAIN_PROCS = "CAPBOOK_TRAIN_PROCS"   # environment: the processes a chapter run trains with (DDP under torchrun, one a GPU); 1 when unset
+
+def train_procs() -> int:
+    "The processes a chapter run trains with (`TRAIN_PROCS`); a malformed value stops in one line."
+    v = os.environ.get(TRAIN_PROCS, "1").strip()
+    if not v.isdigit() or int(v) < 1:
+        raise CapbookError(f"environment variable {TRAIN_PROCS}={v!r} is invalid: the processes a run trains with, a whole number of at least 1")
+    return int(v)
+
+def fit_stages(notebook: str, run_dir: str | Path, log: Callable[[str], None] = print) -> None:
+    "Train every stage of the chapter run in `run_dir` (its `params.yaml`, as `run_chapter` wrote it): cross-entropy, then each self-critical arm from its selected weights — what `run_chapter` trains, without its evaluations. Under torchrun (`capbook fit-chapter`) each process calls it: the run's DDP training."
+    from capbook.core import load_yaml
+    from capbook.train import dist_info, fit
+    import torch.distributed as dist
+    ch, d = chapter(notebook), Path(run_dir)
+    known = {f.name for f in dataclasses.fields(ch.params)}
+    p = ch.resolve(ch.params(**{k: v for k, v in load_yaml(d / "params.yaml").items() if k in known}))
+    rank = dist_info()[0]
+    say = log if rank == 0 else (lambda s: None)             # one process speaks
+    prep, _, model, cfg = chapter_setup(ch, p, log=say)
+    fit(model, prep, cfg, d / "ckpt", log=say)
+    for arm, baseline in scst_arms(p) if p.scst_epochs else []:
+        scst_start(model, d / "ckpt")
+        scfg, objective = scst_setup(prep, p, cfg, baseline)
+        fit(model, prep, scfg, d / f"ckpt-{arm}", log=say, objective=objective, start=d / "ckpt" / "last.pt")
+    if dist.is_initialized(): dist.destroy_process_group()
+
+def fit_under_torchrun(notebook: str, run_dir: Path, procs: int, log: Callable[[str], None] = print) -> None:
+    "Train the chapter run in `run_dir` with `procs` processes under torchrun (`fit_stages`), its first process's lines logged as they come and kept in `run_dir/torchrun.log`; a failure stops in one line naming that log."
+    import subprocess, sys
+    log(f"training under torchrun: {procs} processes (DistributedDataParallel; a step's batch: {procs} x batch_size)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "--no-python", sys.executable,
+           "-c", "import sys; from capbook.cli import main; sys.exit(main())", "fit-chapter", notebook, str(run_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)) // procs))}
+    out = Path(run_dir) / "torchrun.log"
+    with open(out, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout:
+            fh.write(line); fh.flush()
+            log(line.rstrip())
+    if proc.returncode:
+        raise CapbookError(f"{notebook}: its training under torchrun ({procs} processes) failed (exit status {proc.returncode}): see {out}")
+
+# %%
+#| export
 _NOT_COMPARED = ("run_dir", "device", "seed")   # what a book row's seeds differ in, or what changes no number
 
 def _compared(ch, params: dict) -> tuple[Any, dict]:

@@ -24,10 +24,10 @@
 # %%
 #| export
 from __future__ import annotations
-import atexit, contextlib, os, re, shutil, sys, tempfile, time, uuid
+import atexit, base64, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import (CapbookError, atomic_write, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from capbook.core import (CapbookError, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.runner import check_profile, out_dir, chapters, parameters_source
 from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
@@ -119,8 +119,10 @@ def chapter_table(status: dict[str, bool] | None = None) -> str:
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
+SCST = " + SCST"        # the suffix of a self-critical stage's row in the book's tables
+
 def results_table(folder: Path) -> str:
-    "The README's results table: every model of the book (`06a_baselines_tables`' published table; of the two self-critical arms, the greedy baseline's) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object."
+    "The README's results table: every model of the book (`06a_baselines_tables`' published table; of the two self-critical arms, the greedy baseline's) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object; a self-critical row with its start's numbers says it kept its start, and a line after the table says where each stage is set beside its start."
     import pandas as pd
     csv = Path(folder) / "table_baselines_all.csv"
     if not csv.exists(): raise CapbookError(f"{csv.name} is not in the published book yet (`06a_baselines_tables` makes it)")
@@ -130,19 +132,43 @@ def results_table(folder: Path) -> str:
     num = lambda v, f=".1f": "—" if pd.isna(v) or v == "—" else format(float(v), f)
     lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
              "|---|---|---|---|---|---|"]
+    shown = lambda r: (num(r["CIDEr"]), num(r["CIDEr sd"]), str(r["CIDEr 95% CI"]))
+    start = {r["model"]: shown(r) for _, r in df.iterrows()}
+    kept = []                                         # a stage that never beat its start's validation keeps the start's weights
     for _, r in df[~df["model"].str.endswith("(mean baseline)")].iterrows():   # the other self-critical arm: in the chapter
-        lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
+        model = r["model"]
+        if model.endswith(SCST) and start.get(model.removesuffix(SCST)) == shown(r): kept.append(model); model += " (kept its start)"
+        lines.append(f"| {model} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
                      f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
+    if any(df["model"].str.endswith(SCST)):
+        lines += ["", f"A *{SCST.strip()}* row continues its start (the row without it) self-critically and keeps its best validation "
+                  "evaluation, which may be the start's" + (f" ({', '.join(kept)}: the start's numbers)" if kept else "")
+                  + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start, seed by seed."]
     return "\n".join(lines)
+
+def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
+    "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."
+    from capbook.results import MANIFEST
+    folder = Path(folder)
+    made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
+    return [(f, made.get(f.name)) for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name))]
+
+def published_minutes(folder: Path, step: str) -> float | None:
+    "The minutes `step` took in the book published in `folder` (its `table_book_times.csv`); None where it has no row."
+    import pandas as pd
+    csv = Path(folder) / "table_book_times.csv"
+    df = pd.read_csv(csv).set_index("step") if csv.exists() else None
+    return float(df.loc[step, "minutes"]) if df is not None and step in df.index else None
+
+def _part(f: Path) -> str:
+    "The part of its chapter a verdicts table is about: table_glied_table4_verdicts.csv: 'Table 4'; '' for the chapter's own."
+    return f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2].replace("table", "Table ")
 
 def verdict_lines(folder: Path) -> str:
     "The README's verdicts: for each tables chapter, from its published `table_*_verdicts.csv`, the claims that hold, those that do not, and how many the seeds cannot tell (Holm's correction per chapter noted)."
     import pandas as pd
-    from capbook.results import MANIFEST
-    folder = Path(folder)
-    made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
     out = []
-    for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name)):
+    for f, step in verdict_tables(folder):
         df = pd.read_csv(f)
         by = lambda v, df=df: [f"{c}{' (survives Holm)' if h == 'survives' else ''}" for c, h in
                                df.loc[df["verdict"] == v, ["claim", "Holm"]].itertuples(index=False)]
@@ -152,17 +178,55 @@ def verdict_lines(folder: Path) -> str:
                  f"**does not hold**: {', '.join(by('does not hold'))}" if by("does not hold") else "",
                  f"cannot tell: {cannot}" if cannot else "", f"no verdict (one seed): {none}" if none else "",
                  f"stage kept its start (no test): {kept}" if kept else ""]
-        nb = made.get(f.name, f.stem)
-        part = f.stem.removeprefix("table_").removesuffix("_verdicts").partition("_")[2]     # table_glied_table4_verdicts: Table 4
-        what = f" ({part.replace('table', 'Table ')})" if part else ""
+        nb, part = step or f.stem, _part(f)
+        what = f" ({part})" if part else ""
         out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
     if not out: return "*No tables chapter of this book has published its verdicts yet.*"
-    return ("Holm's correction runs per chapter over its distinct tests (\"survives Holm\": what it keeps) and, in the "
-            "all-models chapter, over the whole book.\n\n"
+    return ("Holm's correction runs over each chapter's distinct tests (\"survives Holm\") and, in the all-models "
+            "chapter, over the whole book's.\n\n"
             + "\n".join(out))
 
+def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
+    "What each tables chapter found, for the top of its page (`capbook.docs.findings_cells`): its claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`)."
+    import pandas as pd
+    folder = Path(folder)
+    lines: dict[str, list[str]] = {}
+    for f, step in verdict_tables(folder):
+        if step is None: continue
+        part = _part(f)
+        for r in pd.read_csv(f).itertuples(index=False):
+            p = f"p {r.p:.2g}; Holm: {r.Holm}" if isinstance(r.p, float) and r.p == r.p else ""
+            claim = re.sub(r"([*_\[\]`])", r"\\\1", r.claim)      # as written: Soft-Attention* is no emphasis
+            claim = f"{part}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
+            lines.setdefault(step, []).append(f"- {claim}: **{r.verdict}**" + (f" ({p})" if p else ""))
+    out = {}
+    for nb, ls in lines.items():
+        ch = next((c for name, c in chapters().items() if name[:2] == nb[:2]), None)    # 03a_spca_tables: 03_spca's
+        fig = folder / ch.figures[0] if ch is not None and ch.figures else None
+        out[nb] = ("Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
+                   "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls), fig)
+    return out
+
+def _timed_on(folder: Path) -> str:
+    "The machine the published time table names (its `Machine:` line), or what the book says of it where the table has none."
+    md = Path(folder) / "table_book_times.md"
+    m = re.search(r"^Machine: (.+?) \(", md.read_text(), re.M) if md.exists() else None
+    return m.group(1) if m else "a 2-core CPU"
+
+EXAMPLE = ("03_spca", {"kernel": 5})   # the README's one chapter run with other parameters: SPCA with 5×5 kernels
+
+def one_chapter(folder: Path) -> str:
+    "The README's one-chapter example (`EXAMPLE`): its papermill command and, from the published `table_book_times.csv`, the minutes the book's run of the same parameters took and on what machine."
+    nb, params = EXAMPLE
+    cmd = f"`.venv/bin/papermill nbs/{nb}.ipynb out.ipynb " + " ".join(f"-p {k} {v}" for k, v in params.items()) + "`"
+    step = next((s.name for s in plan("default") if s.notebook == nb and s.params == {"profile": "default", **params}), None)
+    minutes = published_minutes(folder, step) if step else None
+    if minutes is None: return f"One chapter with other parameters: {cmd}."
+    return (f"One chapter with other parameters: {cmd} (the book's `{step}`: {minutes:.0f} minutes on "
+            f"{_timed_on(folder)}, two runs side by side).")
+
 def book_time(folder: Path) -> str:
-    "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`."
+    "The default book's measured time, from its published `table_book_times.csv`: run-minutes one after another, and what that is at `-j 2`, on the machine its table names."
     import pandas as pd
     csv = Path(folder) / "table_book_times.csv"
     if not csv.exists(): return "**Time.** The default book has not been timed yet."
@@ -171,8 +235,8 @@ def book_time(folder: Path) -> str:
     left = [s for s in steps if s not in df.index]
     which = "every seed" if not left else f"the {len(steps) - len(left)} of its {len(steps)} steps timed so far"
     return (f"**Time.** The default book, {which}: {total / 60:.1f} hours of runs one after another, about "
-            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the 2-core CPU that made it "
-            "(`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
+            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the machine that made it ({_timed_on(folder)}; "
+            "`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
 
 _BLOCK = re.compile(r"<!-- (\w+) -->\n.*?<!-- /\1 -->", re.S)
 
@@ -183,25 +247,41 @@ def fill_blocks(md: str, blocks: dict[str, str]) -> str:
 FIGURE = ("fig_sat_figure3.png", "Where soft and hard attention look, word by word, on one test image (Show, Attend and Tell's Figure 3, regenerated)")
 
 def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = False) -> dict[str, str]:
-    "The generated parts of the README and the site's first page, from the published book in `folder` (where part of it is not made yet, a sentence saying so); `site`: the figure inline."
-    import base64
+    "The generated parts of the README and the site's first page, from the published book in `folder` (where part of it is not made yet, a sentence saying so); `site`: the figure inline, as the site shows every figure (`capbook.docs.figure_html`: at its size, with its caption, the page's full width)."
+    from capbook.docs import figure_html
     folder = Path(folder)
     def block(make):                                  # a part of the book not yet made: one sentence instead
         try: return make()
         except CapbookError as e: return f"*Not in this book yet: {e}.*"
     fig = folder / FIGURE[0]
-    src = (f"data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}" if site and fig.exists()
-           else f"figures/{FIGURE[0]}")
+    if not site: figure = f"![Figure 3, regenerated](figures/{FIGURE[0]})\n\n*{FIGURE[1]}.*"
+    else: figure = f'<div class="full-width">{figure_html(base64.b64encode(fig.read_bytes()).decode(), FIGURE[1] + ".")}</div>' if fig.exists() else ""
     return {"chapters": chapter_table(status), "results": block(lambda: results_table(folder)), "verdicts": verdict_lines(folder),
-            "booktime": book_time(folder), "figure": f"![{FIGURE[1]}]({src})" if not site or fig.exists() else ""}
+            "booktime": book_time(folder), "onechapter": one_chapter(folder), "headline": headline(folder), "figure": figure}
+
+def headline(folder: Path) -> str:
+    "What the book found, in one sentence for the first screen: how many of the papers' claims its seeds confirm, refute or cannot tell, from every `table_*_verdicts.csv` it published."
+    import pandas as pd
+    v = pd.concat([pd.read_csv(f)["verdict"] for f, _ in verdict_tables(folder)] or [pd.Series([], dtype=str)])
+    if not len(v): return "*No chapter has tested its paper's claims yet.*"
+    n = lambda pre: int(v.str.startswith(pre).sum())
+    one, kept = int(v.str.contains("one seed").sum()), n("kept its start")
+    rest = [f"{one} with one seed"] * bool(one) + [f"{kept} a stage that kept its start"] * bool(kept)
+    return (f"**What it found:** of {len(v)} claims of the papers tested, the seeds confirm {n('holds')}, refute "
+            f"{n('does not hold')}, cannot tell {n('cannot tell')}" + (f" (untested: {', '.join(rest)})" if rest else "")
+            + "; each is listed below.")
 
 def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:
-    "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing into `nbs/`."
+    "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing at their executed copies (`figures/notebooks/`: a code host shows their tables and figures; the sources in `nbs/` have no outputs), or into `nbs/` where the book has none."
     import nbformat
-    folder = Path(folder or nbs_dir().parent / "figures")
+    root = nbs_dir().parent
+    folder = Path(folder or root / "figures")
+    kept = folder / "notebooks"
+    where = (kept.resolve().relative_to(root.resolve()).as_posix() if kept.resolve().is_relative_to(root.resolve()) else None)
+    link = lambda m: f"]({where if where and (kept / m.group(1)).exists() else 'nbs'}/{m.group(1)}"
     nb = nbformat.read(nbs_dir() / "index.ipynb", as_version=4)
     md = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", r"](nbs/\1", fill_blocks(md, index_blocks(folder, status)))
+    md = re.sub(r"\]\((?![a-z]+:|#|/)([\w./-]+\.ipynb)", link, fill_blocks(md, index_blocks(folder, status)))
     return md + "\n"
 
 def readme_status(path: Path | None = None) -> dict[str, bool] | None:
@@ -490,7 +570,7 @@ def build_docs(profile: str = "default", log=print) -> Path:
         notes, status = {nb: STALE_NOTE for nb in old}, chapter_status(rows)
     blocks = index_blocks(out_dir(profile), status, site=True)
     site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes,
-                      fill=lambda md: fill_blocks(md, blocks))
+                      fill=lambda md: fill_blocks(md, blocks), findings=findings(out_dir(profile)))
     log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
     return site
 
@@ -513,21 +593,34 @@ def _step_failure(e: BaseException) -> str:
     if isinstance(e, OSError): return str(os_error_line(e)).removesuffix("; nothing already written was changed")
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
-def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print) -> dict[str, Path]:
-    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line."
+EXECUTORS = ("local", "slurm")     # where the book's steps run: processes on this machine, or jobs on a SLURM cluster (capbook.cluster)
+
+def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print, executor: str = "local",
+             executor_config: str | Path | None = None) -> dict[str, Path]:
+    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line. `executor`: 'local' (a pool of processes here) or 'slurm' (each step a job, `capbook.cluster.SlurmPool`, its resources from `executor_config`)."
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
     import multiprocessing as mp
-    keyring = plan_keys(profile)                  # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
+    check_choice("executor", executor, EXECUTORS)
+    if executor == "slurm":
+        from capbook.cluster import SlurmPool, executor_config as read_config
+        config = read_config(executor_config, profile)
+        procs = lambda s: max(1, config.resources(s.name).gpus)   # a step's training processes: its job's GPUs
+    keyring = plan_keys(profile, procs=procs if executor == "slurm" else None)   # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    if jobs > 1:                                  # each kernel inherits its share of the cores
+    if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
+    if executor == "slurm":
+        pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", force, log=log)
+        submit = lambda s: pool_cm.submit_step(s, keyring.get(s))
+    else:
+        pool_cm = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))
+        submit = lambda s: pool_cm.submit(run_step, s, profile, force, print, keyring.get(s))
     try:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),)) as pool, \
-                progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
+        with pool_cm, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             while waiting or running:
                 while skip := [(s, kept) for s in ready() if not force and (kept := unchanged(s, profile, keyring.get(s)))]:
                     for s, kept in skip:              # unchanged: skipped here, no worker starts for it
@@ -535,7 +628,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                         log(f"  {s.name}: unchanged, skipped"); bar.update(1)
                 for s in ready()[:jobs - len(running)]:
                     waiting.remove(s)
-                    running[pool.submit(run_step, s, profile, force, print, keyring.get(s))] = s
+                    try: running[submit(s)] = s
+                    except CapbookError as e: failed = failed or e           # a job the scheduler refused
                 if not running: break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
@@ -561,13 +655,15 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     return outs
 
 def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
-    "The steps whose name or notebook matches one of the shell-style patterns `only` (`03_spca` is the chapter's every run, `02_show_attend_tell-hard*` the hard rows and their seeds); a pattern matching nothing stops in one line."
+    "The steps whose name or notebook matches one of the shell-style patterns `only` (`03_spca` is the chapter's every run, `02_show_attend_tell-hard*` the hard rows and their seeds); a pattern after `=` matches step names alone (`=03_spca`: the chapter's first run, whose name is its notebook's, and no other); a pattern matching nothing stops in one line."
     import fnmatch
-    hit = lambda s, pat: fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat)
+    hit = lambda s, pat: (fnmatch.fnmatchcase(s.name, pat[1:]) if pat.startswith("=") else
+                          fnmatch.fnmatchcase(s.name, pat) or fnmatch.fnmatchcase(s.notebook, pat))
     for pat in only:
         if not any(hit(s, pat) for s in steps):
             raise CapbookError(f"parameter only={pat!r} matches no step of the plan: give a notebook (e.g. 03_spca), "
-                               f"a step name (e.g. 03_spca-base-seed1) or a pattern (e.g. '03_spca-base*')")
+                               f"a step name (e.g. 03_spca-base-seed1), a pattern (e.g. '03_spca-base*') or '=' and a step "
+                               f"name for that run alone (e.g. =03_spca)")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
 @contextlib.contextmanager
@@ -589,18 +685,23 @@ def book_lock(profile: str):
         except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
         yield
 
-def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int = 1,
-             only: list[str] | None = None) -> dict:
-    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay."
+def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
+             only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None) -> dict:
+    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way."
     check_profile(profile)
-    check_int("jobs", jobs, lo=1)
+    check_choice("executor", executor, EXECUTORS)
+    if executor_config is not None and executor == "local":
+        raise CapbookError("parameter executor_config is for --executor slurm: a local book runs on this machine's cores (-j)")
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
+    jobs = check_int("jobs", jobs, lo=1) if jobs is not None else (1 if executor == "local" else max(1, len(steps)))
     from capbook.metrics import meteor_service
     with book_lock(profile):                      # one book at a time on a home and profile
-        log(f"capbook book --profile {profile} -j {jobs}: {len(steps)} notebooks -> {runs_dir() / profile}")
-        with meteor_service() as meteor:          # one METEOR JVM for every run's scoring, not one per run
-            run_plan(profile, steps, force, jobs, log)
+        log(f"capbook book --profile {profile} -j {jobs}" + (f" --executor {executor}" if executor != "local" else "")
+            + f": {len(steps)} notebooks -> {runs_dir() / profile}")
+        shared = meteor_service() if executor == "local" else contextlib.nullcontext({"served": 0})   # a node cannot reach this machine's
+        with shared as meteor:                    # one METEOR JVM for every run's scoring, not one per run
+            run_plan(profile, steps, force, jobs, log, executor, executor_config)
         if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
         dst = publish(profile, steps, partial=bool(only))
         log(f"tables, figures and the reader's notebooks -> {dst}")
@@ -693,7 +794,8 @@ assert _f.filter(logging.makeLogRecord({"msg": "any other warning"}))
 # A step whose key is unchanged (`capbook.results`: its notebook's code, parameters, data and the numerical fingerprint
 # of the code it runs) is skipped; `--force` reruns everything. `make book ONLY="03_spca 03a_spca_tables"` (`capbook
 # book --only PATTERN...`) regenerates part of the book — a chapter's every run and seed, one step
-# (`03_spca-base-seed1`) or a shell pattern (`'02_show_attend_tell-hard*'`) — and publishes only that part. Where the
+# (`03_spca-base-seed1`; a chapter's first run, named as its notebook, alone: `=03_spca`) or a shell pattern
+# (`'02_show_attend_tell-hard*'`) — and publishes only that part. Where the
 # book's time goes, step by step, is `figures/table_book_times.md`. `capbook --help` lists the other commands:
 # `caption`, `score`, `bench`, `train` (also under `torchrun` for DistributedDataParallel), `rehearse`, `params` and
 # `readme`.

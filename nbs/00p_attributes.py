@@ -39,12 +39,12 @@ from capbook.core import atomic_write, check_float, check_int, data_dir, load_js
 # GLIED (§3.1): "For textual attributes, we adopt Multiple Instance Learning [Zhang et al., 2006], a weakly-supervised
 # method, to build an attribute extractor, following Fang et al. [2015]" and (§4.2) "we use the attribute prediction
 # model pre-trained by Fang et al. [2015] for 1,000 attribute words on COCO. For an image, the number of attribute
-# words is reduced to the number of image regions." Fang et al.'s detector is not downloadable here (nor is COCO), so
+# words is reduced to the number of image regions." The book downloads neither Fang et al.'s detector nor COCO, so
 # capbook trains one the same way on whatever data the chapter runs on.
 #
 # ## The attribute vocabulary
 #
-# Fang et al. detect the 1,000 most frequent words of the training captions. *capbook:* the issue asks for frequent
+# Fang et al. detect the 1,000 most frequent words of the training captions. *capbook:* the attributes are frequent
 # **content** words, so function words (articles, prepositions that are not relations, auxiliaries, pronouns) and
 # the captions' meta-words ("image", "picture", "photo") are left out; the rest are ranked by the number of training
 # images whose captions use them, and the first `n_words` kept (1,000 as on COCO; on shapes that is every content

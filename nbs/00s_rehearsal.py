@@ -33,19 +33,19 @@ from capbook.core import CapbookError, check_float, data_dir, load_json, package
 # %% [markdown]
 # ## Why a rehearsal
 #
-# COCO cannot be downloaded here, and the book's real-data path had only ever read 24 photos. The captioning
-# codebases' issue trackers are full of what goes wrong at COCO's size: feature files of 50–200 GB, "No space left
+# The book downloads no COCO, and its other tests of the real-data path read 24 photos. The captioning
+# codebases' bug reports are full of what goes wrong at COCO's size: feature files of 50–200 GB, "No space left
 # on device", the whole feature file read into memory, hours of extraction nobody planned for. So capbook generates a
 # data set with COCO's shape — Karpathy's split of COCO 2014: 113,287 training images (82,783 `train` and 30,504
 # `restval`), 5,000 validation and 5,000 test images, five captions each, in `dataset_coco.json` with `train2014/`
 # and `val2014/` image folders — and runs the same functions a chapter runs on it: reading the JSON, the vocabulary,
 # the content hashes of the images, feature extraction (with a small encoder: the paper encoders would take hours
-# here, so their cost is measured per image and projected), the caption dataset, training with the book's trainer,
+# on a CPU, so their cost is measured per image and projected), the caption dataset, training with the book's trainer,
 # and the evaluation of 5,000 test images with the book's evaluator.
 #
 # *capbook:* training stops after `REHEARSAL_STEPS` (1,000) steps of the epoch, validated there. Measured at full
 # scale: with COCO's ~11,000-word output layer, Show-Attend-Tell at the smoke widths trains about 70 captions/s on
-# this 2-core CPU in float32 (bfloat16 autocast, without bf16 hardware here, is 4× slower), so COCO's epoch of 566,435
+# this 2-core CPU in float32 (bfloat16 autocast, on a CPU without bf16 hardware, is 4× slower), so COCO's epoch of 566,435
 # captions would take over two hours — the step time is the output layer's, nearly the same at half the widths. The
 # thousand steps run the real pipeline (memory-mapped batches drawn over the whole store, checkpoints, curves,
 # validation on 5,000 images); the table gives the whole epoch's time projected from them, and says so.
@@ -179,7 +179,7 @@ assert (_root / "dataset_coco.json").stat().st_mtime_ns == _stamp
 # | open | `prepare` again: what every later run pays (the stores found valid and memory-mapped) |
 # | train | `prepare`, then `fit` for one epoch or `REHEARSAL_STEPS` steps, whichever ends first (Show-Attend-Tell soft attention, batch 64), validated with beam 3 on the 5,000 validation images |
 # | evaluate | `prepare`, `load_trained`, `evaluate` on the 5,000 test images (beam 3; BLEU, METEOR, ROUGE-L, CIDEr) |
-# | project | each paper encoder run on a few batches here: images per second, and its store for COCO |
+# | project | each paper encoder run on a few batches: images per second, and its store for COCO |
 
 # %%
 #| export
@@ -256,14 +256,14 @@ def run_stage(stage: str, root: str | Path, scale: float, log: Callable = print)
 # ## Each paper encoder at COCO's size
 #
 # A store holds, per image, its $L = h \times w$ annotation vectors of $D$ channels in float16, so COCO's store is
-# $123{,}287 \times L \times D \times 2$ bytes; its extraction time is COCO's images over the images per second this
-# machine encodes, measured on two batches of 8 after a warm-up batch (random weights: the arithmetic is the same, and
-# none can be downloaded here).
+# $123{,}287 \times L \times D \times 2$ bytes; its extraction time is COCO's images over the images per second the
+# machine that runs the rehearsal encodes, measured on two batches of 8 after a warm-up batch (random weights: the
+# arithmetic is the same, and the book downloads none).
 
 # %%
 #| export
 def project_encoders(names: list[str] | None = None, batch: int = 8, log: Callable = print) -> dict:
-    "Per encoder of `BACKBONES`: its map, the images/s measured here, and COCO's store size and extraction time."
+    "Per encoder of `BACKBONES`: its map, the images/s measured on this machine, and COCO's store size and extraction time."
     import torch
     from capbook.encoders import BACKBONES, build_backbone
     n_coco, out = sum(KARPATHY_COCO.values()), {}
@@ -331,7 +331,7 @@ def stage_main(stage: str, root: str, scale: float) -> dict:
 # %% [markdown]
 # ## The table
 #
-# `rehearsal_table` turns `rehearsal.json` into the two tables at the end of this page: the stages as measured here, and each paper
+# `rehearsal_table` turns `rehearsal.json` into the two tables at the end of this page: the stages as measured, and each paper
 # encoder's projection for COCO.
 
 # %%
@@ -339,7 +339,7 @@ def stage_main(stage: str, root: str, scale: float) -> dict:
 def _gb(b: float) -> str: return f"{b / 1e9:.2f} GB"
 
 def rehearsal_table(results: dict) -> str:
-    "Markdown: one row per stage (time, peak memory, what it measured), then one per encoder (COCO's store and extraction time here)."
+    "Markdown: one row per stage (time, peak memory, what it measured), then one per encoder (COCO's store, and its extraction time at the measured speed)."
     st, scale = results["stages"], results["scale"]
     n = sum(coco_counts(scale).values())
     rows = ["| stage | time | peak resident (largest process) | peak anonymous (allocated) | measured |", "|---|---|---|---|---|"]
@@ -361,7 +361,7 @@ def rehearsal_table(results: dict) -> str:
     out = f"Scale {scale:g} ({n:,} images):\n\n" + "\n".join(rows)
     if "project" in st:
         p = [k for k in st["project"] if isinstance(st["project"][k], dict)]
-        enc = ["| encoder | input | map (h × w × D) | images/s here | COCO store (float16) | COCO extraction here |", "|---|---|---|---|---|---|"]
+        enc = ["| encoder | input | map (h × w × D) | images/s (measured) | COCO store (float16) | COCO extraction (projected) |", "|---|---|---|---|---|---|"]
         for k in p:
             e = st["project"][k]
             enc.append(f"| {k} | {e['image_size']} px | {' × '.join(map(str, e['map']))} | {e['images_per_s']:.1f} | "
@@ -399,7 +399,7 @@ print(rehearsal_table(_res))
 # | evaluate | 1.5 min | 2.45 GB | 2.02 GB | 5,000 test images at 253/s (beam 3), BLEU-1, BLEU-2, BLEU-3, BLEU-4, CIDEr, METEOR, ROUGE-L |
 # | project | 0.6 min | 1.35 GB | 0.94 GB | 5 encoders |
 #
-# | encoder | input | map (h × w × D) | images/s here | COCO store (float16) | COCO extraction here |
+# | encoder | input | map (h × w × D) | images/s (measured) | COCO store (float16) | COCO extraction (projected) |
 # |---|---|---|---|---|---|
 # | vgg16 | 224 px | 14 × 14 × 512 | 3.0 | 24.74 GB | 11.5 h |
 # | vgg19 | 224 px | 14 × 14 × 512 | 2.6 | 24.74 GB | 13.4 h |

@@ -18,7 +18,7 @@
 #
 # > The embedded dataset every chapter runs on by default, what is in it, and the floor and ceiling of its scores.
 #
-# No real captioning dataset or pretrained weights can be downloaded on the machines this book is built on, and a fresh
+# The book downloads no real captioning dataset and no pretrained weights, and a fresh
 # clone must run end to end on a CPU. So capbook generates **shapes**: images of coloured shapes on a cluttered,
 # textured background, each with five reference captions from a grammar (objects, attributes, counts and
 # left/right/above/below relations), written in the same Karpathy-split JSON format as `dataset_coco.json`. Everything
@@ -40,7 +40,7 @@
 # the 2D-latent-state LSTM with a 32-channel state (16 starved it: `03_spca`'s departures). A converged small model
 # says more than an unconverged large one; the `paper` profile keeps the papers' sizes where the chapter declares them.
 #
-# **What keeps the whole book within an afternoon on two cores**, each lever chosen by measurement (the times are on a
+# **What keeps the whole book to hours on two cores**, each lever chosen by measurement (the times are on a
 # 2-core AMD EPYC with AVX-512 BF16; `figures/table_book_times.md` lists every step's minutes and the machine):
 # - *the arithmetic:* the CPU trains in bfloat16 where it has bfloat16 kernels (`precision="auto"`, from the CPU's
 #   flags). On that CPU, one thread, `capbook bench --alternatives` measured the 2D-latent-state LSTM + SPCA at 193
@@ -51,7 +51,7 @@
 # - *the budget:* one rule for every compared row: 15 epochs on a cosine to zero, and twice that for a row whose every
 #   seed was still gaining at the end of 15 (Up-Down, and the spatial transformer with its temperature ablation),
 #   checked against every row's own curve (`06a_baselines_tables`, "Did every row train to a flat curve?"); never
-#   shortened per row, and not 30 for every row, which would not fit the afternoon;
+#   shortened per row, and not 30 for every row, which would nearly double the book's time;
 # - *the seeds:* three on every row a verdict rests on (five on Show-Attend-Tell's headline rows), one on SPCA's six
 #   ablation rows that no verdict rests on (`03_spca`: a 2D run takes 16–21 minutes there, so its chapter is 18 runs,
 #   not 30);
@@ -125,6 +125,7 @@ card_df
 # Some test images with their five references:
 
 # %%
+#| fig-cap: The first four test images of the book's data, each with its reference captions
 paths = prep.image_paths("test")[:4]
 fig, axes = plt.subplots(1, 4, figsize=(14, 4.2))
 for ax, p, refs in zip(axes, paths, prep.test.refs[:4]):

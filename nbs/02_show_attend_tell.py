@@ -506,6 +506,7 @@ else:
 # above the other, as the paper's figure does. The no-attention baseline has no map.
 
 # %%
+#| fig-cap: What the model looks at, word by word, on the first test image whose caption names two of its objects
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
 
 # %% [markdown]
@@ -521,4 +522,4 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # | the hard model decodes with the expected context | the released decoder (`generate_caps`, sampling off) does | the next chapter's Table 1, row "argmax location at test": the same trained models decoded the other way |
 # | λ_r = 0.1 by default, λ_r = 1 run beside it and selected on validation | the paper's values are not reported | the next chapter shows both runs |
 # | one learned baseline per word, N = 1 sample | the paper gives neither | see §4.1's notes above |
-# | the shapes CNN's 14×14×128 grid instead of VGG-16 conv5 | no pretrained weights or Flickr/COCO images here | on real data (`-p dataset coco`) the chapter uses VGG-16 |
+# | the shapes CNN's 14×14×128 grid instead of VGG-16 conv5 | the book downloads no pretrained weights or Flickr/COCO images | on real data (`-p dataset coco`) the chapter uses VGG-16 |

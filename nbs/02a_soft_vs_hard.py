@@ -45,6 +45,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("02a_soft_vs_hard", read_params(["profile", "run_dir"], globals()))
 steps = chapter_steps(profile, "02_show_attend_tell")
 recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds
@@ -176,8 +177,10 @@ display(IPImage(filename=str(fig3)))
 #
 # The paper's Figure 5 shows mistakes whose attention "gives intuition into what the model saw". capbook finds one by
 # rule: the first of those 24 test images whose soft-attention caption names an object that is not in the image (no object matches
-# the phrase's shape, colour and size), at a step where the attention peak falls on an object that *is* there. The
-# object the model looked at is read from the ground truth, so the figure's explanation is measured, not guessed.
+# the phrase's shape, colour and size), at a step where the attention peak falls on an object that *is* there: the
+# centre of the grid cell with the largest weight lies in that object's bounding box (a box, not the shape's own pixels).
+# The object is read from the ground truth, so the figure's explanation is measured, not guessed; the figure marks that
+# cell in red, because the smoothed map drawn under it spreads the peak over its neighbours.
 
 # %%
 def explain_mistake(words, alpha, key):
@@ -185,7 +188,7 @@ def explain_mistake(words, alpha, key):
     objs, (gh, gw), S = prep.gt["images"][key]["objects"], prep.grid, prep.image_size
     for st, (head, idx) in zip([s for s in parse_caption(words) if s["kind"] == "np" and s["shape"]],
                                object_mentions(words, prep.gt["images"][key])):
-        if idx or head >= len(alpha): continue
+        if idx or head >= min(len(alpha), 16): continue              # (the figure shows a caption's first 16 words)
         cell = int(alpha[head].argmax()); cy, cx = (cell // gw + 0.5) * S / gh, (cell % gw + 0.5) * S / gw
         seen = [o for o in objs if o["box"][0] <= cx <= o["box"][2] and o["box"][1] <= cy <= o["box"][3]]
         if seen: return " ".join(words[st["start"]:st["end"]]), head, seen[0]
@@ -203,11 +206,17 @@ else:
     seen = " ".join(v for v in (obj["size"], obj["colour"], obj["shape"]) if v)
     fig = attention_rows([{"label": "Soft-Attention", "image": images[i], "words": caps[""]["words"][i],
                              "alpha": caps[""]["alpha"][i], "grid": prep.grid}])
-    fig.suptitle(f"said “{phrase}” (no such object in the image) while looking at the {seen}", fontsize=10, y=1.02)
+    ncol = len(fig.axes) // -(-min(len(caps[""]["words"][i]), 16) // 4)          # panels a line: the image, then up to 4 words
+    ax = fig.axes[head // 4 * ncol + head % 4 + 1]                               # the panel of the word said there
+    (gh, gw), (H, W) = prep.grid, ax.get_images()[0].get_array().shape[:2]
+    cell = int(caps[""]["alpha"][i][head].argmax())                              # where α peaked: the cell the text names
+    ax.add_patch(plt.Rectangle(((cell % gw) * W / gw - 0.5, (cell // gw) * H / gh - 0.5), W / gw, H / gh,
+                               fill=False, edgecolor="red", lw=1.5))
+    fig.suptitle(f"said “{phrase}” (no such object in the image); its attention peaked in the box of the {seen} (red: the peak cell)", fontsize=10, y=1.02)
     save_figure(fig, run.path("fig_sat_figure5.png")); plt.close(fig)
     display(Markdown(f"Test image {keys[i]}: the caption *“{' '.join(caps['']['words'][i])}”* names “{phrase}”, "
-                     f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked on "
-                     f"the {seen}. Objects in the image: "
+                     f"which is not in the image; at the word “{caps['']['words'][i][head]}” the attention peaked in the cell marked red, "
+                     f"inside the bounding box of the {seen}. Objects in the image: "
                      + ", ".join(" ".join(v for v in (o['size'], o['colour'], o['shape']) if v)
                                  for o in prep.gt["images"][keys[i]]["objects"]) + "."))
     display(IPImage(filename=str(run.path("fig_sat_figure5.png"))))

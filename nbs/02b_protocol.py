@@ -16,15 +16,16 @@
 # %% [markdown]
 # # The training protocol: one recipe for every compared model, measured on Show-Attend-Tell
 #
-# > Why the book's verdicts used to follow the draw rather than the models, what every model is now trained under, and soft attention trained both ways over three seeds to show the difference: validation curves, caption churn, the spread over seeds, and what greedy and beam search make of the same model.
+# > What every compared model is trained under, why a snapshot-selection recipe makes verdicts follow the draw rather than the models, and soft attention trained both ways over three seeds to show the difference: validation curves, caption churn, the spread over seeds, and what greedy and beam search make of the same model.
 #
 # *capbook:* this chapter is the book's own, not a paper's. Every table of the book compares models; a comparison is
-# worth what its training protocol is worth. Before this chapter, each model was selected among 3–6 end-of-epoch
-# snapshots at a nearly constant learning rate, on captions batched by length, and trained once: soft attention's
-# validation CIDEr rose and fell by half between epochs while its loss fell smoothly, and its "seeds" (which then also
-# redrew the data set and its encoder) differed by tens of CIDEr points. This notebook trains nothing: it reads two rows of the Show-Attend-Tell
-# chapter, soft attention under the protocol (`02_show_attend_tell`) and under the recipe the book used before
-# (`02_show_attend_tell-legacy`, `recipe="legacy"`), each over the profile's seeds (`capbook.runner.SEEDS`).
+# worth what its training protocol is worth. A common recipe selects each model among 3–6 end-of-epoch snapshots at a
+# nearly constant learning rate, on captions batched by length, and trains it once; under it soft attention's
+# validation CIDEr rises and falls by half between epochs while its loss falls smoothly, and its seeds differ by tens
+# of CIDEr points. The book's protocol trains every compared model otherwise (below). This notebook trains nothing: it
+# reads two rows of the Show-Attend-Tell chapter, soft attention under the protocol (`02_show_attend_tell`) and under
+# that snapshot recipe, the *legacy* recipe (`02_show_attend_tell-legacy`, `recipe="legacy"`), each over the
+# profile's seeds (`capbook.runner.SEEDS`); the data set and its encoder are the same for every seed (`data_seed`).
 
 # %%
 #| hide
@@ -69,8 +70,9 @@ pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [Path(s["_dir"]).nam
 # 2. **Selecting a snapshot of moving weights.** At a constant rate Adam keeps moving the weights by about as much as
 #    the templates need to flip; a moving average of the weights moves only as far as the weights move on average, and
 #    annealing the rate settles it.
-# 3. **Budgets and rules that differed.** Each chapter had its own epochs (3 to 6), metric (BLEU-4 or CIDEr) and
-#    schedule; the protocol gives every compared row the same budget and rule, and trains each through its whole budget.
+# 3. **Budgets and rules that differ.** Chapters that each keep their paper's epochs (3 to 6), metric (BLEU-4 or
+#    CIDEr) and schedule compare recipes as much as models; the protocol gives every compared row the same budget and
+#    rule, and trains each through its whole budget.
 # 4. **One seed.** Whatever remains is the seed's; every row a verdict rests on is trained with three, and the verdict's
 #    test treats the seed as the unit of replication (`capbook.metrics.seed_t_test`, below).
 #
@@ -96,13 +98,14 @@ display(Markdown(save_table(proto, run.path("table_protocol_settings"), floatfmt
 # compared row (SPCA's tables were run with 2: the SPCA chapter reports its beam beside). Validation uses the averaged
 # weights, and those are the model every table scores.
 #
-# ## Before and after, measured
+# ## The two recipes, measured
 #
 # Each line is one seed's validation history; the dot is the evaluation whose weights were kept. Right: the share of
 # validation images whose caption opening (its first two words, the template on shapes) changed since the evaluation
 # before.
 
 # %%
+#| fig-cap: The two recipes, seed by seed: validation CIDEr at each evaluation (a dot: the one whose weights were kept), and the share of validation captions whose opening changed since the last
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 colours = {"protocol": "tab:blue", "legacy": "tab:red"}
 x = lambda h: h.get("epochs", h["epoch"] + 1)
@@ -121,7 +124,7 @@ fig.tight_layout(); save_figure(fig, run.path("fig_protocol_curves.png")); plt.s
 
 
 # %% [markdown]
-# The table measures the issue's goals for each recipe: the spread of test scores over seeds, how much validation
+# The table measures what a protocol is for, for each recipe: the spread of test scores over seeds, how much validation
 # CIDEr still moves between consecutive evaluations once the rate has decayed (the protocol: in the second half of its
 # cosine; the legacy recipe: after its first ×0.8, epoch 3), how many caption openings change there, and the width of the test
 # CIDEr interval (Student's t over the seeds and the test images, each variance component counted once).
@@ -217,7 +220,7 @@ display(Markdown(f"Seed by seed, the protocol's test CIDEr minus the early-stop 
 # model. But the curve cannot promise that a longer anneal would not lift a row that only flattened as its rate reached
 # zero, as the gains above show; so every claim between rows of different budgets names both (`Claims`: "Up-Down
 # above Soft-Attention (30 vs 15 epochs)"), and a reader weighs it knowing that. Thirty epochs for every row would not
-# fit the book's two-core afternoon (it is a GPU's work); nor would three seeds on SPCA's six ablation rows, so the
+# fit a book that runs on a 2-core CPU in hours (it is a GPU's work); nor would three seeds on SPCA's six ablation rows, so the
 # SPCA chapter, the book's slowest, carries three seeds only on the rows its verdicts rest on (its chapter says which).
 
 # %% [markdown]

@@ -50,6 +50,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("03a_spca_tables", read_params(["profile", "run_dir"], globals()))
 steps = chapter_steps(profile, "03_spca")
 recs = {tag: row_record(profile, s) for tag, s in steps.items()}     # each row over its seeds
@@ -329,6 +330,7 @@ display(Markdown(
 # (Figure 1: the median over the words; Figure 4: that word's map), so the stretch can be read off.
 
 # %%
+#| fig-cap: Figure 1: grid attention and SPCA attention on the same image and words (max/min: the ratio of a map's largest weight to its smallest)
 key, images = prep.test.keys, prep.image_paths("test")
 names = [("grid (Soft-Attention)", "soft"), ("1D-LSTM + SPCA", "1d"), ("2D-LSTM + SPCA", "")]
 f1 = {tag: fig_refs[tag] | {"alpha": restored_maps(fig_refs[tag]["alpha"])} for _, tag in names if tag in fig_refs}
@@ -341,6 +343,7 @@ if f1:
     display(IPImage(filename=str(fig1)))
 
 # %%
+#| fig-cap: Figure 4: where grid attention and SPCA look at the first object each caption names, on the test images whose two captions differ
 soft_caps, spca_caps = run_captions(recs["soft"]), run_captions(recs["1d"])
 fig4_rows = []
 for i in range(FIGURE_IMAGES):

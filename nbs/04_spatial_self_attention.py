@@ -474,6 +474,7 @@ pd.DataFrame(r.record["inter_attention"]["layers"]).rename_axis("decoder layer")
 # on the image picked by the same rule (`capbook.runner.figure_pick`).
 
 # %%
+#| fig-cap: What the model looks at, word by word, on the first test image whose caption names two of its objects
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
 
 # %% [markdown]
@@ -490,4 +491,4 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # | heads chosen per profile so that d_attn = 64 (8 at `paper`, 1 at `default` and `smoke`) | Eq. 2's τ is only the paper's at the paper's d_attn | τ_paper/τ_standard is 2.02 at d_attn = 64 (the paper's), 3.64 at 16; with d_attn = 16 the first two decoder layers attended almost uniformly (normalised entropy 0.99, 0.98) |
 # | one epoch of linear warm-up to l = 3×10⁻⁴, then the protocol's cosine (no 1/√step decay) | §3 names only Adam and l; the warm-up is the peers' for transformers, the cosine every compared row's | not measured apart: every row it is compared with runs the same protocol |
 # | d = 64, d_hidden = 128 at the default profile (paper 512, 1,024), the book's one default scale (`01_dataset`) | three seeds of every row converged within the book's budget on a 2-core CPU (a step at d = 512 costs 1.75 s, at d = 128 0.40 s) | the `paper` profile runs the paper's sizes |
-# | the shapes CNN's 14×14 grid instead of VGG-11's | no pretrained weights or COCO here | on real data (`-p dataset coco`) the chapter uses VGG-11 |
+# | the shapes CNN's 14×14 grid instead of VGG-11's | the book downloads no pretrained weights or COCO | on real data (`-p dataset coco`) the chapter uses VGG-11 |

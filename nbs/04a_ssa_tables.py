@@ -42,6 +42,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("04a_ssa_tables", read_params(["profile", "run_dir"], globals()))
 steps, recs = compared_runs(profile, {"ssa": ("04_spatial_self_attention", None), "sat": ("02_show_attend_tell", ("", "hard")),
                                       "spca": ("03_spca", ("",))})
@@ -53,7 +54,7 @@ pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "record": Path(recs[k][
               for k, s in steps.items()])
 
 # %% [markdown]
-# Every run above was trained on the same data (the fingerprint of its images, captions, splits, encoder and
+# Every run this page reads (listed in its last section) was trained on the same data (the fingerprint of its images, captions, splits, encoder and
 # vocabulary; the cell stops if one differs), so the rows below compare models, not datasets.
 #
 # ## Table 1

@@ -655,9 +655,11 @@ pd.DataFrame({"test": {m: round(100 * v, 1) for m, v in ev["metrics"].items()}})
 # through the book's one plotting path; then Figure 3's view of the distilling steps at one word.
 
 # %%
+#| fig-cap: What the model looks at, word by word, on the first test image whose caption names two of its objects
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
 
 # %%
+#| fig-cap: Figure 3's view at one word: the regions each distilling step attends to, drawn on the image, and the attributes it weighs
 _d = load_torch(r.run.path("distilling.pt"), "Figure 3 data")
 if "feat_mask" not in prep.test.inputs:                  # a grid to draw regions on (bottom-up regions have no boxes here)
     display(distilling_figure(prep.image_paths("test")[_d["index"]], _d["words"], _d["attr_words"], _d["weights"],

@@ -24,7 +24,7 @@
 # and what they saved.
 #
 # **What the paper gives to compare with.** Table 2 is in the paper's text and is quoted in full. Tables 1 and 4 are
-# images in the paper, and the copy capbook works from lost them; no source we could search reproduces their numbers.
+# images in the paper: their numbers are not in its text, and capbook quotes no number it cannot read.
 # So Table 1 quotes the one number the text states (the abstract's CIDEr 129.3 for GLIED), and Table 4 is checked
 # against the paper's **claims** about each row, which the text states in words (`capbook.papers`).
 
@@ -49,6 +49,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("05a_glied_tables", read_params(["profile", "run_dir"], globals()))
 steps, recs = compared_runs(profile, {"glied": ("05_glied", None), "sat": ("02_show_attend_tell", ("", "none")),
                                       "base": ("06_baselines", None)})
@@ -58,7 +59,7 @@ pd.DataFrame([{"run": s.name, "model": recs[k]["model"], "variant": recs[k].get(
                "record": Path(recs[k]["_dir"]).name, "data": recs[k]["data"]["fingerprint"]} for k, s in steps.items()])
 
 # %% [markdown]
-# Every run above was trained on the same data (the cell stops if a fingerprint differs), so the rows compare models.
+# Every run this page reads (listed in its last section) was trained on the same data (the cell stops if a fingerprint differs), so the rows compare models.
 #
 # ## The attributes
 #
@@ -80,7 +81,7 @@ display(Markdown(save_table(attr_tab, run.path("table_glied_attributes"), floatf
 # chapter (`06_baselines`): SCST (Rennie et al.'s Att2in, self-critically trained) and Up-Down (Anderson et al.). RFNet
 # (an ensemble of several CNNs' features) and GCN-LSTM (scene graphs from a separately trained relation detector) need
 # inputs the book does not have, and stay out of the table. BLEU-1, BLEU-4, METEOR, ROUGE-L and CIDEr ×100 as in the paper; SPICE needs Stanford CoreNLP's
-# jars, which cannot be downloaded here (the `note` says so when it is missing); capbook adds the shapes semantic F1s.
+# jars, which the book does not download (the `note` says so when they are missing); capbook adds the shapes semantic F1s.
 
 # %%
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
@@ -97,12 +98,12 @@ def stage_row(model, k, stage):
             "train min": rec["stages"][stage]["train_s"] / 60, "note": spice_note(rec)}
 def spice_note(rec):                                      # the record's note names this machine's folders: the table does not
     note = rec.get("notes", {}).get("SPICE", "")
-    return "SPICE unavailable: Stanford CoreNLP's jars are not installed (they cannot be downloaded here)" if note else ""
+    return "SPICE not computed: it needs Stanford CoreNLP's jars, which the book's set-up does not install" if note else ""
 ours = [stage_row(name, k, st) for st in STAGES
         for name, k in (("SCST (Att2in)", ("base", "att2in")), ("Up-Down", ("base", "")),
                         ("Base", ("glied", "base")), ("GLIED", ("glied", "")))]
 quoted = [{"dataset": "COCO (Karpathy test)", "model": "GLIED", "training": "+ reinforcement learning", "source": "paper (quoted)",
-           "CIDEr": GLIED_ABSTRACT_CIDER, "note": "the abstract's number; the rest of the paper's Table 1 is an image capbook's copy lost"}]
+           "CIDEr": GLIED_ABSTRACT_CIDER, "note": "the abstract's number; the paper's Table 1 is an image in its text, so its other cells are not quoted"}]
 quoted += [{"dataset": "COCO (Karpathy test)", "model": m, "training": "cross-entropy; + reinforcement learning",
             "source": "paper (quoted)", "note": why} for m, why in GLIED_TABLE1_NOT_RUN.items()]
 table1 = pd.DataFrame(quoted + ours)
@@ -191,7 +192,7 @@ display(Markdown(save_table(pd.DataFrame(rows), run.path("table_glied_scst"), fl
 # %% [markdown]
 # ## Table 2: parameters, training time, inference speed
 #
-# The paper's Table 2 (quoted; a GTX 1080 Ti, COCO) beside capbook's models on this machine and data, every row
+# The paper's Table 2 (quoted; a GTX 1080 Ti, COCO) beside capbook's models on the book's CPU and data, every row
 # measured: the LSTM with the mean image feature at every step, Up-Down and CT (the baselines chapter), soft attention
 # (Show-Attend-Tell's run), the base model and GLIED (cross-entropy stage). Training minutes are the cross-entropy
 # training time over the run's epochs (`epochs` says how many: each chapter has its own budget), inference is the test

@@ -625,6 +625,7 @@ pd.DataFrame({"test": {m: round(100 * v, 1) for m, v in ev["metrics"].items()}})
 # What the model looks at, word by word, through the book's one plotting path (models without attention draw nothing).
 
 # %%
+#| fig-cap: What the model looks at, word by word, on the first test image whose caption names two of its objects
 if r.figure is not None: display(IPImage(filename=str(r.figure)))
 
 # %% [markdown]

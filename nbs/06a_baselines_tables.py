@@ -49,6 +49,7 @@ profile = "default"     # smoke | default | paper: the profile whose runs are as
 run_dir = None          # set by `capbook book`; None: runs/<profile>/adhoc/...
 
 # %%
+#| bookkeeping
 run = start_run("06a_baselines_tables", read_params(["profile", "run_dir"], globals()))
 MODELS = [  # (label, family, (group, tag), training stage)
     ("Show and Tell (NIC)", "baselines", ("base", "nic"), "xe"),

@@ -1,5 +1,5 @@
 "The book end to end at the smoke profile: papermill plan, records, tables, figures, skip-unchanged, docs site."
-import contextlib, json, subprocess, sys
+import contextlib, json, re, subprocess, sys
 from pathlib import Path
 import pytest
 from capbook.results import Step
@@ -187,7 +187,7 @@ def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
     import dying_worker
     steps = [Step("00_core"), Step("00a_shapes")]
     class Keyring:                                                # the keys are not what is tested: no fingerprints computed
-        def __init__(self, profile): self.steps = steps
+        def __init__(self, profile, **how): self.steps = steps
         def get(self, step): return f"key of {step.name}"
     monkeypatch.setattr(book, "plan_keys", Keyring)
     monkeypatch.setattr(book, "run_step", dying_worker.run_step)
@@ -469,7 +469,7 @@ def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
 
 
 def test_only_selects_chapters_steps_and_patterns():
-    "`capbook book --only`: a notebook selects its every run, a pattern the matching steps, a step itself; a pattern matching nothing stops in one line."
+    "`capbook book --only`: a notebook selects its every run, a pattern the matching steps, a step itself, `=` and a name that step alone (a chapter's first run is named as its notebook); a pattern matching nothing stops in one line."
     from capbook.book import select_steps
     from capbook.plan import plan
     steps = plan("default")
@@ -479,8 +479,29 @@ def test_only_selects_chapters_steps_and_patterns():
     assert "02_show_attend_tell-hard-seed2" in hard and "02_show_attend_tell-hard-lr1" in hard and "02a_soft_vs_hard" in hard
     assert "02_show_attend_tell" not in hard and "02_show_attend_tell-none" not in hard
     assert [s.name for s in select_steps(steps, ["03_spca-base-seed1"])] == ["03_spca-base-seed1"]
+    assert [s.name for s in select_steps(steps, ["=02_show_attend_tell"])] == ["02_show_attend_tell"]   # a chapter's first run alone
+    assert [s.name for s in select_steps(steps, ["=03_spca-base*"])] == [s.name for s in spca if s.name.startswith("03_spca-base")]
     assert [s.name for s in select_steps(steps, ["04a*", "index"])] == [s.name for s in steps if s.name in ("index", "04a_ssa_tables")]
     with pytest.raises(CapbookError, match="only='03_spcaa' matches no step"): select_steps(steps, ["03_spcaa"])
+    with pytest.raises(CapbookError, match="only='=03a_spca' matches no step"): select_steps(steps, ["=03a_spca"])
+
+
+def test_readme_blocks_come_from_the_published_tables(tmp_path):
+    "The README's generated sentences: the one-chapter example's minutes and machine from the published time table (the command alone where there is none), and a self-critical row that kept its start marked so, with where each stage is set beside its start."
+    import pandas as pd
+    from capbook.book import EXAMPLE, one_chapter, results_table
+    figs = Path(__file__).resolve().parent.parent / "figures"
+    cmd = f"papermill nbs/{EXAMPLE[0]}.ipynb out.ipynb -p kernel 5`"
+    assert one_chapter(tmp_path).endswith(cmd + ".")                         # no time table yet: the command alone
+    (tmp_path / "table_book_times.csv").write_text("step,minutes\n03_spca-k5,42.4\n")
+    (tmp_path / "table_book_times.md").write_text("| step | minutes |\n\nMachine: Some CPU, 8 cores (the one that published this table).\n")
+    assert f"{cmd} (the book's `03_spca-k5`: 42 minutes on Some CPU, 8 cores" in one_chapter(tmp_path)
+    df = pd.read_csv(figs / "table_baselines_all.csv")
+    for c in ("CIDEr", "CIDEr sd", "CIDEr 95% CI"): df.loc[df["model"] == "GLIED + SCST", c] = df.loc[df["model"] == "GLIED", c].iloc[0]
+    df.to_csv(tmp_path / "table_baselines_all.csv", index=False)
+    t = results_table(tmp_path)
+    assert "| GLIED + SCST (kept its start) |" in t and "(GLIED + SCST: the start's numbers)" in t and "| GLIED base + SCST |" in t
+    assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
 TIMING = r"(?<!/)\bmin\b|minutes|\bms\b|\bips\b|time|/ ?s$|/s\b|^s / "      # columns of measured time and speed: this machine at that moment
@@ -793,3 +814,118 @@ def test_a_partial_book_keeps_the_time_table_rows_of_the_steps_it_did_not_run(tm
     assert df["step"].tolist() == ["00_core", "00a_shapes", "total (one after another)"]     # 00b_data ran nowhere
     assert df["minutes"].tolist() == [2.0, 1.0, 3.0] and df["rest"].tolist() == [2.0, 1.0, 3.0]
     assert book_times("smoke", steps)["step"].tolist() == ["00a_shapes", "total (one after another)"]   # a whole book: its own runs
+
+
+def test_a_step_job_runs_with_its_resources_and_leaves_the_signals_as_they_were(monkeypatch, tmp_path):
+    "A job's step sees its resources: its CPUs as intra-op threads; several GPUs as CAPBOOK_TRAIN_PROCS (its run trains under torchrun, one process a GPU), none as none; submitit is asked for the GPUs; the job's signal handlers are the ones it had once the step returns; a malformed sacct interval stops in one line."
+    import os, signal
+    from capbook import book, cluster
+    seen = []
+    def run_step(step, profile, force, log, key):
+        seen.append((os.environ.get("CAPBOOK_TRAIN_PROCS"), os.environ["OMP_NUM_THREADS"], signal.getsignal(signal.SIGTERM) is not before))
+        return tmp_path / "out.ipynb", True
+    monkeypatch.setattr(book, "run_step", run_step)
+    for k in ("CAPBOOK_TRAIN_PROCS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CAPBOOK_METEOR"): monkeypatch.setenv(k, "9")   # restored after
+    before = signal.getsignal(signal.SIGTERM)
+    assert cluster._step_call(Step("02_show_attend_tell"), "smoke", False, "k", 4, 2)[:3] == ("ok", str(tmp_path / "out.ipynb"), True)
+    assert cluster._step_call(Step("02_show_attend_tell"), "smoke", False, "k", 1, 1)[0] == "ok"
+    assert seen == [("2", "4", True), (None, "1", True)] and signal.getsignal(signal.SIGTERM) is before
+    assert "CAPBOOK_METEOR" not in os.environ                            # the host's METEOR socket: not on a node
+    assert cluster.SlurmPool("paper", cluster.executor_config(None, "paper"), tmp_path).parameters("02_show_attend_tell")["gpus_per_node"] == 1
+    monkeypatch.setenv("CAPBOOK_SACCT_S", "soon")
+    with pytest.raises(CapbookError, match="CAPBOOK_SACCT_S='soon' is invalid"): cluster.sacct_interval()
+
+
+SLURM_STEPS = ["02_show_attend_tell-none", "02a_soft_vs_hard"]       # a training run and the tables step that reads it
+SLURM_CANCELLED = "02_show_attend_tell-hard"                          # the training run whose job is requeued, then cancelled
+
+
+@pytest.fixture(scope="module")
+def slurm_book(book, tmp_path_factory):
+    "The fixture's smoke book copied to a home of its own with `SLURM_STEPS` unmade, an executor config (one CPU a job: two side by side, as make test's two workers) and a one-node SLURM cluster to make them with: (home, environment, cluster)."
+    import os, shutil
+    from slurmcluster import one_node_slurm
+    home, _ = book
+    copy = tmp_path_factory.mktemp("slurm-home")
+    shutil.copytree(home / "runs", copy / "runs", ignore=shutil.ignore_patterns("site", "slurm"))
+    for s in SLURM_STEPS: shutil.rmtree(copy / "runs" / "smoke" / s)
+    (copy / "slurm.yaml").write_text("cpus: 1\nmem_gb: 2\n")
+    # a requeued job may start again 5 s after (cred_expire); a job that ends without a result is seen within 2 s (sacct)
+    with one_node_slurm(tmp_path_factory.mktemp("slurm"), cred_expire=5) as cluster:
+        yield copy, {**os.environ, **cluster.env, "CAPBOOK_HOME": str(copy), "CAPBOOK_SACCT_S": "2"}, cluster
+
+
+def _slurm_book(env: dict, *only: str, ctrl_c: bool = False) -> subprocess.Popen:
+    "A SLURM book of the `only` steps; `ctrl_c`: with SIGINT's default action (a pytest-xdist worker ignores it, and so would the book)."
+    import signal
+    return subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm",
+                             "--executor-config", str(Path(env["CAPBOOK_HOME"]) / "slurm.yaml"), "--only", *only],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slurm_book):
+    "A training step's job requeued mid-training (`scontrol requeue`: what a preemption, or submitit at the time limit, does) starts again under its id and resumes the run from its checkpoint; cancelled then (scancel), it ends the book with one line naming the step, the job, its state and its log; Ctrl-C on the book run again cancels the job it submitted. (The next test's book finishes the step.)"
+    import shutil, signal, time
+    home, env, cluster = slurm_book
+    step, runs = SLURM_CANCELLED, home / "runs" / "smoke" / SLURM_CANCELLED
+    shutil.rmtree(runs)
+    def until(cond, what: str, timeout: float = 300):
+        t0 = time.time()
+        while not cond():
+            assert p.poll() is None and time.time() - t0 < timeout, f"{what}: {p.communicate()[0][-3000:] if p.poll() is not None else 'timed out'}"
+            time.sleep(0.05)
+    p = _slurm_book(env, f"={step}")
+    until(lambda: (runs / "ckpt" / "last.pt").exists(), "a checkpoint")
+    job = next(l.split()[0] for l in cluster.run("squeue", "-h", "-o", "%A %j").stdout.split("\n") if l.endswith(f"capbook-{step}"))
+    cluster.run("scontrol", "requeue", job)
+    until(lambda: len(list((runs / "ckpt" / "tb").glob("events*"))) >= 2, "the requeued job resuming")   # the resumed run's curves
+    cluster.run("scancel", job)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode != 0, out[-3000:]
+    line = next(l for l in out.splitlines() if f"SLURM job {job}" in l)
+    assert f"{step}: SLURM job {job} ended CANCELLED" in line, line
+    assert (log := re.search(r"log: (\S+)", line)) and Path(log[1]).exists(), line
+    job_log = Path(log[1]).with_suffix(".out").read_text()
+    assert job_log.count("Starting with JobEnvironment") == 2 and job_log.count("signal SIGTERM: the job ends here") == 2, job_log
+    assert not (runs / "done.json").exists()
+    p = _slurm_book(env, f"={step}", ctrl_c=True)                     # Ctrl-C on the book cancels its jobs
+    for l in p.stdout:
+        if m := re.search(rf"{step}: job (\d+) submitted", l): break
+    assert m, "no job submitted"
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 130 and f"cancelled 1 SLURM jobs: {m[1]}" in out and "interrupted: what finished is kept" in out, out
+    t0 = time.time()
+    while m[1] in cluster.run("squeue", "-h", "-o", "%A").stdout.split(): time.sleep(0.2); assert time.time() - t0 < 30, "the job still queued"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(book, slurm_book):
+    "The book run through SLURM again finishes only its unfinished steps — a training run, the tables step that reads it, and the run the previous test cancelled, resumed from its checkpoint — each a job with the executor config's resources, in the plan's order, and publishes what the local book published: the same figures' bytes, tables and records (measured times aside)."
+    from capbook.results import read_record
+    local, _ = book
+    home, env, _ = slurm_book
+    steps = [SLURM_CANCELLED, *SLURM_STEPS]
+    unfinished = [s for s in steps if not (home / "runs" / "smoke" / s / "done.json").exists()]
+    assert set(SLURM_STEPS) <= set(unfinished)
+    p = _slurm_book(env, *[f"={s}" for s in steps])
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, out[-3000:]
+    for s in steps:
+        if s in unfinished:
+            assert re.search(rf"{s}: job \d+ submitted \(1 CPUs, 2 GB, 20 min\)", out) and re.search(rf"{s}: ran in [\d.]+ s \(job \d+\)", out), out
+        else: assert f"{s}: unchanged, skipped" in out, out
+    assert "METEOR process scored" not in out                          # each job scored on its node, not through this machine
+    if SLURM_CANCELLED in unfinished:                                  # from its checkpoint, not from scratch
+        kept = (home / "runs" / "smoke" / SLURM_CANCELLED / "02_show_attend_tell.ipynb").read_text()
+        assert re.search(r"resumed from \S+ckpt/last.pt at epoch \d+, batch \d+", kept), kept[-2000:]
+    figs, local_figs = home / "runs" / "smoke" / "figures", local / "runs" / "smoke" / "figures"
+    assert _published_results(figs) == _published_results(local_figs)
+    untimed = lambda r: {"metrics": r["metrics"], "history": [{k: v for k, v in e.items() if not k.endswith("_s")} for e in r["history"]]}
+    for s in (SLURM_CANCELLED, SLURM_STEPS[0]):
+        rec, local_rec = (read_record(f / "records" / f"{s}.json.gz") for f in (figs, local_figs))
+        assert json.dumps(untimed(rec), sort_keys=True) == json.dumps(untimed(local_rec), sort_keys=True)   # as JSON: NaN where no attention is measured

@@ -49,6 +49,23 @@ def test_caption_a_photograph_and_draw_its_attention(run, tmp_path):
     assert torch.allclose(caps[0]["alpha"].sum(1), torch.ones(len(words)), atol=1e-4)
 
 
+def test_a_missing_run_names_the_smallest_book_that_trains_it(tmp_path, monkeypatch):
+    "On a fresh clone `capbook caption` has no trained run: its one line gives the book that trains the default run alone (that step, not the chapter's every run), with the minutes the published book's run took; a name that is no step says so."
+    from capbook.book import select_steps
+    from capbook.cli import CAPTION_MODEL
+    from capbook.plan import plan
+    monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "table_book_times.csv").write_text(f"step,minutes\n{CAPTION_MODEL},4.1\n")
+    with pytest.raises(CapbookError) as e: find_run(CAPTION_MODEL)
+    msg = str(e.value)
+    assert "no trained run here" in msg and "\n" not in msg and "took 4 minutes" in msg
+    cmd = msg.split("`")[1]
+    assert cmd == f"capbook book --only ={CAPTION_MODEL} --no-docs"
+    assert [s.name for s in select_steps(plan("default"), [cmd.split()[3]])] == [CAPTION_MODEL]     # exactly the run it captions with
+    with pytest.raises(CapbookError, match="02_no_such_run is no step of the default book"): find_run("02_no_such_run")
+
+
 @pytest.mark.slow
 def test_refusals_are_one_line(run, tmp_path, home):
     bad = tmp_path / "not_an_image.jpg"; bad.write_text("hello")

@@ -195,7 +195,10 @@ def test_kept_copies_read_as_a_book(tmp_path):
     assert keep_notebooks([run / "01_a.ipynb"], tmp_path / "kept") and sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["01_a.ipynb", "img"]
     src = tmp_path / "src"; src.mkdir()
     docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
-    assert nbformat.read(src / "index.ipynb", 4).cells[-3].outputs[0].data["image/png"] == nb.cells[-3].outputs[0].data["image/png"]
+    shown = nbformat.read(src / "index.ipynb", 4).cells[-3].outputs[0].data["text/html"]       # a figure at its size, captioned,
+    fig = re.search(r'<img src="(_static/figures/\w+\.png)"', shown)                            # a file of the site
+    assert fig and "<figcaption>" in shown, shown[:300]
+    assert (src / fig[1]).read_bytes() == base64.b64decode(nb.cells[-3].outputs[0].data["image/png"])
     next((tmp_path / "kept" / "img").glob("*.png")).unlink()
     with pytest.raises(CapbookError, match="image of a kept notebook not found"): docs.write_book([tmp_path / "kept" / "01_a.ipynb"], src)
 
@@ -230,13 +233,14 @@ def test_repository_book_site(tmp_path):
     rank = {nb: i for i, nb in enumerate(notebooks())}
     pages = sorted(kept.glob("*.ipynb"), key=lambda p: rank.get(p.stem, len(rank)))
     assert [p.stem for p in pages] == notebooks(), "figures/notebooks/ must hold every notebook of the book: run `make book`"
-    from capbook.book import fill_blocks, index_blocks
+    from capbook.book import fill_blocks, findings, index_blocks
     blocks = index_blocks(kept.parent, None, site=True)                       # the first page's generated blocks, as `capbook docs` fills them
-    index = build_site(pages, tmp_path / "site", api_modules=api_modules(), fill=lambda md: fill_blocks(md, blocks))
+    index = build_site(pages, tmp_path / "site", api_modules=api_modules(), fill=lambda md: fill_blocks(md, blocks),
+                       findings=findings(kept.parent))                        # what each tables chapter found, on its top
     log = (tmp_path / "site.build.log").read_text()
     assert "build succeeded." in log and "WARNING" not in log, [l for l in log.splitlines() if "WARNING" in l]   # zero Sphinx warnings
     front = (index.parent / "index.html").read_text()
-    assert "data:image/png;base64," in front and "what it holds" in front      # the figure, the chapter table
+    assert 'class="capbook-figure"><div style="overflow-x: auto"><img src="_static/figures/' in front and "what it holds" in front   # the figure, the chapter table
     with Chromium() as browser:
         seen = check_site(index, kept, browser)
         for name in notebooks():
@@ -269,3 +273,28 @@ def test_a_readers_copy_refreshed_in_place_keeps_its_outputs_and_parameters_note
     outputs = lambda n: [c.get("outputs") for c in n.cells if c.cell_type == "code"]
     notes = lambda n: [c.source for c in n.cells if c.cell_type == "markdown" and c.source.startswith("*This run used")]
     assert outputs(nb) == outputs(old) and notes(nb) == notes(old) and len(notes(nb)) == 1
+    run_cell = next(c for c in src["cells"] if c["cell_type"] == "code" and "start_run(" in "".join(c["source"]))
+    ran = "".join(run_cell["source"])
+    run_cell["source"] = "#| bookkeeping\n" + ran + "  # a comment written since the run"   # the same code: its key unchanged
+    new_src.write_text(json.dumps(src))
+    assert not copy_current(out, new_src)                       # a copy shows the cell's comments as they are today ...
+    nb2 = reader_notebook(refresh_copy(nbformat.read(out, as_version=4), new_src))
+    (out2 := tmp_path / "copy2.ipynb").write_text(write(nb2))
+    assert copy_current(out2, new_src) and outputs(nb2) == outputs(old)           # ... with the run's outputs
+    assert any(c.source.startswith("#| bookkeeping") for c in nb2.cells)
+    run_cell["source"] = ran + "\nextra = 1"                    # other code: the copy keeps the cell as it ran (the step runs again)
+    new_src.write_text(json.dumps(src))
+    assert refresh_copy(nbformat.read(out, as_version=4), new_src).cells == nbformat.read(out, as_version=4).cells
+
+
+def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
+    "A published text names no path of the machine, and the replacement stops at path boundaries: a temporary file's folder named tmp... is not replaced twice (`<tmp><tmp>...`), and /home/user2 is not /home/user."
+    from capbook.docs import _relative
+    P = [("/work/main", "."), ("/work/main/.venv", "<python>"), ("/tmp", "<tmp>"), ("/home/user", "~")]
+    cases = {"/tmp/tmpaqsmhbne/bad.yaml: line 1": "<tmp>/tmpaqsmhbne/bad.yaml: line 1",
+             "/home/user2/x and /home/user/x": "/home/user2/x and ~/x",
+             "PosixPath('/work/main/runs/default/x')": "PosixPath('runs/default/x')",
+             "/work/main/.venv/bin/python": "<python>/bin/python", "cd /work/main.": "cd ..", "at /work/main": "at .",
+             "/var/tmp/x and /home/user.bak": "/var/tmp/x and /home/user.bak", "file:///tmp/a": "file://<tmp>/a"}
+    assert {a: _relative(a, P) for a in cases} == cases
+    assert _relative("/tmp/x", []) == "/tmp/x"

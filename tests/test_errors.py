@@ -65,6 +65,18 @@ def test_cli_file_as_run_dir_is_one_line(tmp_path, monkeypatch, capsys):
     one_line(capsys.readouterr().err, f"{tmp_path / 'run' / 'ckpt'}: cannot create the run folder (a path component is a file, not a folder)")
 
 
+def test_docs_open_without_a_browser_prints_the_site(tmp_path, monkeypatch, capsys):
+    "`capbook docs --open` where no browser opens (a headless machine: `webbrowser.open` answers False): the site's index.html, printed, instead of nothing."
+    import webbrowser
+    import capbook.cli as cli
+    monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
+    site = tmp_path / "runs" / "default" / "site" / "index.html"
+    monkeypatch.setattr(cli, "build_docs", lambda profile: site)        # the site itself: tests/test_docs.py
+    monkeypatch.setattr(webbrowser, "open", lambda url: False)
+    assert cli.main(["docs", "--open"]) == 0
+    assert f"open {site}" in capsys.readouterr().out
+
+
 def test_home_under_a_file_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path / "file" / "home"))

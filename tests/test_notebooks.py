@@ -62,26 +62,46 @@ def test_derived_parameters_cells_and_readme_are_current():
 
 
 def test_readme_is_a_front_door():
-    "README: at most 10,000 characters, its first command within its first 40 lines, every chapter's currency stated, and no history (issue numbers, commit hashes, sessions): that goes to CHANGELOG.md."
+    "README: at most 10,000 characters, its first command within its first 40 lines, every chapter's currency stated, its links to the executed copies (figures/notebooks/: the sources in nbs/ have no outputs), and no history (issue numbers, commit hashes, sessions) or workshop talk: that goes to CHANGELOG.md."
     text = (ROOT / "README.md").read_text()
     lines = text.splitlines()
     assert len(text) <= 10_000, len(text)
     first = next(i for i, l in enumerate(lines) if l.startswith("make "))
     assert first < 40, first
     assert "| current |" in text or "not yet regenerated" in text
+    links = __import__("re").findall(r"\]\(([\w./-]+\.ipynb)\)", text)          # a code host shows the executed copies' outputs
+    assert links and all(l.startswith("figures/notebooks/") and (ROOT / l).exists() for l in links), links
     assert not HISTORY.search(text), HISTORY.search(text)
+    from sitecheck import workshop_words
+    assert not workshop_words(text), workshop_words(text)
 
 
-HISTORY = __import__("re").compile(r"\bissues? #?\d+\b|\bcommit `?[0-9a-f]{7,}\b|`[0-9a-f]{7}`|\bthis session\b|\bsessions?\b|\bprevious book\b|\bthe book used to\b", __import__("re").I)
+HISTORY = __import__("re").compile(r"\bissues? #?\d+\b|\bcommit `?[0-9a-f]{7,}\b|`[0-9a-f]{7}`|\bthis session\b|\bsessions?\b|\bprevious book\b|"
+                                   r"\bthe book used to\b|\bbefore this chapter\b|\bthe issue(?:'s| asks)\b", __import__("re").I)
 
 
 def test_no_history_on_the_site():
-    "The site speaks to readers: no notebook's Markdown names an issue, a commit or a session (history goes to CHANGELOG.md)."
+    "The site speaks to readers: no notebook's Markdown names an issue, a commit or a session, or says what the workshop lost or could not download (history goes to CHANGELOG.md; `sitecheck.WORKSHOP`)."
     import nbformat
+    from sitecheck import workshop_words
     found = []
     for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
         for c in nbformat.read(nb, as_version=4).cells:
             if c.cell_type == "markdown" and (m := HISTORY.search(c.source)): found.append(f"{nb.name}: {m.group(0)!r}")
+            if c.cell_type == "markdown": found += [f"{nb.name}: {w!r}" for w in workshop_words(c.source)]
+    assert not found, found
+
+
+def test_no_workshop_talk_in_the_published_book():
+    "What the site shows of each published reader's copy (figures/notebooks: its prose and its outputs, not its code) holds no workshop talk (`sitecheck.WORKSHOP`), nor do the docstrings the API page shows: the site's own check, without building the site."
+    import ast, nbformat
+    from sitecheck import shown_text, workshop_words
+    found = [f"{f.stem}: {w!r}" for f in sorted((ROOT / "figures" / "notebooks").glob("*.ipynb"))
+             for w in workshop_words(shown_text(nbformat.read(f, as_version=4)))]
+    for mod in sorted((ROOT / "capbook").glob("*.py")):
+        for node in ast.walk(ast.parse(mod.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and (doc := ast.get_docstring(node)):
+                found += [f"{mod.name}: {w!r}" for w in workshop_words(doc)]
     assert not found, found
 
 

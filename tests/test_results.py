@@ -255,6 +255,17 @@ def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
     assert torch.equal(R.run_file(rec, "distilling.pt", "Figure 3 data")["weights"], torch.arange(4.0))
 
 
+def test_a_step_trained_by_several_processes_is_keyed_apart(base):
+    "DDP's batch is every process's: a chapter step trained by 2 processes (a SLURM job with 2 GPUs) has another key than the one-process step, and so do the tables over it; a step that trains nothing keeps its key."
+    K, keys = base
+    K2 = plan_keys(PROFILE, made=False, fresh=True, procs=lambda step: 2)
+    K2._probes.update(K._probes)
+    two = {s.name: K2.get(s) for s in K2.steps}
+    trained = {s.name for s in K.steps if s.notebook in chapters()}
+    assert trained and all(two[n] != keys[n] for n in trained)
+    assert all(two[n] == keys[n] for n in keys if n not in _downstream(K, trained)) and len(_downstream(K, trained)) < len(keys)
+
+
 def test_fingerprints_are_kept_between_processes(tmp_path, monkeypatch):
     "A second process (here: a cleared in-process cache) finds the fingerprints the first computed, for the same package source, and computes none."
     monkeypatch.setenv("CAPBOOK_DATA", str(tmp_path))

@@ -91,6 +91,44 @@ def test_ddp_two_cpu_processes(smoke, tmp_path):
     assert abs(sum(float(p.detach().double().sum()) for p in m.parameters()) - out["param_checksum"]) < 1e-6
 
 
+def test_an_unfinished_checkpoint_of_other_processes_is_moved_aside_a_finished_one_is_read(tiny, tmp_path):
+    "DDP's batch is every process's: a run left unfinished by 2 processes is never resumed by 1 (it trains again, the old folder kept); a finished one is read, and the result names the processes that trained it."
+    m, cfg = one_epoch(tiny, tmp_path / "ckpt", batch_size=4)
+    ck = load_torch(tmp_path / "ckpt" / "last.pt")
+    assert ck["world_size"] == 1 and ck["finished"]
+    save_torch(tmp_path / "ckpt" / "last.pt", {**ck, "world_size": 2})
+    res = fit(m, tiny, cfg, tmp_path / "ckpt", log=lambda s: None)
+    assert res.resumed_from == (1, 0) and res.world_size == 2                       # finished: read, not trained
+    save_torch(tmp_path / "ckpt" / "last.pt", {**ck, "world_size": 2, "finished": False, "epoch": 0, "batches_done": 3})
+    lines = []
+    res = fit(m, tiny, cfg, tmp_path / "ckpt", log=lines.append)
+    assert res.resumed_from is None and res.world_size == 1 and "trained by 2 processes, this run has 1" in lines[0]
+    assert load_torch(tmp_path / "ckpt.world-2" / "last.pt")["batches_done"] == 3                              # nothing lost
+
+
+@pytest.mark.slow
+def test_a_chapter_run_trains_under_torchrun_when_its_job_has_several_processes(smoke, tmp_path, monkeypatch):
+    "With CAPBOOK_TRAIN_PROCS=2 (a SLURM job with 2 GPUs sets it), `run_chapter` trains every stage (cross-entropy, then self-critical) under torchrun — here 2 CPU processes over gloo —, then reads the finished checkpoints: its own process trains nothing; the record names the processes."
+    from capbook.runner import chapter, run_chapter
+    monkeypatch.setenv("CAPBOOK_TRAIN_PROCS", "2"); monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    nb = "02_show_attend_tell"
+    lines = []
+    ctx = run_chapter(nb, chapter(nb).params(profile="smoke", scst_epochs=1, run_dir=str(tmp_path / "run")), log=lines.append)
+    assert ctx.record["world_size"] == 2 and ctx.fitted.resumed_from == (1, 0)
+    for stage in ("ckpt", "ckpt-scst"):
+        ck = load_torch(tmp_path / "run" / stage / "last.pt")
+        assert ck["world_size"] == 2 and ck["finished"]
+    assert any(line.startswith("training under torchrun: 2 processes") for line in lines)
+    assert "continuing" in (tmp_path / "run" / "torchrun.log").read_text()          # the self-critical stage trained there
+    assert sum(line.startswith("resumed from") for line in lines) == 2               # the kernel read both stages, trained neither
+
+
+def test_a_malformed_process_count_stops_in_one_line(monkeypatch):
+    from capbook.runner import train_procs
+    monkeypatch.setenv("CAPBOOK_TRAIN_PROCS", "two")
+    with pytest.raises(CapbookError, match="CAPBOOK_TRAIN_PROCS='two' is invalid"): train_procs()
+
+
 def test_checkpoint_of_other_code_is_moved_aside_not_resumed(tiny, tmp_path):
     m, cfg = one_epoch(tiny, tmp_path / "ckpt", batch_size=4)
     ck = load_torch(tmp_path / "ckpt" / "last.pt")
