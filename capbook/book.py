@@ -495,11 +495,12 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
     import multiprocessing as mp
     check_choice("executor", executor, EXECUTORS)
+    procs = None                                  # a step's training processes: this machine's setting (`train_procs`) ...
     if executor == "slurm":
         from capbook.cluster import SlurmPool, executor_config as read_config
         config = read_config(executor_config, profile)
-        procs = lambda s: max(1, config.resources(s.name).gpus)   # a step's training processes: its job's GPUs
-    keyring = plan_keys(profile, procs=procs if executor == "slurm" else None)   # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
+        procs = lambda s: max(1, config.resources(s.name).gpus)   # ... or its job's GPUs
+    keyring = plan_keys(profile, procs=procs)     # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure

@@ -235,8 +235,7 @@ def _await_kill(signalled: list) -> None:
     "Wait for the scheduler's SIGKILL after its signal: the step's kernel died of that signal, and its failure must not be written as the job's result (the requeued job writes the real one)."
     print(f"signal {', '.join(signal.Signals(s).name for s in signalled)}: the job ends here (requeued, it resumes the run from "
           f"its checkpoint; cancelled, the book's next run does)", flush=True)
-    t0 = time.time()
-    while time.time() - t0 < KILL_WAIT_S: time.sleep(1)
+    time.sleep(KILL_WAIT_S)                  # a handled signal does not cut it short (the sleep goes on for the rest)
 
 class StepJob(submitit.helpers.Checkpointable):
     "One book step as a requeueable job (`checkpoint`, inherited from submitit: the same call again, and the run resumes from its checkpoint)."
@@ -351,12 +350,12 @@ class SlurmPool:
         return fut
 
     def _settle(self, fut: Future, step, job) -> None:
-        if self.cluster == "slurm" and not job.paths.result_pickle.exists() and (state := final_state(job)) in NO_RESULT:
-            # ended by the scheduler: no result is coming (submitit would wait 15 s for one, for a slow shared filesystem)
+        state = final_state(job) if self.cluster == "slurm" and not job.paths.result_pickle.exists() else None
+        if state in NO_RESULT:     # ended by the scheduler: no result is coming (submitit would wait 15 s for one, for a slow shared filesystem)
             fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr))); return
         try: res = job.result()
         except Exception as e:
-            state = final_state(job) if self.cluster == "slurm" else "FAILED"
+            state = state or (final_state(job) if self.cluster == "slurm" else "FAILED")
             why = _last_line(e) if state in ("FAILED", "UNKNOWN") else ""
             fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr, why))); return
         if res[0] == "ok":

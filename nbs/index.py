@@ -60,7 +60,7 @@
 # <!-- /chapters -->
 #
 # Each link opens a chapter as the book ran it; "current": its published results are what the
-# checkout's code makes (a test fails on one that is not).
+# checkout's code makes.
 #
 # ## What the book found
 #
