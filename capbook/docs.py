@@ -8,15 +8,21 @@ import base64, contextlib, copy, hashlib, importlib, json, logging, math, os, re
 from pathlib import Path
 from typing import Callable
 from html import escape as _escape
-import nbformat
 from .core import CapbookError, atomic_write, io_error, temp_dir
 
+class _Deferred:
+    "A module imported where it is first used. nbformat brings jsonschema, whose format checker compiles its grammars as it is imported (about a second), and every kernel of the book imports this module with the model registry (`capbook.models`) without reading a notebook."
+    def __init__(self, name: str): self._name = name
+    def __getattr__(self, attr: str): return getattr(importlib.import_module(self._name), attr)
+
+nbformat = _Deferred("nbformat")
+
 # %% auto 0
-__all__ = ['STRIP', 'SCALE', 'COLUMN', 'FIGURES', 'WIDE', 'READER', 'MERGED', 'TABLES_PAGE', 'ASSEMBLED', 'nbdev_directives',
-           'sanitize_markdown', 'png_size', 'figure_html', 'figure_files', 'wide', 'reader_table', 'frame_markdown',
-           'reader_tables', 'prepare_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths',
-           'without_machine_paths', 'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks',
-           'figure_caption', 'findings_cells', 'write_book', 'build_site', 'Chromium', 'chromium_dom',
+__all__ = ['nbformat', 'STRIP', 'SCALE', 'COLUMN', 'FIGURES', 'WIDE', 'READER', 'MERGED', 'TABLES_PAGE', 'ASSEMBLED',
+           'nbdev_directives', 'sanitize_markdown', 'png_size', 'figure_html', 'figure_files', 'wide', 'reader_table',
+           'frame_markdown', 'reader_tables', 'prepare_notebook', 'exported', 'refresh_copy', 'copy_current',
+           'machine_paths', 'without_machine_paths', 'reader_notebook', 'slim_notebook', 'inflate_notebook',
+           'keep_notebooks', 'figure_caption', 'findings_cells', 'write_book', 'build_site', 'Chromium', 'chromium_dom',
            'chromium_screenshot']
 
 # %% ../nbs/00o_docs.ipynb

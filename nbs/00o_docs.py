@@ -28,8 +28,14 @@ import base64, contextlib, copy, hashlib, importlib, json, logging, math, os, re
 from pathlib import Path
 from typing import Callable
 from html import escape as _escape
-import nbformat
 from capbook.core import CapbookError, atomic_write, io_error, temp_dir
+
+class _Deferred:
+    "A module imported where it is first used. nbformat brings jsonschema, whose format checker compiles its grammars as it is imported (about a second), and every kernel of the book imports this module with the model registry (`capbook.models`) without reading a notebook."
+    def __init__(self, name: str): self._name = name
+    def __getattr__(self, attr: str): return getattr(importlib.import_module(self._name), attr)
+
+nbformat = _Deferred("nbformat")
 
 # %% [markdown]
 # ## How the site is built

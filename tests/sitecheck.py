@@ -95,11 +95,10 @@ _TABLE_WIDTHS = """Array.from(document.querySelectorAll('article table')).filter
   .map(t => [t.scrollWidth, t.clientWidth, (t.closest('.cell_output, section') || t).getAttribute('id') || '', t.innerText.slice(0, 60)])"""
 
 
-def check_table_widths(browser: Chromium, page: Path) -> int:
-    "No table a reader sees on `page` (folded ones aside) is wider than its column in a 1,280-pixel window: each fits without scrolling. Returns the tables measured."
-    widths = browser.evaluate(page, _TABLE_WIDTHS, SCREEN)
+def check_table_widths(name: str, widths: list) -> int:
+    "No table a reader sees on page `name` (folded ones aside) is wider than its column in a 1,280-pixel window: each fits without scrolling. `widths`: the page's `_TABLE_WIDTHS` (`read_page`). Returns the tables measured."
     wide = [w for w in widths if w[0] > w[1] + 2]
-    assert not wide, (page.stem, "tables wider than the column (content px, shown px, where, text)", wide)
+    assert not wide, (name, "tables wider than the column (content px, shown px, where, text)", wide)
     return len(widths)
 
 
@@ -108,14 +107,19 @@ _FIGURES = """Array.from(document.querySelectorAll('article img')).filter(i => i
     return [i.naturalWidth, i.getBoundingClientRect().width, box.width, c ? c.innerText.trim() : '', (i.closest('section') || i).getAttribute('id') || ''] })"""
 
 
-def check_figures(browser: Chromium, page: Path) -> int:
-    "Every figure a reader sees on `page` in a 1,280-pixel window is legible and captioned: shown at its own size, or shrunk to no less than `SCALE` of it (it scrolls past that), never enlarged, with a visible caption. Returns the figures measured."
-    figures = browser.evaluate(page, _FIGURES, SCREEN)
+def check_figures(name: str, figures: list) -> int:
+    "Every figure a reader sees on page `name` in a 1,280-pixel window is legible and captioned: shown at its own size, or shrunk to no less than `SCALE` of it (it scrolls past that), never enlarged, with a visible caption. `figures`: the page's `_FIGURES` (`read_page`). Returns the figures measured."
     small = [f for f in figures if f[1] < SCALE * f[0] - 1 or f[1] > f[0] + 1]
-    assert not small, (page.stem, "figures not at their size (own px, shown px, room px, caption, where)", small)
+    assert not small, (name, "figures not at their size (own px, shown px, room px, caption, where)", small)
     bare = [f for f in figures if not f[3]]
-    assert not bare, (page.stem, "figures without a caption (own px, shown px, room px, caption, where)", bare)
+    assert not bare, (name, "figures without a caption (own px, shown px, room px, caption, where)", bare)
     return len(figures)
+
+
+def read_page(browser: Chromium, page: Path) -> tuple[str, list, list]:
+    "A page loaded once in the reader's window (`SCREEN`; each load typesets its mathematics again): its DOM as HTML, its visible tables' widths (`check_table_widths`) and its visible figures (`check_figures`)."
+    dom, widths, figures = browser.evaluate(page, f"[document.documentElement.outerHTML, {_TABLE_WIDTHS}, {_FIGURES}]", SCREEN)
+    return dom, widths, figures
 
 
 def check_findings_first(name: str, html: str, claims: list[str]) -> None:
@@ -155,15 +159,14 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
     if browser is None:
         with Chromium() as browser: return check_site(index, kept, browser)
     index = Path(index)
-    dom = browser.dom(index)
-    linked = set(re.findall(r'href="([\w-]+)\.html', dom))
+    front = read_page(browser, index)
+    linked = set(re.findall(r'href="([\w-]+)\.html', front[0]))
     pages = {p.stem: p for p in Path(kept).glob("*.ipynb")}
     assert pages, f"no kept notebooks in {kept}"
     assert not (set(pages) - linked - {"index"}), f"chapters the landing page does not link: {sorted(set(pages) - linked - {'index'})}"
-    doms = {n: dom if n == "index" else browser.dom(index.parent / f"{n}.html") for n in sorted(pages)}
     seen = {}
     for name, nb_path in sorted(pages.items()):
-        html = doms[name]
+        html, widths, figures = front if name == "index" else read_page(browser, index.parent / f"{name}.html")
         want_tables, want_images = expected(nbformat.read(nb_path, as_version=4))
         tables, images = html.count("<table"), html.count("<img")
         assert tables >= want_tables and images >= want_images, (name, (tables, images), (want_tables, want_images))
@@ -175,8 +178,8 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
         if any(c.source.startswith("*This run used") for c in nbformat.read(nb_path, as_version=4).cells):
             assert "This run used" in html, name               # the injected parameters, as one line
         check_folding(name, html)
-        check_table_widths(browser, index if name == "index" else index.parent / f"{name}.html")
-        check_figures(browser, index if name == "index" else index.parent / f"{name}.html")
+        check_table_widths(name, widths)
+        check_figures(name, figures)
         if TABLES_PAGE.match(name) and (claims := published_claims(Path(kept).parent, name)):
             check_findings_first(name, html, claims)
         seen[name] = (tables, images)

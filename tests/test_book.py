@@ -234,11 +234,11 @@ def test_tensorboard_shows_every_training_run_of_the_book(book):
 
 
 @pytest.mark.slow
-def test_a_killed_book_leaves_no_process_behind(tmp_path):
-    "SIGKILL to capbook book -j 2 mid-run: its workers and their kernels end with it (they used to live on, ~800 MB each)."
+def test_a_killed_book_leaves_no_process_behind(smoke_data, tmp_path):
+    "SIGKILL to capbook book -j 2 mid-run: its workers and their kernels end with it (they used to live on, ~800 MB each). The session's smoke data, with the keys' fingerprints the first book of the run computed."
     import os, signal, time
     import psutil
-    env = {**os.environ, "CAPBOOK_HOME": str(tmp_path)}
+    env = {**os.environ, "CAPBOOK_HOME": str(tmp_path), "CAPBOOK_DATA": str(smoke_data)}
     p = subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2", "--no-docs"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     book, t0, family = psutil.Process(p.pid), time.time(), []

@@ -298,3 +298,14 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
              "/var/tmp/x and /home/user.bak": "/var/tmp/x and /home/user.bak", "file:///tmp/a": "file://<tmp>/a"}
     assert {a: _relative(a, P) for a in cases} == cases
     assert _relative("/tmp/x", []) == "/tmp/x"
+
+
+def test_a_kernel_that_loads_the_model_registry_imports_no_notebook_reader():
+    "Every chapter's kernel loads the registry (`capbook.runner.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` reads one."
+    import subprocess
+    code = ("import sys, capbook.runner as r; r.chapters(); import capbook.docs as d; "
+            "print(sorted(m for m in ('nbformat', 'jsonschema') if m in sys.modules)); "
+            "d.nbformat.v4.new_notebook(); print(sorted(m for m in ('nbformat', 'jsonschema') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["[]", "['jsonschema', 'nbformat']"], out.stdout
