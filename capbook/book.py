@@ -395,6 +395,9 @@ def book_times(profile: str, steps: list[Step], published: Path | None = None):
         ph = {k[:-2]: t.get(k, 0.0) / 60 for k in PHASES}
         # the self-critical stages' training and validation minutes (inside train and val): what each SCST row costs
         scst = sum(v.get("train_s", 0.0) + v.get("val_s", 0.0) for k, v in rec.get("stages", {}).items() if k != "xe") / 60
+        # a run stopped and resumed from its checkpoint: its execution's minutes are the last process's, its training
+        # and validation minutes every process's; the step costs at least those (the time of a killed process is not its)
+        total = max(total, 60 * sum(ph.values()))
         rows.append({"step": s.name, "minutes": total / 60, **ph, "rest": total / 60 - sum(ph.values()),
                      "of it self-critical": scst, "captions / s": t.get("train_captions_per_s")})
     df = pd.DataFrame(rows)

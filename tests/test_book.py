@@ -816,6 +816,21 @@ def test_a_partial_book_keeps_the_time_table_rows_of_the_steps_it_did_not_run(tm
     assert book_times("smoke", steps)["step"].tolist() == ["00a_shapes", "total (one after another)"]   # a whole book: its own runs
 
 
+
+def test_a_resumed_runs_time_row_counts_every_process_of_its_training(tmp_path, monkeypatch):
+    "A run killed and resumed from its checkpoint: its last execution took 2 minutes, its training and validation 12 over both processes; the time table counts the 12 (never a negative rest)."
+    from capbook.book import book_times
+    from capbook.core import save_json
+    monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
+    d = tmp_path / "runs" / "smoke" / "02_show_attend_tell"
+    save_json(d / "done.json", {"key": "k", "seconds": 120.0})
+    save_json(d / "record.json", {"timings": {"train_s": 600.0, "val_s": 120.0, "test_s": 6.0}})
+    row = book_times("smoke", [Step("02_show_attend_tell", {"profile": "smoke"})]).iloc[0]
+    assert row["minutes"] == 12.1 and row["train"] == 10.0 and row["val"] == 2.0 and row["rest"] == 0.0, row.to_dict()
+    save_json(d / "done.json", {"key": "k", "seconds": 900.0})                   # run through: its own minutes
+    row = book_times("smoke", [Step("02_show_attend_tell", {"profile": "smoke"})]).iloc[0]
+    assert row["minutes"] == 15.0 and abs(row["rest"] - 2.9) < 1e-9, row.to_dict()
+
 def test_a_step_job_runs_with_its_resources_and_leaves_the_signals_as_they_were(monkeypatch, tmp_path):
     "A job's step sees its resources: its CPUs as intra-op threads; several GPUs as CAPBOOK_TRAIN_PROCS (its run trains under torchrun, one process a GPU), none as none; submitit is asked for the GPUs; the job's signal handlers are the ones it had once the step returns; a malformed sacct interval stops in one line."
     import os, signal
