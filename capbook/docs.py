@@ -354,9 +354,13 @@ def _relative(text: str, paths: list[tuple[str, str]]) -> str:
     # a prefix not inside a longer name (no name character before it), then a slash or the path's end (not a name character, nor '.name')
     return re.sub(rf"(?<![\w.~-])({alt})(?:(/)|(?![\w-]|\.\w))", stand_in, text)
 
+# Another Python installation's packages: a run made by another checkout's environment on this machine (or on another
+# machine) names its own `site-packages`, which `machine_paths` of the publishing process does not know.
+_SITE_PACKAGES = re.compile(r"(?<![\w.~-])/[^\s\"'<>:]*?(?=/lib/python\d+\.\d+/site-packages(?![\w-]))")
+
 def without_machine_paths(text: str) -> str:
-    "`text` with this machine's paths (`machine_paths`) made relative: what a published file may say."
-    return _relative(text, machine_paths())
+    "`text` with this machine's paths (`machine_paths`) made relative, and any other Python installation's prefix (up to its `lib/pythonX.Y/site-packages`) shown as `<python>`: what a published file may say."
+    return _SITE_PACKAGES.sub("<python>", _relative(text, machine_paths()))
 
 def _injected_note(source: str) -> str:
     "papermill's injected parameters as one line of markdown (the run folder left out)."

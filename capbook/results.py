@@ -18,10 +18,10 @@ __all__ = ['PROBE_SEED', 'PROBE_DIGITS', 'HELPER_PROBES', 'SHARED_PROBES', 'SHAR
            'FIGURE_IMAGES', 'RUN_FILES', 'PAPER_CHAPTERS', 'MANIFEST', 'BOOK_STEP', 'MEASUREMENTS', 'cell_digest',
            'code_cells', 'notebook_code', 'encoder_digest', 'encoder_weights', 'data_key', 'probe_data', 'resolved',
            'budget', 'probe', 'scorer_probe', 'stats_probe', 'drawing_probe', 'labels_probe', 'rows_probe',
-           'show_probe', 'helpers_used', 'shared_used', 'fingerprint_cache', 'Keys', 'plan_keys', 'records',
-           'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_words', 'run_file', 'publish_records',
-           'merge_seeds', 'step_record', 'row_record', 'compared_runs', 'chapter_verdicts', 'file_sha',
-           'published_files', 'write_manifest', 'current']
+           'show_probe', 'helpers_used', 'shared_used', 'fingerprint_cache', 'Keys', 'plan_keys', 'run_files',
+           'records', 'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_words', 'run_file',
+           'publish_records', 'merge_seeds', 'step_record', 'row_record', 'compared_runs', 'chapter_verdicts',
+           'file_sha', 'published_files', 'write_manifest', 'current']
 
 # %% ../nbs/00t_results.ipynb
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -394,11 +394,15 @@ def plan_keys(profile: str, made: bool = True, fresh: bool = False, procs: Calla
 # %% ../nbs/00t_results.ipynb
 RECORDS = "records"      # the published book's folder of its runs' records (figures/records/<step>.json.gz)
 
+def run_files(root: Path, name: str) -> list[Path]:
+    "Every file called `name` under `root`, sorted, through symbolic links too: a run folder linked in from another home is the run's folder (`Path.rglob` does not follow links, and the step would silently fall back to its published record)."
+    return sorted(Path(d) / name for d, _, files in os.walk(root, followlinks=True) if name in files)
+
 def records(profile: str, notebook: str | None = None) -> list[dict]:
     "Every results record of a profile (book runs and ad-hoc runs in `runs/<profile>/`, then the published book's records of the steps that have no run folder here), optionally of one notebook."
     from capbook.runner import out_dir
     out, here = [], set()
-    for f in sorted((runs_dir() / profile).rglob("record.json")):
+    for f in run_files(runs_dir() / profile, "record.json"):
         r = load_json(f, "results record"); r["_dir"] = str(f.parent); here.add(f.parent)
         if notebook is None or r.get("notebook") == notebook: out.append(r)
     for f in sorted((out_dir(profile) / RECORDS).glob("*.json.gz")):

@@ -573,11 +573,15 @@ labels_probe(), rows_probe(), show_probe()[:80]
 #| export
 RECORDS = "records"      # the published book's folder of its runs' records (figures/records/<step>.json.gz)
 
+def run_files(root: Path, name: str) -> list[Path]:
+    "Every file called `name` under `root`, sorted, through symbolic links too: a run folder linked in from another home is the run's folder (`Path.rglob` does not follow links, and the step would silently fall back to its published record)."
+    return sorted(Path(d) / name for d, _, files in os.walk(root, followlinks=True) if name in files)
+
 def records(profile: str, notebook: str | None = None) -> list[dict]:
     "Every results record of a profile (book runs and ad-hoc runs in `runs/<profile>/`, then the published book's records of the steps that have no run folder here), optionally of one notebook."
     from capbook.runner import out_dir
     out, here = [], set()
-    for f in sorted((runs_dir() / profile).rglob("record.json")):
+    for f in run_files(runs_dir() / profile, "record.json"):
         r = load_json(f, "results record"); r["_dir"] = str(f.parent); here.add(f.parent)
         if notebook is None or r.get("notebook") == notebook: out.append(r)
     for f in sorted((out_dir(profile) / RECORDS).glob("*.json.gz")):

@@ -298,6 +298,12 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
              "/var/tmp/x and /home/user.bak": "/var/tmp/x and /home/user.bak", "file:///tmp/a": "file://<tmp>/a"}
     assert {a: _relative(a, P) for a in cases} == cases
     assert _relative("/tmp/x", []) == "/tmp/x"
+    from capbook.docs import without_machine_paths    # a record made by another checkout's environment: its Python shown as <python>
+    other = {"jars not in /srv/clone2/.venv/lib/python3.11/site-packages/pycocoevalcap/spice/lib (x)":
+             "jars not in <python>/lib/python3.11/site-packages/pycocoevalcap/spice/lib (x)",
+             "'/opt/conda/lib/python3.12/site-packages'": "'<python>/lib/python3.12/site-packages'",
+             "/srv/data/lib/python3.11/site-packages-old/x": "/srv/data/lib/python3.11/site-packages-old/x"}
+    assert {a: without_machine_paths(a) for a in other} == other
 
 
 def test_a_kernel_that_loads_the_model_registry_imports_no_notebook_reader():

@@ -248,6 +248,11 @@ def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(kept["alpha"][:2], here["alpha"][:2]))
     assert torch.allclose(kept["alpha"][0], alpha[0], rtol=2**-10, atol=1e-7)
     assert torch.equal(R.run_file(rec, "distilling.pt", "Figure 3 data")["weights"], torch.arange(4.0))
+    elsewhere = tmp_path / "other_home" / step.name       # a run folder linked in from another home is the run's own folder,
+    save_json(elsewhere / "record.json", {"notebook": "06_baselines", "params": step.params, "metrics": {"CIDEr": 2.0}})
+    d.symlink_to(elsewhere, target_is_directory=True)     # not its published record
+    rec = R.step_record("smoke", step)
+    assert rec["metrics"] == {"CIDEr": 2.0} and "_published" not in rec and rec["_dir"] == str(d)
 
 
 def test_a_step_trained_by_several_processes_is_keyed_apart(base):
