@@ -1,4 +1,5 @@
 "SPCA (Eq. 7-12), its five structures, the 1D-LSTM + SPCA attention and the 2D-latent-state LSTM, against direct computations."
+import re
 import pytest
 import torch
 import torch.nn.functional as F
@@ -318,3 +319,24 @@ def test_a_readers_kernel_run_is_placed_among_the_books_rows(monkeypatch):
     other = {**k5, "data": {**k5["data"], "fingerprint": "another data set"}}
     assert book_context("03_spca", p, other) == []
     assert book_context("03_spca", dataclasses.replace(p, profile="smoke"), k5) == []   # a profile the checkout did not publish
+
+
+def test_the_chapter_states_its_2d_trial_as_published():
+    "03_spca's table of the 2D state's trial says what figures/table_spca_trial.csv holds (a regenerated trial that moves a number fails here until the prose follows)."
+    import pandas as pd
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    t = pd.read_csv(root / "figures" / "table_spca_trial.csv").set_index("channels", append=True)
+    text = (root / "nbs" / "03_spca.py").read_text()
+    rows = {r.split("|")[1].strip(" *"): [c.strip(" *") for c in r.split("|")[2:-1]]
+            for r in re.findall(r"^# (\| (?:\*\*)?(?:32|64) channels.*\|)$", text, re.M)}
+    assert len(rows) == 3, rows
+    per = lambda v: "—" if pd.isna(v) else f"{v:.2f}"
+    for (_, r), (name, got) in zip(t.iterrows(), rows.items()):
+        ci = r["CIDEr 95% CI"] if r["seeds"] > 1 else "(one seed)"
+        assert got[:5] == [str(r["seeds"]), f"{r['train min']:.1f}", f"{r['captions / s']:.0f}", f"{r['CIDEr']:.1f} {ci}",
+                           f"{r['F1 all']:.1f} ({r['F1 relations']:.1f}, {r['F1 counts']:.1f})"], name
+        assert got[5].startswith(per(r["CIDEr per extra minute"])), name
+        if not pd.isna(r["Δ CIDEr"]) and r["seeds"] > 1: assert f"+{r['Δ CIDEr']:.1f} over 32 channels: {r['verdict']}" in got[5]
+    m = t["train min"].to_numpy()
+    assert f"cost {m[1] / m[0]:.1f}× the minutes" in text and f"cost {m[2] / m[0]:.1f}× the" in text.replace("\n# ", " ")
