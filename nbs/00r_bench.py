@@ -424,7 +424,7 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 # ### The SPCA family's step, profiled and sped up
 #
 # The 2D-latent LSTM is the book's most expensive family: every step convolves c×7×7 state maps with 3×3 kernels
-# (K_H on H_{t-1}, K_V on SPCA's context, SPCA's own Conv₁ and Conv₂ of Eq. 11). Profiled at the default sizes (c = 32,
+# (K_H on H_{t-1}, K_V on SPCA's context, SPCA's own Conv₁ and Conv₂ of Eq. 11). Profiled at the sizes the default profile had then (c = 32,
 # batch 64, the book's 2-core CPU), a step without the changes below spends 46% of its time in convolutions, 38% in
 # elementwise operators and 14% copying and gathering. Run cold, a batch's first step shows where the copies come
 # from: gathering the per-position K_X·X maps from the per-word table as a (N, 7, 7, 4c) tensor (its gradient a

@@ -37,8 +37,9 @@
 # validation and 1,000 test images; every model at one width — Show-Attend-Tell's decoder and every recurrent baseline
 # with 64-dimensional word embeddings and attention and a 128-unit LSTM, the transformers (spatial transformer, CT)
 # and GLIED at d = 64 with one 64-dimensional head (the paper's d_attn) and a 128-wide (GLIED 256) feed-forward layer,
-# the 2D-latent-state LSTM with a 32-channel state (16 starved it: `03_spca`'s departures). A converged small model
-# says more than an unconverged large one; the `paper` profile keeps the papers' sizes where the chapter declares them.
+# the 2D-latent-state LSTM with a 64-channel state (chosen by `03_spca`'s trial of 32 and 64; 16 starved it). A
+# converged small model says more than an unconverged large one; the `paper` profile keeps the papers' sizes where the
+# chapter declares them.
 #
 # **What keeps the whole book to hours on two cores**, each lever chosen by measurement (the times are on a
 # 2-core AMD EPYC with AVX-512 BF16; `figures/table_book_times.md` lists every step's minutes and the machine):
