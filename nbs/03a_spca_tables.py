@@ -140,7 +140,7 @@ display(Markdown(show_table(table3, run.path("table_spca_table3"), floatfmt=".2f
 # state feeds the word layer a 32-d pooled vector, against 128-d for the 1D models. So the width and the map were
 # tried before the default was chosen: the state at 32 channels (the width the book had, over the same seeds as
 # every row) and, once, at 32 channels on the 14×14 map. `train min` is the mean of a run's training and validation
-# minutes (summed over the processes of a run that was stopped and resumed from its checkpoint), measured while the
+# minutes (summed over the processes of a run that was stopped and restarted from its checkpoint), measured while the
 # book ran another run beside it on the same cores; `CIDEr per extra minute` is the gain over the 32-channel
 # 7×7 row divided by the extra minutes of a run. The difference in CIDEr is judged as every claim is (the seed the
 # unit of replication); the map pilot has one seed and its interval is over the test images alone.
