@@ -154,8 +154,8 @@ def expected(nb: nbformat.NotebookNode) -> tuple[int, int]:
     return tables, images
 
 
-def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict[str, tuple[int, int]]:
-    "Open the site at `index` and every chapter linked from it, in one Chromium (`browser`, else a new one); check each against its kept notebook in `kept`. Returns {page: (tables, images) seen}."
+def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict[str, str]:
+    "Open the site at `index` and every chapter linked from it, in one Chromium (`browser`, else a new one); check each against its kept notebook in `kept`. Returns {page: its DOM as HTML}, for a test's own checks without a second load."
     if browser is None:
         with Chromium() as browser: return check_site(index, kept, browser)
     index = Path(index)
@@ -182,7 +182,7 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
         check_figures(name, figures)
         if TABLES_PAGE.match(name) and (claims := published_claims(Path(kept).parent, name)):
             check_findings_first(name, html, claims)
-        seen[name] = (tables, images)
+        seen[name] = html
     return seen
 
 

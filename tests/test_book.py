@@ -72,14 +72,19 @@ def test_unchanged_book_is_skipped(book):
     assert "ran in" not in p.stdout and p.stdout.count("unchanged, skipped") >= 3
 
 
+@pytest.fixture(scope="module")
+def site_pages(book, site):
+    "Every page of the fixture's site, checked in Chromium as a reader meets it (`sitecheck.check_site`: each page loaded once), {page: its DOM}."
+    from sitecheck import check_site
+    home, _ = book
+    return check_site(site / "index.html", home / "runs" / "smoke" / "figures" / "notebooks")
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
-def test_docs_site_shows_table_and_attention_figure(site):
-    from capbook.docs import Chromium
-    page = site / "02a_soft_vs_hard.html"
-    assert page.exists(), sorted(p.name for p in site.glob("*.html"))
-    with Chromium() as browser: doms = {name: browser.dom(site / f"{name}.html") for name in
-                                        ("02a_soft_vs_hard", "02_show_attend_tell", "03a_spca_tables", "03_spca")}
+def test_docs_site_shows_table_and_attention_figure(site, site_pages):
+    doms = site_pages
+    assert "02a_soft_vs_hard" in doms, sorted(p.name for p in site.glob("*.html"))
     dom = doms["02a_soft_vs_hard"]
     assert "<table" in dom and "Hard-Attention" in dom and "paper (quoted)" in dom and "penalty off" in dom
     assert "<img" in dom and ("image/png" in dom or ".png" in dom)
@@ -95,13 +100,12 @@ def test_docs_site_shows_table_and_attention_figure(site):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
-def test_docs_command_rebuilds_the_site_a_reader_meets(book, site):
-    "`capbook docs` builds the site from the kept notebooks alone (the `site` fixture); every chapter reads as a book in Chromium."
-    from sitecheck import check_site
+def test_docs_command_rebuilds_the_site_a_reader_meets(book, site_pages):
+    "`capbook docs` builds the site from the kept notebooks alone (the `site` fixture); every chapter reads as a book in Chromium (`site_pages`)."
     home, _ = book
     kept = home / "runs" / "smoke" / "figures" / "notebooks"
     assert (kept / "02_show_attend_tell.ipynb").exists() and not list(kept.glob("*-hard*"))    # untagged runs only
-    check_site(site / "index.html", kept)
+    assert set(site_pages) == {p.stem for p in kept.glob("*.ipynb")}
     p = subprocess.run([str(BIN / "capbook"), "docs", "--profile", "paper"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no kept notebooks of a paper book; run `capbook book --profile paper` first" in p.stderr
 
