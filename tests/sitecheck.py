@@ -24,6 +24,11 @@ def workshop_words(text: str) -> list[str]:
     return [" ".join(text[max(0, m.start() - 60):m.end() + 60].split()) for m in WORKSHOP.finditer(text)]
 
 
+def chatter(text: str) -> list[str]:
+    "The tools' chatter (`CHATTER`) that `text` shows."
+    return [c for c in CHATTER if c in text]
+
+
 def as_text(html: str) -> str:
     "What a reader reads of `html`: its text, without markup, scripts or styles."
     return _html.unescape(_NOT_SHOWN.sub(" ", html))
@@ -173,7 +178,7 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
         shown = _CODE_INPUT.sub("", html)             # what the run printed and the prose
         assert "Traceback (most recent call last)" not in shown and 'class="output traceback' not in shown, name
         assert not (m := MACHINE_PATH.search(shown)), (name, shown[max(0, m.start() - 80):m.end() + 80])
-        assert not [c for c in CHATTER if c in shown], (name, [c for c in CHATTER if c in shown])
+        assert not (c := chatter(shown)), (name, c)
         assert not (w := workshop_words(as_text(shown))), (name, w)
         if any(c.source.startswith("*This run used") for c in nbformat.read(nb_path, as_version=4).cells):
             assert "This run used" in html, name               # the injected parameters, as one line

@@ -95,9 +95,9 @@ def test_no_history_on_the_site():
 def test_no_workshop_talk_in_the_published_book():
     "What the site shows of each published reader's copy (figures/notebooks: its prose and its outputs, not its code) holds no workshop talk (`sitecheck.WORKSHOP`) and none of the tools' chatter the site check refuses (`sitecheck.CHATTER`), nor do the docstrings the API page shows: the site's own checks, without building the site."
     import ast, nbformat
-    from sitecheck import CHATTER, shown_text, workshop_words
+    from sitecheck import chatter, shown_text, workshop_words
     shown = {f.stem: shown_text(nbformat.read(f, as_version=4)) for f in sorted((ROOT / "figures" / "notebooks").glob("*.ipynb"))}
-    found = [f"{name}: {w!r}" for name, text in shown.items() for w in workshop_words(text) + [c for c in CHATTER if c in text]]
+    found = [f"{name}: {w!r}" for name, text in shown.items() for w in workshop_words(text) + chatter(text)]
     for mod in sorted((ROOT / "capbook").glob("*.py")):
         for node in ast.walk(ast.parse(mod.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and (doc := ast.get_docstring(node)):
