@@ -423,15 +423,15 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
 # %% [markdown]
 # ### The SPCA family's step, profiled and sped up
 #
-# The 2D-latent LSTM is the book's most expensive family: every step convolves c×7×7 state maps with 3×3 kernels
-# (K_H on H_{t-1}, K_V on SPCA's context, SPCA's own Conv₁ and Conv₂ of Eq. 11). Profiled at the sizes the default profile had then (c = 32,
-# batch 64, the book's 2-core CPU), a step without the changes below spends 46% of its time in convolutions, 38% in
-# elementwise operators and 14% copying and gathering. Run cold, a batch's first step shows where the copies come
-# from: gathering the per-position K_X·X maps from the per-word table as a (N, 7, 7, 4c) tensor (its gradient a
-# 4-dimensional scatter-add, 15% of that step) and sorting the (B, T, 4c, 7, 7) maps longest caption first for the
-# shrinking batch (the index, its backward `index_put` and a fill, 10%). The fast path, kept beside the plain equations'
-# code (`plain_paths()` runs the plain code, and `test_spca_fast_paths_compute_the_plain_equations` checks both give
-# the same outputs and gradients for every structure and kernel):
+# The 2D-latent LSTM is the book's most expensive family: every step convolves c×7×7 state maps with 3×3 kernels (K_H on
+# H_{t-1}, K_V on SPCA's context, SPCA's own Conv₁ and Conv₂ of Eq. 11). Profiled at the sizes the default profile had
+# then (c = 32, batch 64, the book's 2-core CPU), a step without the changes below spends 46% of its time in
+# convolutions, 38% in elementwise operators and 14% copying and gathering. Run cold, a batch's first step shows where
+# the copies come from: gathering the per-position K_X·X maps from the per-word table as a (N, 7, 7, 4c) tensor (its
+# gradient a 4-dimensional scatter-add, 15% of that step) and sorting the (B, T, 4c, 7, 7) maps longest caption first
+# for the shrinking batch (the index, its backward `index_put` and a fill, 10%). The fast path, kept beside the plain
+# equations' code (`plain_paths()` runs the plain code, and `test_spca_fast_paths_compute_the_plain_equations` checks
+# both give the same outputs and gradients for every structure and kernel):
 #
 # - the word table is an embedding looked up inside each step: the recurrence carries word indices, never the maps;
 # - K_H·H_{t-1} + K_V·C_t is one convolution of [H_{t-1}; C_t] with the two kernels side by side;

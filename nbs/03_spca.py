@@ -78,8 +78,8 @@ from capbook.runner import run_chapter
 # *capbook:* where the paper is silent —
 # - **Conv₁'s width** in Eq. 11 is not given; we use `att_dim` channels (the paper sets its "attention dimension" to
 #   512 on 2048-channel features), with zero padding $k/2$ so the map keeps its size.
-# - **$r$** is not given either; the default is 8 (so $2C/r$ is 16 for the 2D decoder's 64 channels at the default profile). It is a parameter
-#   (`reduction`).
+# - **$r$** is not given either; the default is 8 (so $2C/r$ is 16 for the 2D decoder's 64 channels at the default
+#   profile). It is a parameter (`reduction`).
 # - **What the attention figures and the attention-correctness score read.** They read $M^S_t$ divided by its sum over
 #   the map, $\alpha_t = M^S_t / \sum M^S_t$, which keeps its shape and its peak. The C structure has no spatial map, so
 #   it has no attention figure.
