@@ -203,7 +203,7 @@ class Ensemble(CaptionModel):
 # %% ../nbs/00g_decode.ipynb
 @dataclass
 class Samples:
-    "Sampled captions: words (R, T) incl. <end> then <pad> (a row cut at max_len has no <end>), log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
+    "Sampled captions: words (R, T) incl. <end> then <pad> (a row cut at max_len has no <end>; one forced to end has it), log-probabilities (R, T) with gradients, mask (R, T) of the words the policy chose (not a forced <end>), attention (R, T, L) or None."
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
@@ -217,7 +217,7 @@ class Samples:
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
            max_len: int = 20, end_by: bool = False) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words), with the model's log-probabilities of the drawn words."
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words, and that forced <end> carries no log-probability and is masked out), with the model's log-probabilities of the drawn words."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -233,9 +233,11 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
-        masks.append((~done).float())                                          # the word counts until <end> is out
-        # log p(w_t | w_<t, I): (R,), 0 on finished rows
-        logps.append(lp.gather(1, tok[:, None]).squeeze(1).masked_fill(done, 0.0))
+        # the word counts until <end> is out; a forced <end> (the last step under end_by) was no choice: no word, no gradient
+        chose = ~done if not (end_by and t == max_len - 1) else torch.zeros_like(done)
+        masks.append(chose.float())
+        # log p(w_t | w_<t, I): (R,), 0 where the row chose nothing (finished, or its <end> forced)
+        logps.append(lp.gather(1, tok[:, None]).squeeze(1).masked_fill(~chose, 0.0))
         words.append(tok); alphas.append(aux.get("alpha"))
         done = done | (tok == model.end)
         if done.all(): break

@@ -15,9 +15,9 @@ from .core import (CapbookError, atomic_write, check_choice, check_float, check_
                           save_yaml, seed_everything, stable_hash, cpu_precision)
 
 # %% auto 0
-__all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADDER', 'CHAPTERS', 'SEEDS', 'CI_METRICS',
+__all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_LR', 'BUDGET', 'LADDER', 'RISING', 'CHAPTERS', 'SEEDS', 'CI_METRICS',
            'SEED_METRICS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS', 'check_profile', 'out_dir', 'Run',
-           'start_run', 'protocol_epochs', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
+           'start_run', 'protocol_epochs', 'ladder_twin', 'RunConfig', 'read_params', 'parameters_source', 'Chapter',
            'register_chapter', 'chapters', 'chapter', 'model_hparams', 'ChapterRun', 'measured', 'record_stage',
            'results_ids', 'save_test_captions', 'stage_stats', 'epochs_trained', 'row_epochs', 'late_gain', 'curve_end',
            'interval_cells', 'seed_cells', 'paired_verdict', 'test_id', 'stage_best', 'Claims', 'book_family',
@@ -102,12 +102,17 @@ PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter an
 
 BUDGET = {"smoke": 1, "default": 15, "paper": 30}   # the protocol's budget by profile: epochs, the rate annealed to 0 over them
 LADDER = 2                      # the next budget, as a multiple, for a row still rising when the protocol's ends
+RISING = 1.0                    # a seed is still rising when its last three epochs beat its best before them by more than this (CIDEr ×100; 02b_protocol)
 
 def protocol_epochs(longer: bool | Callable[[Any], bool] = False) -> dict:
-    "A chapter's `epochs`: the protocol's budget (`BUDGET`), or, for the rows `longer` picks (a function of a run's parameters, or True: every row), the ladder's next rung at the default profile — `LADDER` times its epochs — where every seed of a row was still gaining in the last three epochs of the protocol's (02b_protocol)."
+    "A chapter's `epochs`: the protocol's budget (`BUDGET`), or, for the rows `longer` picks (a function of a run's parameters, or True: every row), the ladder's next rung at the default profile — `LADDER` times its epochs — where most seeds of a row were still rising at the protocol's (`curve_end`, 02b_protocol)."
     if not longer: return dict(BUDGET)
     pick = longer if callable(longer) else (lambda p: True)
     return {**BUDGET, "default": lambda p: LADDER * BUDGET["default"] if pick(p) else BUDGET["default"]}
+
+def ladder_twin(params: dict) -> dict:
+    "A row's twin at the ladder's next rung (`LADDER` × the default profile's budget): the same parameters and seeds, more epochs, for a claim against a row trained that long (a claim compares its rows at one budget: `Claims.test`). Declare it for the default profile alone (`Chapter.only`): the other profiles train every row at one budget."
+    return {**params, "epochs": LADDER * BUDGET["default"]}
 
 @dataclass
 class RunConfig:
@@ -339,11 +344,11 @@ def late_gain(history: list[dict], last: int = 3) -> float | None:
     before = [c for x, c in h if x <= end - last]
     return 100 * (max(c for x, c in h if x > end - last) - max(before)) if before else None
 
-def curve_end(gains: list[float | None]) -> str:
-    "A row's curve at the end of its budget, from its seeds' `late_gain`: 'still rising' when every seed gained (the row's budget is too short: `protocol_epochs`), 'one seed' where there is no spread to read it against."
+def curve_end(gains: list[float | None], margin: float = RISING) -> str:
+    "A row's curve at the end of its budget, from its seeds' `late_gain`: 'still rising' when more than half of its seeds gained more than `margin` (the row's budget is too short: it climbs the ladder, `protocol_epochs`), 'one seed' where there is no spread to read it against."
     if not gains or None in gains: return "too short to tell"
     if len(gains) == 1: return "one seed"
-    return "still rising" if all(g > 0 for g in gains) else "flat or falling"
+    return "still rising" if 2 * sum(g > margin for g in gains) > len(gains) else "flat or falling"
 
 def _seeds(stats: dict | list | None) -> list[dict] | None:
     "A row's per-image statistics as a list over its seeds; None if any seed kept no captions."
@@ -415,12 +420,12 @@ class Claims:
 
     def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
              paired: bool = False, **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`); `epochs`: the two rows' budgets (`row_epochs`), named in the claim and its text where they differ; `paired`: a stage against its own start."
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start."
         metric = kw.pop("metric", self.metric)
-        r = paired_verdict(a, b, metric, paired=paired, **kw)
         if epochs is not None and epochs[0] != epochs[1]:
-            budgets = f"{epochs[0]:g} vs {epochs[1]:g} epochs"
-            label, r = f"{label} ({budgets})", {**r, "text": f"{r['text']}; the budgets differ, {budgets}"}
+            raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
+                               "twin at the longer budget (capbook.runner.ladder_twin)")
+        r = paired_verdict(a, b, metric, paired=paired, **kw)
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
         self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric}
         return self.tests[label]

@@ -375,11 +375,13 @@ assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.token
 # $w_t \sim \mathrm{softmax}(\log p(\cdot \mid w_{<t}, I) / \tau)$, after the searches' masks (no `<start>` or
 # `<pad>` while a caption is live, only `<pad>` at no cost once it has ended); τ = 0 takes the most probable word,
 # which is greedy search. A sample is at most `max_len` tokens, `<end>` included: one that has not ended by then is
-# **cut**, with no `<end>` and no term for one — the searches force `<end>` after `max_len` words, but a forced token is
-# an action the policy never took, and its log-probability (often −20 or lower) would enter the policy gradient as if
-# it had. This is self-critical.pytorch's rule (its samples stop at `seq_length` tokens); the reward then scores the
-# cut sample without an end token (`capbook.objectives.SelfCritical`), so a caption that never ends is penalised by the
-# reward, not by a made-up action. It returns, per row, the sampled words, their log-probabilities **under the model**
+# **cut**, with no `<end>` and no term for one. With `end_by=True` (what self-critical training uses, so that its
+# samples are no longer than the captions greedy decoding and beam search write) the last step may only be `<end>`,
+# as the searches end: the row ends, and the reward scores it as ended. But a forced token is an action the policy
+# never took: its log-probability (often −20 or lower, not renormalised over the one allowed word) would enter the
+# policy gradient as if it had. So the forced `<end>` gets log-probability 0 and mask 0, as a finished row's padding
+# does: it moves the reward, never the gradient. A sample that chose `<end>` itself keeps that word's term. Without
+# `end_by` a sample that has not ended is cut, self-critical.pytorch's rule (its samples stop at `seq_length` tokens). It returns, per row, the sampled words, their log-probabilities **under the model**
 # $\log p(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the usual choice for self-critical training,
 # they are the same), a mask of the words up to and including `<end>` (all of a cut row's), and the attention of every
 # step. Unlike the searches it runs with gradients, so $\sum_t \log p(w_t)$ is what a REINFORCE
@@ -389,7 +391,7 @@ assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.token
 #| export
 @dataclass
 class Samples:
-    "Sampled captions: words (R, T) incl. <end> then <pad> (a row cut at max_len has no <end>), log-probabilities (R, T) with gradients, mask (R, T), attention (R, T, L) or None."
+    "Sampled captions: words (R, T) incl. <end> then <pad> (a row cut at max_len has no <end>; one forced to end has it), log-probabilities (R, T) with gradients, mask (R, T) of the words the policy chose (not a forced <end>), attention (R, T, L) or None."
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
@@ -403,7 +405,7 @@ class Samples:
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
            max_len: int = 20, end_by: bool = False) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words), with the model's log-probabilities of the drawn words."
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words, and that forced <end> carries no log-probability and is masked out), with the model's log-probabilities of the drawn words."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -419,9 +421,11 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
-        masks.append((~done).float())                                          # the word counts until <end> is out
-        # log p(w_t | w_<t, I): (R,), 0 on finished rows
-        logps.append(lp.gather(1, tok[:, None]).squeeze(1).masked_fill(done, 0.0))
+        # the word counts until <end> is out; a forced <end> (the last step under end_by) was no choice: no word, no gradient
+        chose = ~done if not (end_by and t == max_len - 1) else torch.zeros_like(done)
+        masks.append(chose.float())
+        # log p(w_t | w_<t, I): (R,), 0 where the row chose nothing (finished, or its <end> forced)
+        logps.append(lp.gather(1, tok[:, None]).squeeze(1).masked_fill(~chose, 0.0))
         words.append(tok); alphas.append(aux.get("alpha"))
         done = done | (tok == model.end)
         if done.all(): break
@@ -440,7 +444,9 @@ assert _s.logprobs.requires_grad and (_s.logprobs <= 0).all() and _s.mask[:, 0].
 
 # %% [markdown]
 # A model that never wants to end: every sample is cut at `max_len` tokens, none carries an `<end>`, and each
-# log-probability is the model's own for a word it drew (no forced token's).
+# log-probability is the model's own for a word it drew. Under `end_by` the same samples end with a forced `<end>`
+# that carries neither a log-probability nor a place in the mask, so the gradient of Σ log p is that of the chosen
+# words alone.
 
 # %%
 _never = build("sat_soft", 12, 8, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8).eval()
@@ -448,6 +454,9 @@ with torch.no_grad(): _never.L_o.bias[_m.end] = -30.0                    # <end>
 _s = sample(_never, _f, n=3, temperature=1.0, max_len=5)
 assert _s.tokens.shape[1] == 5 and not (_s.tokens == _m.end).any() and _s.mask.eq(1).all()
 assert (_s.logprobs > -15).all(), _s.logprobs.min()
+torch.manual_seed(0); _e = sample(_never, _f, n=3, temperature=1.0, max_len=5, end_by=True)
+assert (_e.tokens[:, -1] == _m.end).all() and _e.mask[:, -1].eq(0).all() and _e.logprobs[:, -1].eq(0).all()
+assert _e.mask[:, :-1].eq(1).all() and (_e.logprobs[:, :-1] > -15).all()        # the four chosen words keep their terms
 
 
 # %% [markdown]

@@ -40,15 +40,15 @@
 # %%
 #| export
 from __future__ import annotations
-import math
+import math, re
 from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 from torch import nn
-from capbook.core import CapbookError, check_float, check_int, save_torch
+from capbook.core import CapbookError, check_choice, check_float, check_int, save_torch
 from capbook.attention import MultiHeadAttention
 from capbook.models import CaptionModel, Dropout, fast, image_groups, image_rows, register
-from capbook.runner import Chapter, RunConfig, register_chapter, scst_budget
+from capbook.runner import BUDGET, Chapter, RunConfig, ladder_twin, register_chapter, scst_budget
 from capbook.ssa import WARMUP, FeedForward, sinusoid
 
 # %%
@@ -140,13 +140,14 @@ class CrossModal(nn.Module):
 # visual attention then reads $\tilde I$ instead of $I$.
 #
 # *capbook:* the paper distils Faster R-CNN regions, each an object with its own place in the image; the book's
-# stand-in is the 14×14 grid of CNN cells, and a cell carries no place of its own. Self-attention over cells without
-# position is a bag of cells: it cannot group "the cell left of that one". So each cell gets its position before the
-# self-attention, $I_p = I + P$, with $P$ the sinusoid of the cell's row-major index that the spatial transformer's
-# encoder adds (`capbook.ssa.sinusoid`). It is the stand-in for what a region's box gives the paper's model, and it
-# enters global visual distilling only: Eq. 4 and Eq. 11 read the cells as before. The position-free version is
-# kept as an ablation row ("GLIED (cells without position)", `visual_position=False`), so the departure's cost is
-# measured with seeds. Region features (`-p regions`, a variable number per image) get no position.
+# stand-in is the 14×14 grid of CNN cells, and a cell carries no place of its own. The book still computes Eq. 7 as
+# the paper writes it, with no position term: $I$ in, $\tilde I$ out. Whether a cell's place would help is an
+# ablation, not part of the model: `visual_position` adds $P$, the sinusoid of each cell's row-major index that the
+# spatial transformer's encoder adds (`capbook.ssa.sinusoid`), either to everything Eq. 7 reads, $I_p = I + P$ as
+# queries, keys, values and residual (`"values"`), or to the queries and keys alone, so that where a cell is steers
+# the grouping but never enters what is grouped (`"qk"`). Both are rows of their own over seeds (`05a_glied_tables`),
+# and Eq. 4 and Eq. 11 read the cells without position in every variant. Region features (`-p regions`, a variable
+# number per image) get no position.
 #
 # **Global attribute distilling (Eq. 8).** $\tilde t = G(H_{ad}(x, A, A), x)$: the input word gathers its
 # collocations among the image's attributes, and the self-attention of Eq. 9 runs over these enriched inputs,
@@ -175,6 +176,8 @@ class CrossModal(nn.Module):
 
 # %%
 #| export
+VISUAL_POSITIONS = {"none": "", "values": " + cell positions", "qk": " + cell positions on queries and keys"}   # Eq. 7's cells: the paper's, then the ablations (their row names)
+
 @dataclass
 class GLIEDConfig:
     "GLIED (§3.2–3.3) at the sizes of §4.2; each component switchable, so Table 4 is five settings of this config."
@@ -184,7 +187,7 @@ class GLIEDConfig:
     d_hidden: int = 2048            # F's hidden width (not stated: Vaswani et al.'s 4 d_h)
     dropout: float = 0.1            # in G, F and on attention weights (not stated: Vaswani et al.'s)
     global_visual: bool = True      # Eq. 7: region groupings I~ replace I in the global aspect
-    visual_position: bool = True    # Eq. 7 over grid cells: each cell's position added before H_vd (what an object region carries); False: cells without position
+    visual_position: str = "none"   # Eq. 7 over grid cells: none (the paper's equation) | values (each cell's position added before H_vd: queries, keys, values and residual) | qk (on H_vd's queries and keys only)
     global_attribute: bool = True   # Eq. 8: attribute collocations t~ around the input word
     local: bool = True              # Eq. 11: local cross-modal distilling over I and A
     max_positions: int = 64         # longest caption the positional table covers
@@ -195,18 +198,19 @@ class GLIEDConfig:
         if self.d_model % self.heads:
             raise CapbookError(f"parameter d_model={self.d_model} is invalid: expected a multiple of heads={self.heads}")
         check_float("dropout", self.dropout, lo=0, hi=0.95)
-        for n in ("global_visual", "visual_position", "global_attribute", "local"):
+        check_choice("visual_position", self.visual_position, VISUAL_POSITIONS)
+        for n in ("global_visual", "global_attribute", "local"):
             if not isinstance(getattr(self, n), bool):
                 raise CapbookError(f"parameter {n}={getattr(self, n)!r} is invalid: expected True or False")
         return self
 
     @property
     def variant(self) -> str:
-        "The Table 4 row this setting is (grid cells without position: named so)."
+        "The Table 4 row this setting is (an ablation's cell positions named so)."
         return {(False, False, False): "Base", (True, False, False): "+ global visual", (False, True, False): "+ global attribute",
                 (True, True, False): "+ global", (False, False, True): "+ local", (True, True, True): "GLIED",
                 (True, False, True): "+ global visual + local", (False, True, True): "+ global attribute + local"}[
-            (self.global_visual, self.global_attribute, self.local)] + (" (cells without position)" if self.global_visual and not self.visual_position else "")
+            (self.global_visual, self.global_attribute, self.local)] + (VISUAL_POSITIONS[self.visual_position] if self.global_visual else "")
 
 class GLIED(CaptionModel):
     "The cross-modal base model (Eq. 3–6) with global visual (Eq. 7), global attribute (Eq. 8–10) and local (Eq. 11) distilling."
@@ -222,7 +226,7 @@ class GLIED(CaptionModel):
         self.register_buffer("pe", sinusoid(cfg.max_positions, d), persistent=False)
         self.drop = Dropout(p)
         if cfg.global_visual: self.H_vd, self.g_vd, self.post_vd = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p), Refine(d, cfg.d_hidden, p)
-        if cfg.global_visual and cfg.visual_position:                            # the cells' positions: no weights, no draws
+        if cfg.global_visual and cfg.visual_position != "none":                  # the cells' positions (an ablation): no weights, no draws
             self.register_buffer("pe_cells", sinusoid(grid[0] * grid[1], d), persistent=False)
         if cfg.global_attribute: self.H_ad, self.g_ad = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p)
         self.H_x, self.g_x = MultiHeadAttention(d, h, tau="standard", dropout=p), Sublayer(d, p)
@@ -238,6 +242,11 @@ class GLIED(CaptionModel):
             raise ValueError(f"caption of {start + T} positions: max_positions is {self.cfg.max_positions}")
         return self.drop(self.W_E(self.E(tokens)) + self.pe[start:start + T])
 
+    def cell_positions(self, I: torch.Tensor, I_mask: torch.Tensor | None) -> torch.Tensor | None:
+        "The grid cells' positions P (L, d) where an ablation adds them to Eq. 7 (grid cells only: regions have none); None for the paper's equation."
+        if self.cfg.visual_position == "none" or I_mask is not None or I.shape[1] != len(self.pe_cells): return None
+        return self.pe_cells
+
     def encode(self, feats: torch.Tensor, attrs: torch.Tensor, feat_mask: torch.Tensor | None = None) -> dict:
         "Regions (B, L, D) (with `feat_mask` (B, L) when their number varies) and attribute ids (B, K) -> the keys and values every attention of the decoder reads, per image."
         self.encoder_passes += len(feats)
@@ -251,14 +260,21 @@ class GLIED(CaptionModel):
         if I_mask is not None: mem["I_mask"] = I_mask
         src = I
         if cfg.global_visual:
-            Ip = I
-            if cfg.visual_position and I_mask is None and I.shape[1] == len(self.pe_cells):
-                # I_p = I + P, P the sinusoid of each grid cell's row-major index (the spatial transformer's): (B, L, d)
-                Ip = I + self.pe_cells
-            # I~ = G(H_vd(I_p, I_p, I_p), I_p) (Eq. 7): (B, L, d)
-            It = self.g_vd(self.H_vd(Ip, mask=I_mask)[0], Ip)
-            # I~ <- G(G(F(I~), I~), I_p), the post-processing of Eq. 5
-            src = self.post_vd(It, Ip)
+            P = self.cell_positions(I, I_mask)
+            if P is None:
+                # I~ = G(H_vd(I, I, I), I) (Eq. 7): (B, L, d)
+                It = self.g_vd(self.H_vd(I, mask=I_mask)[0], I)
+                # I~ <- G(G(F(I~), I~), I), the post-processing of Eq. 5
+                src = self.post_vd(It, I)
+            elif cfg.visual_position == "values":
+                # ablation: I_p = I + P, P the sinusoid of each cell's row-major index: (B, L, d); I~ = G(H_vd(I_p, I_p, I_p), I_p)
+                Ip = I + P
+                src = self.post_vd(self.g_vd(self.H_vd(Ip, mask=I_mask)[0], Ip), Ip)
+            else:
+                # ablation: positions steer the grouping only, K = (I + P) W_K, Q = (I + P) W_Q, V = I W_V; I~ = G(H_vd, I)
+                Ip = I + P
+                kv = (self.H_vd.heads(Ip, self.H_vd.W_K), self.H_vd.heads(I, self.H_vd.W_V))
+                src = self.post_vd(self.g_vd(self.H_vd(Ip, mask=I_mask, kv=kv)[0], I), I)
         put = lambda name, kv: mem.update({f"k_{name}": kv[0], f"v_{name}": kv[1]})
         put("v", self.cross.H.keys_values(src))                   # H_v over I, or over I~ (Eq. 10)
         if not cfg.global_attribute: put("a", self.cross.H.keys_values(A))     # H_a over A (Eq. 4)
@@ -350,12 +366,13 @@ assert 11e6 < _n[False] < 14e6 and 17e6 < _n[True] < 21e6
 
 # %%
 #| export
-def direct_attention(att: MultiHeadAttention, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    "Eq. 1–2 written out: concat_i softmax(q W_i^Q (kv W_i^K)^T / sqrt(d_k)) kv W_i^V, times W; q (T, d), kv (S, d), mask (T, S)."
-    heads = []
+def direct_attention(att: MultiHeadAttention, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None = None,
+                     values: torch.Tensor | None = None) -> torch.Tensor:
+    "Eq. 1–2 written out: concat_i softmax(q W_i^Q (kv W_i^K)^T / sqrt(d_k)) kv W_i^V, times W; q (T, d), kv (S, d), mask (T, S); `values` (S, d) in place of kv for V."
+    heads, vals = [], kv if values is None else values
     for i in range(att.h):
         sl = slice(i * att.d, (i + 1) * att.d)
-        Q, K, V = q @ att.W_Q.weight[sl].T, kv @ att.W_K.weight[sl].T, kv @ att.W_V.weight[sl].T
+        Q, K, V = q @ att.W_Q.weight[sl].T, kv @ att.W_K.weight[sl].T, vals @ att.W_V.weight[sl].T
         e = Q @ K.T / math.sqrt(att.d)
         if mask is not None: e = e.masked_fill(~mask, float("-inf"))
         heads.append(torch.softmax(e, -1) @ V)
@@ -369,8 +386,10 @@ def direct_glied(m: GLIED, feats: torch.Tensor, attrs: torch.Tensor, caps: torch
     A = m.E.weight[attrs[attrs != m.pad]] @ m.W_E.weight.T + m.W_E.bias
     x = m.E.weight[caps] @ m.W_E.weight.T + m.W_E.bias + m.pe[:len(caps)]
     causal = torch.ones(len(caps), len(caps), dtype=torch.bool).tril()
-    Ip = I + m.pe_cells if cfg.global_visual and cfg.visual_position and len(I) == len(m.pe_cells) else I   # positions
-    It = F_(m.post_vd, G(m.g_vd, direct_attention(m.H_vd, Ip, Ip), Ip), Ip) if cfg.global_visual else I      # Eq. 7
+    P = m.cell_positions(I[None], None) if cfg.global_visual else None                            # an ablation's cell positions
+    if P is None: It = F_(m.post_vd, G(m.g_vd, direct_attention(m.H_vd, I, I), I), I) if cfg.global_visual else I   # Eq. 7
+    elif cfg.visual_position == "values": It = F_(m.post_vd, G(m.g_vd, direct_attention(m.H_vd, I + P, I + P), I + P), I + P)
+    else: It = F_(m.post_vd, G(m.g_vd, direct_attention(m.H_vd, I + P, I + P, values=I), I), I)
     q = G(m.g_ad, direct_attention(m.H_ad, x, A), x) if cfg.global_attribute else x                     # Eq. 8
     xt = G(m.g_x, direct_attention(m.H_x, q, q, causal), q)                                            # Eq. 3 / 9
     s = direct_attention(m.cross.H, xt, It) + (0 if cfg.global_attribute else direct_attention(m.cross.H, xt, A))
@@ -558,23 +577,28 @@ def glied_measure(r) -> dict:
 _TABLE4 = {"": (True, True, True), "base": (False, False, False), "global-visual": (True, False, False),
            "global-attribute": (False, True, False), "global": (True, True, False), "local": (False, False, True)}
 
+_RUNS = {tag: {"global_visual": v, "global_attribute": a, "local": l,
+               **({"scst_baseline": "both"} if tag in ("", "base") else {"scst_epochs": 0})}
+         for tag, (v, a, l) in _TABLE4.items()}          # GLIED and the base: + SCST, both baselines (Table 1); Table 4
+
 GLIED_CHAPTER = register_chapter(Chapter(
     notebook="05_glied",
     paper="Liu, Ren, Liu, Lei and Sun 2019, Exploring and Distilling Cross-Modal Information for Image Captioning (IJCAI)",
     url="https://doi.org/10.24963/ijcai.2019/708",
     params=GLIEDParams,
     model=lambda p: "glied",
-    runs={**{tag: {"global_visual": v, "global_attribute": a, "local": l,
-                   **({"scst_baseline": "both"} if tag in ("", "base") else {"scst_epochs": 0})}
-             for tag, (v, a, l) in _TABLE4.items()},                  # GLIED and the base: + SCST, both baselines (Table 1); Table 4
-          "no-position": {"visual_position": False, "scst_epochs": 0}},   # GLIED over cells without position: the departure's cost
+    runs={**_RUNS,
+          **{f"position-{v}": {"visual_position": v, "scst_epochs": 0} for v in ("values", "qk")},   # Eq. 7 with the cells' positions: ablations
+          "e30": ladder_twin(_RUNS[""]), "base-e30": ladder_twin({**_RUNS["base"], "scst_epochs": 0})},   # twins for claims against 30-epoch rows
+    only={"e30": ("default",), "base-e30": ("default",)},  # the other profiles train every row at one budget
     epochs={"smoke": 1, "default": 15, "paper": 25},       # the protocol's budget, every epoch (GLIED: at most 25, early stopping)
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
-           "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": scst_budget(15), "attr_epochs": 15},
+           "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "attr_epochs": 15,
+                       "scst_epochs": lambda p: scst_budget(p.epochs or BUDGET["default"])},   # 2/3 of the row's cross-entropy epochs
            "paper": {"d_embed": 256, "d_model": 512, "heads": 8, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
     train={},                                             # the protocol; the warm-up: its registry entry
     label=lambda p: p.variant,
-    figure=lambda p: f"fig_glied_{p.variant.strip('+ ').replace(' ', '_').lower()}_attention.png",
+    figure=lambda p: f"fig_glied_{re.sub(r'[^a-z0-9]+', '_', p.variant.lower()).strip('_')}_attention.png",
     measure=glied_measure,
     inputs=glied_inputs,
     encoder="resnet101",
@@ -617,7 +641,7 @@ heads = None              # n; None: the profile's, for a d_attn of 64 as every 
 d_hidden = None           # None: the profile's (4 d_model)
 dropout = 0.1             # in G, F and on attention weights (not stated: Vaswani et al.'s)
 global_visual = True      # Eq. 7: region groupings I~ replace I in the global aspect
-visual_position = True    # Eq. 7 over grid cells: each cell's position added before H_vd (what an object region carries); False: cells without position
+visual_position = 'none'  # Eq. 7 over grid cells: none (the paper's equation) | values (each cell's position added before H_vd: queries, keys, values and residual) | qk (on H_vd's queries and keys only)
 global_attribute = True   # Eq. 8: attribute collocations t~ around the input word
 local = True              # Eq. 11: local cross-modal distilling over I and A
 max_positions = 64        # longest caption the positional table covers

@@ -530,7 +530,7 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     model=lambda p: p.model,
     runs={"": {"model": "updown", "scst_baseline": "both"}, "att2in": {"model": "att2in", "scst_baseline": "both"},   # + SCST, both baselines (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
-    epochs=protocol_epochs(longer=lambda p: p.model == "updown"),   # the protocol's budget; Up-Down at the ladder's second rung (still gaining at 15)
+    epochs=protocol_epochs(longer=lambda p: p.model in ("updown", "ct")),   # the protocol's budget; Up-Down and CT at the ladder's second rung (still rising at 15)
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
            "default": {"d_model": 64, "heads": 1, "d_hidden": 128, **WIDTHS["default"],   # SCST: at most 2/3 of the row's cross-entropy epochs
                        "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model == "updown" else BUDGET["default"])},

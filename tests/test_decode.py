@@ -67,6 +67,31 @@ def test_a_sample_that_never_ends_is_cut_not_forced():
     assert (s.logprobs > -15).all(), s.logprobs.min()              # every term is a word the policy drew
 
 
+def test_a_forced_end_carries_no_log_probability_and_no_gradient():
+    "Under end_by a sample that hits the cap ends with a forced <end>: mask 0, log-probability 0, and the self-critical loss's gradient is that of the chosen words alone, computed here by hand from teacher forcing."
+    import torch.nn.functional as F
+    from capbook.decode import sample
+    m = model(); f = torch.randn(3, 9, 8)
+    with torch.no_grad(): m.L_o.bias[m.end] = -30.0               # every sample runs to the cap
+    torch.manual_seed(1)
+    s = sample(m, f, n=2, temperature=1.0, max_len=5, end_by=True)
+    assert s.tokens.shape == (6, 5) and (s.tokens[:, -1] == m.end).all() and not (s.tokens[:, :-1] == m.end).any()
+    assert s.mask.tolist() == [[1.0] * 4 + [0.0]] * 6 and s.logprobs[:, -1].eq(0).all()
+    adv = torch.tensor([0.5, -1.0, 2.0, 0.3, -0.2, 1.1])
+    # the self-critical loss, -(r - b) sum_t log p(w_t) per chosen word (capbook.objectives.SelfCritical.loss)
+    loss = -(adv[:, None] * s.logprobs * s.mask).sum() / s.mask.sum()
+    got = torch.autograd.grad(loss, m.L_o.bias)[0]
+    # by hand: the same words read back under teacher forcing, log p(w_t | w_<t) for the 4 chosen words of each row
+    caps = torch.cat([torch.full((6, 1), m.start), s.tokens[:, :4]], 1)
+    logits = m({"feats": f.repeat_interleave(2, 0), "caps": torch.cat([caps, torch.zeros(6, 1, dtype=torch.long)], 1)})["logits"][:, :4]
+    p = F.softmax(logits.detach().float(), -1)                                    # (6, 4, V)
+    onehot = F.one_hot(s.tokens[:, :4], p.shape[-1]).float()
+    # d/d bias of -adv log softmax(z)_w = -adv (onehot(w) - softmax(z)), over 24 chosen words
+    expect = -(adv[:, None, None] * (onehot - p)).sum((0, 1)) / 24
+    assert torch.allclose(got, expect, atol=1e-5), (got - expect).abs().max()
+    assert abs(got[m.end].item() - (adv[:, None] * p[..., m.end]).sum().item() / 24) < 1e-6   # <end>: only its share of each softmax
+
+
 def test_with_length_norm_finished_beams_leave_the_beam():
     """With alpha > 0 a finished caption leaves the beam for the pool and its slot searches on: here "a <end>" and
     "a d <end>" finish early with high summed log-probability, and only a search that keeps its K slots live finds

@@ -90,6 +90,24 @@ def test_every_variant_is_its_equations(flags):
         assert torch.allclose(logits[i], direct_glied(m, feats[i], attrs[i], caps[i, :-1]), atol=1e-5), flags
 
 
+@pytest.mark.parametrize("where", ["values", "qk"])
+def test_the_position_ablations_are_their_equations_and_the_default_is_eq7_without_one(where):
+    "Eq. 7 as the paper writes it has no position term; the ablations add the cells' sinusoid to all Eq. 7 reads, or to its queries and keys alone."
+    feats, attrs = torch.randn(2, 6, 5), torch.tensor([[4, 9, 0, 0], [5, 6, 7, 0]])
+    caps = torch.tensor([[1, 4, 5, 6, 2, 0], [1, 7, 7, 7, 8, 2]])
+    paper, m = glied((True, True, True)), glied((True, True, True), visual_position=where)
+    assert not hasattr(paper, "pe_cells") and paper.cfg.variant == "GLIED" and m.cfg.variant.startswith("GLIED + cell positions")
+    out = m({"feats": feats, "attrs": attrs, "caps": caps})["logits"]
+    for i in range(2):
+        assert torch.allclose(out[i], direct_glied(m, feats[i], attrs[i], caps[i, :-1]), atol=1e-5)
+    assert not torch.allclose(out, paper({"feats": feats, "attrs": attrs, "caps": caps})["logits"], atol=1e-3)   # same weights, another input
+    mem = m.encode(feats, attrs)
+    m.pe_cells.zero_()                                                   # no position: the paper's equation, exactly
+    assert torch.allclose(m.encode(feats, attrs)["v_v"], paper.encode(feats, attrs)["v_v"], atol=1e-6)
+    assert not torch.allclose(mem["v_v"], paper.encode(feats, attrs)["v_v"], atol=1e-4)
+    with pytest.raises(CapbookError, match="visual_position=True is invalid"): GLIEDConfig(visual_position=True).check()
+
+
 def test_switches_add_exactly_their_modules():
     names = lambda f: {n.split(".")[0] for n, _ in glied(f).named_parameters()}
     base = names((False, False, False))
