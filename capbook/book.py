@@ -87,7 +87,7 @@ def chapter_table(status: dict[str, bool] | None = None) -> str:
 SCST = " + SCST"        # the suffix of a self-critical stage's row in the book's tables
 
 def results_table(folder: Path) -> str:
-    "The README's results table: every model of the book (`06a_baselines_tables`' published table; of the two self-critical arms, the greedy baseline's) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object; a self-critical row with its start's numbers says it kept its start, and a line after the table says where each stage is set beside its start."
+    "The README's results table: every model of the book (`06a_baselines_tables`' published table; of the two self-critical arms, the greedy baseline's) with CIDEr's mean ± sd over seeds, its 95 % interval, semantic F1 and the attention on the named object; then how many self-critical seeds ended below their start on validation, where each stage is set beside its start, and what each stage did to the captions (the published self-critical tables)."
     import pandas as pd
     csv = Path(folder) / "table_baselines_all.csv"
     if not csv.exists(): raise CapbookError(f"{csv.name} is not in the published book yet (`06a_baselines_tables` makes it)")
@@ -98,18 +98,42 @@ def results_table(folder: Path) -> str:
     lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
              "|---|---|---|---|---|---|"]
     shown = lambda r: (num(r["CIDEr"]), num(r["CIDEr sd"]), str(r["CIDEr 95% CI"]))
-    start = {r["model"]: shown(r) for _, r in df.iterrows()}
-    kept = []                                         # a stage that never beat its start's validation keeps the start's weights
     for _, r in df[~df["model"].str.endswith("(mean baseline)")].iterrows():   # the other self-critical arm: in the chapter
-        model = r["model"]
-        if model.endswith(SCST) and start.get(model.removesuffix(SCST)) == shown(r): kept.append(model); model += " (kept its start)"
-        lines.append(f"| {model} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
+        lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
                      f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
     if any(df["model"].str.endswith(SCST)):
-        lines += ["", f"A *{SCST.strip()}* row continues its start (the row without it) self-critically and keeps its best validation "
-                  "evaluation, which may be the start's" + (f" ({', '.join(kept)}: the start's numbers)" if kept else "")
+        lines += ["", f"A *{SCST.strip()}* row continues its start (the row without it) self-critically and keeps the stage's best "
+                  "greedy validation evaluation, never the start itself" + _stage_ends(Path(folder))
                   + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start, seed by seed."]
+        lines += _stage_captions(Path(folder))
     return "\n".join(lines)
+
+def _stage_ends(folder: Path) -> str:
+    "How many self-critical seeds ended below their start on validation, from the published `table_baselines_scst.csv` (greedy arms)."
+    import pandas as pd
+    csv = folder / "table_baselines_scst.csv"
+    if not csv.exists(): return ""
+    df = pd.read_csv(csv)
+    if not {"row", "val CIDEr, start (greedy)", "best val CIDEr"} <= set(df): return ""
+    df = df[~df["row"].str.endswith("(mean baseline)")]
+    below = df[df["best val CIDEr"] < df["val CIDEr, start (greedy)"]]
+    return (f" (so a stage may end below its start: {len(below)} of its {len(df)} seeds did on validation"
+            + (", " + ", ".join(f"{r['row']} seed {r['seed']}" for _, r in below.iterrows()) if len(below) else "") + ")")
+
+def _stage_captions(folder: Path) -> list[str]:
+    "What each self-critical stage (greedy arm) did to the captions, from the published `table_baselines_scst_captions.csv`: one line each."
+    import pandas as pd
+    csv = folder / "table_baselines_scst_captions.csv"
+    if not csv.exists(): return []
+    df = pd.read_csv(csv)
+    if not {"stage", "captions of", "F1 counts", "F1 relations", "% with it"} <= set(df): return []
+    out = []
+    for stage, g in df[~df["stage"].str.endswith("(mean baseline)")].groupby("stage", sort=False):
+        start, end = g[g["captions of"] != stage].iloc[0], g[g["captions of"] == stage].iloc[0]
+        shares = [int(x) for x in str(end["% with it"]).split(", ")]
+        out.append(f"- {stage}: counts F1 {start['F1 counts']:.1f} → {end['F1 counts']:.1f}, relations F1 {start['F1 relations']:.1f} → "
+                   f"{end['F1 relations']:.1f}; its most used relation word in {min(shares)}–{max(shares)} % of a seed's captions.")
+    return (["", "What each stage did to the captions (semantic F1 parts, test split, mean over seeds):", ""] + out) if out else []
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."
@@ -135,8 +159,9 @@ def verdict_lines(folder: Path) -> str:
     out = []
     for f, step in verdict_tables(folder):
         df = pd.read_csv(f)
-        by = lambda v, df=df: [f"{c}{' (survives Holm)' if h == 'survives' else ''}" for c, h in
-                               df.loc[df["verdict"] == v, ["claim", "Holm"]].itertuples(index=False)]
+        cav = df["caveat"].fillna("") if "caveat" in df else pd.Series([""] * len(df))
+        by = lambda v, df=df.assign(caveat=cav): [f"{c}{' (survives Holm)' if h == 'survives' else ''}{f' ({k})' if k else ''}" for c, h, k in
+                                                  df.loc[df["verdict"] == v, ["claim", "Holm", "caveat"]].itertuples(index=False)]
         cannot, none = df["verdict"].str.startswith("cannot tell").sum(), df["verdict"].str.contains("no verdict").sum()
         kept = df["verdict"].str.startswith("kept its start").sum()
         parts = [f"**holds**: {', '.join(by('holds'))}" if by("holds") else "",
@@ -448,8 +473,8 @@ def refresh_published(profile: str = "default", folder: Path | None = None) -> l
     return todo
 
 STALE_NOTE = ("```{note}\n**Not yet regenerated by today's code.** This page and its tables come from an earlier version of "
-              "capbook (before the book's one training protocol, its seeds and its verdict rule); its numbers will change "
-              "when the chapter is regenerated. The chapter table on the first page says which chapters are current.\n```")
+              "capbook, whose runs today's code would train differently; its numbers will change when the chapter is "
+              "regenerated. The chapter table on the first page says which chapters are current.\n```")
 
 def build_docs(profile: str = "default", log=print) -> Path:
     "Build the docs site from the kept notebooks of the last book at `profile` (no training, no network); return its index page."

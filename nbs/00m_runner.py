@@ -542,15 +542,15 @@ class Claims:
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
     def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
-             paired: bool = False, **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start."
+             paired: bool = False, caveat: str = "", **kw) -> dict:
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start; `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
         metric = kw.pop("metric", self.metric)
         if epochs is not None and epochs[0] != epochs[1]:
             raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
                                "twin at the longer budget (capbook.runner.ladder_twin)")
         r = paired_verdict(a, b, metric, paired=paired, **kw)
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
-        self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric}
+        self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat}
         return self.tests[label]
 
     def text(self, label: str, a, b, **kw) -> str:
@@ -629,10 +629,21 @@ class Claims:
                              "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
                              "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
                              "image sd": r.get("image sd")} if "seed sd" in r and r.get("p") is not None else {})
-        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "design", "seeds", "images", "seed sd", "mean", "image sd"]
+        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "caveat", "design", "seeds", "images", "seed sd", "mean", "image sd"]
         return pd.DataFrame([{"claim": k, "in the paper": r.get("source", ""), "verdict": r["verdict"], "p": r.get("p"),
-                              "Holm": self.holm_cell(k), "test": r.get("test") or "", **design(r)}
+                              "Holm": self.holm_cell(k), "test": r.get("test") or "", "caveat": r.get("caveat", ""), **design(r)}
                              for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)
+
+def same_budget(a: Any, b: Any, epochs: Callable[[Any], float], twins: Mapping[Any, Any]) -> tuple[Any, Any]:
+    "The two rows a claim between rows `a` and `b` compares (`epochs`: a row's cross-entropy budget, as `row_epochs` reads it): each itself where their budgets agree, else the shorter row's twin at the longer budget (`twins`: row -> its `ladder_twin` run); stops in one line where the shorter row has none."
+    ea, eb = epochs(a), epochs(b)
+    if ea == eb: return a, b
+    short, long_ = (a, eb) if ea < eb else (b, ea)
+    t = twins.get(short)
+    if t is None or epochs(t) != long_:
+        raise CapbookError(f"rows {a!r} and {b!r} trained {ea:g} and {eb:g} epochs, and {short!r} has no twin at {long_:g}: "
+                           "declare one (capbook.runner.ladder_twin)")
+    return (t, b) if ea < eb else (a, t)
 
 def book_family(tables: dict, alpha: float = 0.05):
     "Holm's correction over every distinct verdict of the book: `tables` {chapter: its published verdicts}; one row per distinct test (the chapters and claims naming it joined), with its (first) chapter's Holm result beside the book-wide one."
@@ -946,6 +957,11 @@ _cl2 = Claims(); _cl2.test("same", _up, _base, epochs=(15, 15))
 try: _cl2.test("longer", _up, _base, epochs=(30, 15)); raise AssertionError("a claim across budgets")
 except CapbookError as e: assert "trained 30 and 15 epochs" in str(e)                # one budget per claim: the twin is compared
 assert list(_cl2.tests) == ["same"]
+_E = {"soft": 15, "soft at 30": 30, "up-down": 30, "ct": 30}.get
+assert same_budget("up-down", "soft", _E, {"soft": "soft at 30"}) == ("up-down", "soft at 30")   # the shorter row's twin
+assert same_budget("ct", "up-down", _E, {}) == ("ct", "up-down")
+try: same_budget("soft", "ct", _E, {}); raise AssertionError("no twin")
+except CapbookError as e: assert "has no twin at 30" in str(e)
 assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(_base[:1])["CIDEr 95% CI"].endswith("images only")
 _fam = book_family({"a": _cl.table(), "b": _cl2.table()})
 assert len(_fam) == _cl.distinct() and "same" in "".join(_fam["claims"])       # the same test in two chapters: once

@@ -49,10 +49,11 @@
 #   against 150 (its small products barely do): the 2D rows, the book's slowest, are where it pays. (Its `capbook
 #   bench --family sat_soft,lstm2d_spca` on two threads: a float32 product at 197 GFLOP/s, soft attention 768
 #   training captions/s, the 2D-LSTM + SPCA 312.)
-# - *the budget:* one rule for every compared row: 15 epochs on a cosine to zero, and twice that for a row whose every
-#   seed was still gaining at the end of 15 (Up-Down, and the spatial transformer with its temperature ablation),
-#   checked against every row's own curve (`06a_baselines_tables`, "Did every row train to a flat curve?"); never
-#   shortened per row, and not 30 for every row, which would nearly double the book's time;
+# - *the budget:* one rule for every compared row: 15 epochs on a cosine to zero, and twice that for a row most of
+#   whose seeds were still rising at the end of 15 (Up-Down, CT, and the spatial transformer with its temperature
+#   ablation), checked against every row's own curve (`06a_baselines_tables`, "Did every row train to a flat curve?");
+#   a claim between a 15- and a 30-epoch row reads the shorter row's twin at 30; never shortened per row, and not 30
+#   for every row, which would nearly double the book's time;
 # - *the seeds:* three on every row a verdict rests on (five on Show-Attend-Tell's headline rows), one on SPCA's six
 #   ablation rows that no verdict rests on (`03_spca`: a 2D run takes 16–21 minutes there, so its chapter is 18 runs,
 #   not 30);

@@ -528,9 +528,14 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   budget trained and its best evaluation kept, as every row of the book. Validation decodes greedily, as the stage samples
 #   and as the reference validates; the start is validated first and never kept, so a "+ SCST" row is the stage's own
 #   model. It is tested under beam 3, with greedy decoding beside it.
-# - **The book's seven runs**: GLIED and the base model, each then self-critically trained (Table 1), the four
-#   steps between them under cross-entropy only (Table 4), and GLIED over grid cells without position (the departure's
-#   cost).
+# - **A sample's forced end.** A sample is at most 18 words and then `<end>`, the limit greedy decoding and beam
+#   search write; that forced `<end>` is no choice of the policy, so it carries no log-probability into the loss
+#   (`capbook.decode.sample`, tested by hand against teacher forcing).
+# - **The book's runs**, each over the profile's seeds: GLIED and the base model, each then self-critically trained
+#   (Table 1); the four steps between them under cross-entropy only (Table 4); GLIED with the grid cells' positions in
+#   Eq. 7, on everything it reads and on its queries and keys alone (two ablations, not rows of the paper); and at the
+#   default profile GLIED and the base at 30 epochs, the twins that the claims against 30-epoch rows (Up-Down, CT) read,
+#   since a claim compares its rows at one budget.
 
 # %%
 #| export
@@ -698,7 +703,8 @@ if "feat_mask" not in prep.test.inputs:                  # a grid to draw region
 #
 # | what | why | where it is measured |
 # |---|---|---|
-# | 14×14 grid cells of the shapes CNN instead of 10–100 detector regions; global visual distilling (Eq. 7) adds each cell's position before it | the embedded data has no detector; a region is an object with a place of its own, a cell has none until it is given its position | Table 4's "GLIED (cells without position)" row against GLIED (`05a_glied_tables`); `-p regions DIR` runs the paper's region input on real data |
+# | 14×14 grid cells of the shapes CNN instead of 10–100 detector regions; Eq. 7 over them as the paper writes it, with no position | the embedded data has no detector; a region is an object with a place of its own, a cell has none | the two position ablations (`visual_position`) against GLIED, over seeds (`05a_glied_tables`, after Table 4); `-p regions DIR` runs the paper's region input on real data |
+# | the attributes: a multiple-instance-learning detector (noisy-OR over the cells, `capbook.attributes`) trained on the book's training captions over the content words of its small vocabulary, detections kept at probability 0.5 or more (at least one); the paper uses Fang et al.'s detector over 1,000 words and keeps a fixed number | shapes has a few dozen content words, and no pretrained detector can be had here | its mean average precision and the precision and recall of the kept attributes on held-out images (`05a_glied_tables`' attributes table); the detector's words and threshold are not varied |
 # | default profile: d = 64 with one head of 64, 15 cross-entropy epochs at 4×10⁻⁴ (paper: d = 512, 8 heads of 64, 25 epochs at 10⁻⁴) | the 2-core CPU budget; the width per head kept at the paper's 64, as every transformer of the book | the `paper` profile runs the paper's sizes; one head of 64 against eight of 8 is not measured apart |
 # | one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | the paper names Adam and a rate, no schedule; every peer transformer warms up | not measured apart: every row it is compared with runs the same protocol |
 # | self-critical training for 10 epochs after 15 (paper: not stated; the peers' configs 20 after 30), the best greedy validation evaluation kept | the peers' ratio, at the CPU budget | the all-models chapter's self-critical table gives each stage's epochs, start and best |

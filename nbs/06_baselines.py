@@ -495,9 +495,9 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # The parameters are the run's (`capbook.runner.RunConfig`), then `model`, then the recurrent models' sizes
 # (`RecurrentConfig`, SCA-CNN's `order`) and the transformer's (CT). *capbook:* every baseline is trained under the
 # book's one protocol, as every row it is compared with (`nbs/02b_protocol`): validation CIDEr twice an epoch on
-# averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs (30 for Up-Down, whose every seed
-# was still gaining at the end of 15: the protocol's ladder);
-# then 2 self-critical epochs for Att2in and Up-Down. The same budget for the baselines matters: a baseline stopped
+# averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs (30 for Up-Down and CT, most of
+# whose seeds were still rising at the end of 15: the protocol's ladder); then, for Att2in and Up-Down, a
+# self-critical stage of 2/3 of the row's cross-entropy epochs (10 and 20 at the default profile, `scst_budget`). The same budget for the baselines matters: a baseline stopped
 # while it is still learning would flatter every model compared with it (`06a_baselines_tables` shows where each
 # row's curve ends).
 
@@ -640,5 +640,5 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # | SCA-CNN: the channel weights scaled by C (mean 1) | Chen et al.'s released code multiplies them by the channel count (`* 512`, `* 2048`); a bare softmax over 128 channels hands on 1/128 of a feature | the context is at a feature's scale: ratio 1.000, against about 1/128 for a bare softmax (tested) |
 # | SCA-CNN on the last conv layer only | frozen, cached features (see the section above) | not measured |
 # | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the cosine every compared row's | word/position scale ratio 1.8, against 21 for a unit-scale embedding (tested: within 2) |
-# | self-critical training (Att2in, Up-Down) keeps the cross-entropy model unless an epoch beats it on validation | ruotianluo's recipe | a stage never returns a model worse on validation than its start (tested); `06a_baselines_tables` says, seed by seed, which model each stage kept |
-# | every row trains the protocol's budget (15 epochs at the default profile, 30 for Up-Down, still gaining at 15; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |
+# | self-critical training (Att2in, Up-Down) continues the cross-entropy run (its Adam state and weight average, the rate climbing back over one epoch) and keeps the stage's best greedy validation evaluation, never the start itself; a forced `<end>` after 18 words carries no gradient | ruotianluo's recipe, which validates as it trains and keeps its best | `06a_baselines_tables`' self-critical table gives each seed's start and best validation CIDEr, so a stage that ended below its start shows there (the README counts them) |
+# | every row trains the protocol's budget (15 epochs at the default profile, 30 for Up-Down and CT, most of whose seeds were still rising at 15; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |

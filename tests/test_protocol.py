@@ -181,3 +181,24 @@ def test_every_transformer_attends_in_64_dimensions_per_head_at_every_profile():
             p = ch.resolve(ch.params(profile=profile, **ch.runs[tag]))
             hp = model_hparams(ch.model(p), p)
             assert hp["d_model"] // hp["heads"] == 64 and hp["d_model"] % hp["heads"] == 0, (nb, tag, profile, hp)
+
+
+def _curve(rng, slope, wobble, evals=30):
+    "A seed's validation history: a rise to a plateau by epoch 5, then flat (slope 0) or climbing `slope` CIDEr points an epoch, with evaluation noise of sd `wobble` points."
+    x = np.arange(1, evals + 1) / 2
+    c = 1.0 - 0.6 * np.exp(-2 * x) + slope * np.maximum(x - 5, 0) / 100 + rng.normal(0, wobble / 100, evals)
+    return [{"epoch": -1, "val CIDEr": 0.0}] + [{"epoch": int(e - 1e-9), "epochs": float(e), "val CIDEr": float(v)} for e, v in zip(x, c)]
+
+
+def test_the_ladder_rule_on_synthetic_curves():
+    "A row climbs when most of its seeds gained more than a flat tail's wobble in their last three epochs: flat rows almost never do, rows still climbing a CIDEr point an epoch always do, and one climbing seed among flat ones does not move its row."
+    from capbook.runner import RISING, curve_end, late_gain
+    rng = np.random.default_rng(0)
+    row = lambda *slopes, w=0.5: curve_end([late_gain(_curve(rng, s, w)) for s in slopes])
+    assert np.mean([row(0, 0, 0) == "still rising" for _ in range(300)]) < 0.02
+    assert np.mean([(np.array([late_gain(_curve(rng, 0, 0.5)) for _ in range(3)]) > 0).sum() >= 2 for _ in range(300)]) > 0.05   # "gained anything" would
+    assert np.mean([row(1, 1, 1) == "still rising" for _ in range(200)]) > 0.98
+    assert np.mean([row(1, 1, 0) == "still rising" for _ in range(200)]) > 0.98          # two climbing seeds of three: most
+    assert np.mean([row(1, 0, 0) == "still rising" for _ in range(200)]) < 0.02           # one seed is not most
+    assert row(1) == "one seed" and curve_end([RISING + 0.1, RISING, RISING + 5]) == "still rising"
+    assert curve_end([RISING, RISING, 5.0]) == "flat or falling"                            # the margin is strict

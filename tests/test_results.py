@@ -1,5 +1,6 @@
 """The book's keys: what a step's numbers are computed from, and nothing else (capbook.results)."""
 import json
+import pandas as pd
 import pytest
 import torch
 from capbook import results as R
@@ -293,11 +294,24 @@ def test_every_row_a_verdict_rests_on_carries_three_seeds():
 
 
 def test_no_row_of_the_published_book_ends_its_budget_still_rising():
-    "The budget's rule on the book's own records: no row of several seeds ends its budget with every seed still gaining in its last three epochs (such a row trains at the ladder's next budget, `protocol_epochs`)."
+    "The budget's rule on the book's own records: no row of several seeds ends its budget with most seeds still rising in their last three epochs (such a row trains at the ladder's next budget, `protocol_epochs`), but a row of a chapter not yet regenerated, whose records are the earlier budget's."
     import re
     from capbook.runner import late_gain, curve_end
     rows = {}
     for f in sorted((nbs_dir().parent / "figures" / R.RECORDS).glob("*.json.gz")):
         rows.setdefault(re.sub(r"-seed\d+$", "", f.name[:-len(".json.gz")]), []).append(late_gain(R.read_record(f)["history"]))
     assert len(rows) > 20 and sum(len(g) >= 3 for g in rows.values()) > 20
-    assert {row: g for row, g in rows.items() if curve_end(g) == "still rising"} == {}
+    waiting = lambda row: row.split("-")[0] in NOT_YET_REGENERATED
+    assert {row: g for row, g in rows.items() if curve_end(g) == "still rising" and not waiting(row)} == {}
+
+
+def test_no_published_claim_compares_two_budgets():
+    "One budget per claim: no verdict of the published book (its verdicts tables, the README's verdict lines) names two budgets, but a chapter's not yet regenerated (`Claims.test` now refuses two: the shorter row's twin is compared)."
+    import re
+    root, two = nbs_dir().parent, re.compile(r"\d+(\.\d+)? vs \d+(\.\d+)? epochs|budgets differ")
+    waiting = lambda name: any(name.startswith(p) for ps in NOT_YET_REGENERATED.values() for p in ps)
+    tables = [f for f in (root / "figures").glob("table_*_verdicts.csv") if not waiting(f.name)]
+    assert len(tables) + sum(waiting(f.name) for f in (root / "figures").glob("table_*_verdicts.csv")) >= 5
+    assert {f.name: c for f in tables for c in pd.read_csv(f)["claim"] if two.search(str(c))} == {}
+    lines = (root / "README.md").read_text().split("<!-- verdicts -->")[1].split("<!-- /verdicts -->")[0].splitlines()
+    assert [l for l in lines if two.search(l) and not any(f"[`{nb}`]" in l for nb in NOT_YET_REGENERATED)] == []
