@@ -827,6 +827,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
         for line in book_context(notebook, p, ctx.record): log(line)
     return ctx
 
+
 # %% [markdown]
 # ### Several GPUs: the training under `torchrun`
 #
@@ -885,6 +886,7 @@ def fit_under_torchrun(notebook: str, run_dir: Path, procs: int, log: Callable[[
             log(line.rstrip())
     if proc.returncode:
         raise CapbookError(f"{notebook}: its training under torchrun ({procs} processes) failed (exit status {proc.returncode}): see {out}")
+
 
 # %%
 #| export

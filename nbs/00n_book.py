@@ -133,14 +133,13 @@ def results_table(folder: Path) -> str:
     lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
              "|---|---|---|---|---|---|"]
     shown = lambda r: (num(r["CIDEr"]), num(r["CIDEr sd"]), str(r["CIDEr 95% CI"]))
-    for _, r in df[~df["model"].str.endswith("(mean baseline)")].iterrows():   # the other self-critical arm: in the chapter
+    for _, r in df[~df["model"].str.endswith(("(mean baseline)", "(30 epochs)"))].iterrows():   # the other arm, the twins: in the chapter
         lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
                      f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
     if any(df["model"].str.endswith(SCST)):
-        lines += ["", f"A *{SCST.strip()}* row continues its start (the row without it) self-critically and keeps the stage's best "
-                  "greedy validation evaluation, never the start itself" + _stage_ends(Path(folder))
-                  + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start, seed by seed."]
-        lines += _stage_captions(Path(folder))
+        lines += ["", f"A *{SCST.strip()}* row continues its start self-critically, keeping the stage's best greedy validation, "
+                  "never the start" + _stage_ends(Path(folder))
+                  + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start." + _stage_captions(Path(folder))]
     return "\n".join(lines)
 
 def _stage_ends(folder: Path) -> str:
@@ -152,23 +151,24 @@ def _stage_ends(folder: Path) -> str:
     if not {"row", "val CIDEr, start (greedy)", "best val CIDEr"} <= set(df): return ""
     df = df[~df["row"].str.endswith("(mean baseline)")]
     below = df[df["best val CIDEr"] < df["val CIDEr, start (greedy)"]]
-    return (f" (so a stage may end below its start: {len(below)} of its {len(df)} seeds did on validation"
-            + (", " + ", ".join(f"{r['row']} seed {r['seed']}" for _, r in below.iterrows()) if len(below) else "") + ")")
+    return (f" ({len(below)} of {len(df)} seeds ended below their start on validation"
+            + (": " + ", ".join(f"{r['row']} seed {r['seed']}" for _, r in below.iterrows()) if len(below) else "") + ")")
 
-def _stage_captions(folder: Path) -> list[str]:
-    "What each self-critical stage (greedy arm) did to the captions, from the published `table_baselines_scst_captions.csv`: one line each."
+def _stage_captions(folder: Path) -> str:
+    "What each self-critical stage (greedy arm) did to the captions, from the published `table_baselines_scst_captions.csv`: one sentence."
     import pandas as pd
     csv = folder / "table_baselines_scst_captions.csv"
-    if not csv.exists(): return []
+    if not csv.exists(): return ""
     df = pd.read_csv(csv)
-    if not {"stage", "captions of", "F1 counts", "F1 relations", "% with it"} <= set(df): return []
+    if not {"stage", "captions of", "F1 counts", "F1 relations", "% with it"} <= set(df): return ""
     out = []
     for stage, g in df[~df["stage"].str.endswith("(mean baseline)")].groupby("stage", sort=False):
         start, end = g[g["captions of"] != stage].iloc[0], g[g["captions of"] == stage].iloc[0]
         shares = [int(x) for x in str(end["% with it"]).split(", ")]
-        out.append(f"- {stage}: counts F1 {start['F1 counts']:.1f} → {end['F1 counts']:.1f}, relations F1 {start['F1 relations']:.1f} → "
-                   f"{end['F1 relations']:.1f}; its most used relation word in {min(shares)}–{max(shares)} % of a seed's captions.")
-    return (["", "What each stage did to the captions (semantic F1 parts, test split, mean over seeds):", ""] + out) if out else []
+        out.append(f"{stage.removesuffix(SCST)} {start['F1 counts']:.1f} → {end['F1 counts']:.1f}, {start['F1 relations']:.1f} → "
+                   f"{end['F1 relations']:.1f}, {min(shares)}–{max(shares)} %")
+    return (" What each stage did to the captions (counts F1, relations F1, share of a seed's captions with its top relation "
+            "word): " + "; ".join(out) + ".") if out else ""
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."

@@ -29,8 +29,8 @@
 #
 # ## Quick start
 #
-# You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (Debian's,
-# installed by apt-get). Each command first makes `.venv/` (about 3 minutes, once).
+# You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (it installs
+# Debian's). Each command first makes `.venv/` (about 3 minutes, once).
 #
 # ```bash
 # make docs                 # the published book's site, built in runs/default/site/ (no training)
@@ -51,23 +51,22 @@
 # ### On a cluster
 #
 # `.venv/bin/capbook book --executor slurm --executor-config slurm.yaml`: each step a SLURM job (submitit), with
-# `.venv/`, `CAPBOOK_HOME` and `CAPBOOK_DATA` on a filesystem the nodes share and the partition in `slurm.yaml`
-# (`partition: gpu`; [the fields](00nb_cluster.ipynb)).
+# `.venv/`, `CAPBOOK_HOME` and `CAPBOOK_DATA` on a shared filesystem ([the config's fields](00nb_cluster.ipynb)).
 #
 # ## The chapters
 #
 # <!-- chapters -->
 # <!-- /chapters -->
 #
-# Each link opens a chapter as the book ran it; "current": its published results are what the
-# checkout's code makes.
+# Each link opens a chapter as the book ran it; "current": what the checkout's code makes.
 #
 # ## What the book found
 #
 # Every model below was trained on the same shapes data, features and trainer under one protocol (15 epochs, or 30
-# where a row still gained at 15; the best validation CIDEr's evaluation kept), over three or more seeds, and tested
-# on the same 1,000 images with beam 3. A claim holds when the 95 % interval of the difference (t over seeds and
-# images) is above zero, "cannot tell" when it contains zero (the rule errs at most 5 % of the time). Scores ×100.
+# where most seeds still rose at 15; the best validation CIDEr kept), over three or more seeds, and tested on the same
+# 1,000 images with beam 3 (a claim against a 30-epoch row reads the other row's twin at 30). A claim holds when the
+# 95 % interval of the difference (t over seeds and images) is above zero, does not hold when below, "cannot tell" when
+# it contains zero. Scores ×100; SCST: self-critical training on CIDEr-D.
 #
 # <!-- results -->
 # <!-- /results -->
@@ -82,16 +81,8 @@
 #
 # ## Read more
 #
-# - [Performance](00r_bench.ipynb): `capbook bench`, where a step's time goes; [COCO at scale](00s_rehearsal.ipynb): the data path rehearsed.
-# - [The book's commands](00n_book.ipynb): what survives a kill, a full disk or a dead kernel; part of the book; contributing.
-# - [One chapter](00m_runner.ipynb): parameters, `params.yaml`, checkpoints, TensorBoard.
-# - [Your own images](00q_caption.ipynb): `capbook caption photo.jpg` with a trained model, and where it looked.
-# - [Scoring](00j_metrics.ipynb): `capbook score` on any COCO-format captions file.
-# - [The package](00f_models.ipynb): a new model is a module and a registry entry; the [trainer](00i_train.ipynb), [decoding](00g_decode.ipynb).
-# - `CHANGELOG.md`: the book's history.
+# - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb) (kills, full disks, contributing), [one chapter](00m_runner.ipynb) (parameters, checkpoints).
+# - [Your own images](00q_caption.ipynb) (`capbook caption`), [scoring](00j_metrics.ipynb) (`capbook score`), [the package](00f_models.ipynb): a new model is a module and a registry entry. History: `CHANGELOG.md`.
 #
-# ## How the book is written
-#
-# The papers' words are quoted with their section or equation; capbook's own remarks start with *capbook:*. Each
-# equation is a comment above the line that computes it, with tensor shapes; each exported definition has an example
-# that doubles as a test. The engine's notebooks are `capbook/`, a module each.
+# The papers' words are quoted with their section or equation, capbook's own remarks marked *capbook:*; each equation
+# is a comment above the line that computes it, with tensor shapes.

@@ -509,8 +509,8 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
                   ]).to_csv(tmp_path / "table_baselines_scst_captions.csv", index=False)
     t = results_table(tmp_path)
     assert "| GLIED + SCST |" in t and "| GLIED base + SCST |" in t and "(mean baseline)" not in t
-    assert "never the start itself (so a stage may end below its start: 1 of its 2 seeds did on validation, Up-Down + SCST seed 1)" in t
-    assert "- Up-Down + SCST: counts F1 11.1 → 0.0, relations F1 9.0 → 12.0; its most used relation word in 83–100 % of a seed's captions." in t
+    assert "never the start (1 of 2 seeds ended below their start on validation: Up-Down + SCST seed 1)" in t and "keeping the stage's best" in t
+    assert "its top relation word): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %." in t
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
