@@ -122,7 +122,8 @@ TWINS = {k: t for k, t in {g: ("glied", "e30"), b: ("glied", "base-e30")}.items(
 def v(a, b_):                                              # the claim "a scores a higher CIDEr than b", with the paper's words
     label = f"{name(a)} above {name(b_)}"
     ra, rb = same_budget(a[0], b_[0], E, TWINS)            # one budget: the shorter row's twin where they differ
-    for k in (ra, rb): ST.setdefault((k, a[1]), stage_stats(recs[k], prep, a[1]))
+    for k, st in ((ra, a[1]), (rb, b_[1])):
+        if (k, st) not in ST: ST[k, st] = stage_stats(recs[k], prep, st)
     twin = f"; both at {E(ra):g} epochs ({NAMES[a[0] if ra != a[0] else b_[0]]}'s twin trained as long)" if (ra, rb) != (a[0], b_[0]) else ""
     return judged.text(label, ST[ra, a[1]], ST[rb, b_[1]], epochs=(E(ra), E(rb)), source=CLAIM_SOURCES[label]) + twin
 def raised(k):                                             # a self-critical stage against its own start, seed by seed
