@@ -97,7 +97,6 @@ def results_table(folder: Path) -> str:
     num = lambda v, f=".1f": "—" if pd.isna(v) or v == "—" else format(float(v), f)
     lines = ["| model | seeds | CIDEr, mean ± sd | 95 % interval | semantic F1 | attention on the named object (%) |",
              "|---|---|---|---|---|---|"]
-    shown = lambda r: (num(r["CIDEr"]), num(r["CIDEr sd"]), str(r["CIDEr 95% CI"]))
     for _, r in df[~df["model"].str.endswith(("(mean baseline)", "(30 epochs)"))].iterrows():   # the other arm, the twins: in the chapter
         lines.append(f"| {r['model']} | {r['seeds']} | {num(r['CIDEr'])} ± {num(r['CIDEr sd'])} | {r['CIDEr 95% CI']} | "
                      f"{num(r.get('F1 all'))} | {num(r.get('att. mass'))} |")
