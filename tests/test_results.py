@@ -200,8 +200,8 @@ def test_every_published_key_is_the_same_with_the_cpus_vector_instructions_lower
         assert p.returncode == 0, err[-3000:]
         got = json.loads(out.strip().splitlines()[-1])
         assert got["isa"] == env["ATEN_CPU_CAPABILITY"].upper() and got["threads"] == threads
-        assert set(got["keys"]) <= set(published) and len(got["keys"]) > 100
-        assert {n: k for n, k in got["keys"].items() if published[n] != k} == {}, f"keys differ under {env}, {threads} thread(s)"
+        assert len(set(got["keys"]) & set(published)) > 100          # a step the book has not published yet has no key to compare
+        assert {n: k for n, k in got["keys"].items() if n in published and published[n] != k} == {}, f"keys differ under {env}, {threads} thread(s)"
 
 
 def test_every_published_item_is_current(monkeypatch):
