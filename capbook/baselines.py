@@ -14,7 +14,7 @@ from .models import CaptionModel, Dropout, register, tanh
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell, WIDTHS
 from .ssa import WARMUP, SSAConfig, SpatialTransformer
-from .runner import BUDGET, Chapter, LADDER, RunConfig, register_chapter, protocol_epochs, scst_budget
+from .profiles import BUDGET, Chapter, LADDER, RunConfig, register_chapter, protocol_epochs, scst_budget
 
 # %% auto 0
 __all__ = ['IMAGE_INPUTS', 'SCA_ORDERS', 'BASELINES', 'BASELINES_CHAPTER', 'BASELINE_NOTE', 'RecurrentConfig', 'NICConfig',
@@ -310,7 +310,7 @@ BASELINE_NOTE = "capbook's baselines chapter (06_baselines): same data, features
 
 def baseline_records(profile: str, fingerprint: str | None = None) -> dict[str, dict]:
     "The book's baseline runs' results records at `profile`, by tag ('' is Up-Down, then 'att2in', 'nic', 'lstm', 'sca-cnn', 'ct'); stops unless each was trained on the data `fingerprint` (when given)."
-    from capbook.results import compared_runs
+    from capbook.records import compared_runs
     from capbook.core import CapbookError
     steps, recs = compared_runs(profile, {"b": ("06_baselines", None)})
     if fingerprint is not None:

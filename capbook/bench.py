@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from .core import CapbookError, check_int, cpu_precision, load_torch, runs_dir, seed_everything, get_device
-from .runner import check_profile
+from .profiles import check_profile
 
 # %% auto 0
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
@@ -30,7 +30,7 @@ class Family:
 def families(profile: str = "default", only: list[str] | None = None) -> list[Family]:
     "Each registered model's first run in the book's plan at `profile` (its sizes and recipe); `only`: these model names."
     from capbook.plan import plan
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     from capbook.models import available
     check_profile(profile)
     if only:
@@ -48,7 +48,8 @@ def families(profile: str = "default", only: list[str] | None = None) -> list[Fa
 # %% ../nbs/00r_bench.ipynb
 def setup(fam: Family, device: str = "cpu", log: Callable[[str], None] = lambda s: None) -> dict:
     "The prepared data (with the chapter's inputs), the model, its objective and training config, for family `fam`."
-    from capbook.runner import chapter_data, model_hparams, train_config
+    from capbook.runner import chapter_data
+    from capbook.profiles import model_hparams, train_config
     from capbook.models import build
     from capbook.objectives import objective_for
     ch, p = fam.chapter, fam.params
@@ -386,7 +387,8 @@ def versus_table(d: dict) -> str:
 def chapter_times(notebooks: list[str], profile: str = "default", device: str = "auto", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
     "Complete book runs of each chapter in `notebooks` at `profile` on `device`: wall time, where it went, epochs trained, test CIDEr."
-    from capbook.runner import chapter, epochs_trained, run_chapter
+    from capbook.profiles import chapter, epochs_trained
+    from capbook.runner import run_chapter
     for nb in notebooks: chapter(nb)                     # an unknown chapter stops before any run
     dev = str(get_device(device))
     out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "chapters": {}}

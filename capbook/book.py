@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from .core import (CapbookError, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
-from .runner import check_profile, out_dir, chapters, parameters_source
+from .profiles import check_profile, out_dir, chapters, parameters_source
 from .plan import Step, nbs_dir, notebooks, plan, upstream_of
 from .results import plan_keys
 
@@ -433,7 +433,8 @@ def book_times(profile: str, steps: list[Step], published: Path | None = None):
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
     from capbook.docs import keep_notebooks
-    from capbook.results import BOOK_STEP, publish_records, write_manifest
+    from capbook.results import BOOK_STEP, write_manifest
+    from capbook.records import publish_records
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     untagged, made_by = [s for s in steps if not s.tag], {}    # ablation runs reach the book through assembly notebooks
     for s in untagged:
@@ -536,7 +537,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
     if executor == "slurm":
-        pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", force, log=log)
+        pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
         submit = lambda s: pool_cm.submit_step(s, keyring.get(s))
     else:
         pool_cm = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))

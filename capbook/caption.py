@@ -25,7 +25,7 @@ def find_run(model: str | None = "02_show_attend_tell", run_dir: str | Path | No
 def train_hint(model: str, profile: str = "default") -> str:
     "How to get the book's run `model` at `profile`: the smallest book that trains it — that step alone (`capbook book --only =<step>`), with the minutes the published book's run took — and the runs already trained; or, for a name that is no step of the plan, a step to give."
     from capbook.plan import plan
-    from capbook.runner import out_dir
+    from capbook.profiles import out_dir
     have = sorted(p.parent.name for p in (runs_dir() / profile).glob("*/record.json"))
     trained = f"; trained runs to caption with: {', '.join(have)}" if have else ""
     if model not in {s.name for s in plan(profile)}:
@@ -49,7 +49,8 @@ def image_encoder(prep, params: dict) -> torch.nn.Module:
 
 def load_captioner(run: str | Path, device: str = "auto") -> tuple[Any, Any, torch.nn.Module]:
     "(model, prepared data, image encoder) of the run in `run`, each checked to be the one the run was trained with."
-    from capbook.runner import chapter, chapter_data, read_params
+    from capbook.profiles import chapter, read_params
+    from capbook.runner import chapter_data
     from capbook.train import load_trained
     run = Path(run)
     rec = load_json(run / "record.json", "results record")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse, inspect, json, os, sys
 from pathlib import Path
 from .core import CapbookError, check_int, cpu_precision, error_line, get_device, io_error, os_error_line
-from .runner import PROFILES, check_profile
+from .profiles import PROFILES, check_profile
 from .book import book_lock, build_docs, chapter_status, run_book, sync_parameters, sync_readme
 from .plan import nbs_dir
 

@@ -12,7 +12,7 @@ from torch import nn
 from .core import CapbookError, check_choice, check_float, check_int, save_torch
 from .attention import MultiHeadAttention
 from .models import CaptionModel, Dropout, fast, image_groups, image_rows, register
-from .runner import BUDGET, Chapter, RunConfig, ladder_twin, register_chapter, scst_budget
+from .profiles import BUDGET, Chapter, RunConfig, ladder_twin, register_chapter, scst_budget
 from .ssa import WARMUP, FeedForward, sinusoid
 
 # %% auto 0

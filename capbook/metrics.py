@@ -14,12 +14,10 @@ from .data import to_device
 from .decode import decode_split, teacher_forced, pad_captions, Caption
 
 # %% auto 0
-__all__ = ['METEOR_ENV', 'FROM_SUMS', 'SIZE_SETTINGS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized',
-           'meteor_score', 'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate',
+__all__ = ['METEOR_ENV', 'FROM_SUMS', 'CAPTION_METRICS', 'SEMANTIC_CATEGORIES', 'spice_jars', 'tokenized', 'meteor_score',
+           'meteor_service', 'coco_scores', 'box_fractions', 'attention_correctness', 'evaluate', 'measured',
            'write_results', 'read_results', 'score_results', 'attention_on_references', 'CiderD', 'image_stats',
-           'draws', 'resampled', 'bootstrap', 'pseudo_values', 'components', 'pooled', 'seed_means_t_test',
-           'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'simulate_verdicts', 'size_sweep', 'results_row',
-           'semantic_table']
+           'draws', 'resampled', 'bootstrap', 'results_row', 'semantic_table']
 
 # %% ../nbs/00j_metrics.ipynb
 def spice_jars() -> tuple[bool, str]:
@@ -220,6 +218,10 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
         out["attention"] = attention_correctness(caps, data.keys, prep.gt, prep.vocab, grid, prep.image_size)
     out["timings"]["score_s"] = time.time() - t1
     return out
+
+def measured(ev: dict) -> dict:
+    "An evaluation's metrics as a results record keeps them."
+    return {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
 
 # %% ../nbs/00j_metrics.ipynb
 def write_results(path: str | Path, ids: list, captions: list[str]) -> Path:
@@ -451,143 +453,6 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
     if other is not None:
         out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
-
-# %% ../nbs/00j_metrics.ipynb
-def _judged(value, V, df, level: float = 0.95):
-    "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = P(|T_ν| > |value| / √V) (0 or 1 where V = 0) and the verdict read off the interval, elementwise: the one place every test of the book turns its variance into a verdict."
-    from scipy.stats import t
-    value, V, df = np.asarray(value, dtype=np.float64), np.asarray(V, dtype=np.float64), np.asarray(df, dtype=np.float64)
-    half = t.ppf((1 + level) / 2, df) * np.sqrt(V)
-    lo, hi = value - half, value + half
-    p = np.where(V > 0, 2 * t.sf(np.abs(value) / np.sqrt(np.where(V > 0, V, 1)), df), np.where(value != 0, 0.0, 1.0))
-    return lo, hi, p, np.where(lo > 0, "holds", np.where(hi < 0, "does not hold", "cannot tell"))
-
-def pseudo_values(stats: np.ndarray, metric: str) -> np.ndarray:
-    "Per-image values (×100) whose mean is the corpus metric and whose spread over images its sampling spread: CIDEr's own per-image scores; for a ratio of sums (corpus BLEU-4, micro F1) the delta method's linearisation at the corpus sums T, u_i = m(T) + n ∇m(T)·(t_i - t̄). (n,) for `image_stats`' (n, ...) rows."
-    t = np.asarray(stats, dtype=np.float64)
-    if metric == "CIDEr": return 100 * t
-    n, T = len(t), t.sum(0)
-    f = lambda x: FROM_SUMS[metric](x, n)                      # the metric of summed statistics, row by row
-    h = 1e-6 * np.maximum(np.abs(T), 1.0)                       # central differences, one statistic at a time: (d,)
-    grad = (f(T + np.diag(h)) - f(T - np.diag(h))) / (2 * h)    # ∇m(T): (d,)
-    return 100 * (float(f(T[None])[0]) + n * (t - T / n) @ grad)
-
-def _mean_squares(y: np.ndarray):
-    "Per side y (..., S, n): the seed scores' sample variance over seeds (S - 1 df) and the residual mean square of the seeds × images table ((S - 1)(n - 1) df), both (...)."
-    S, n = y.shape[-2:]
-    seed = y.mean(-1)                                                              # ȳ_s· : (..., S)
-    img = y.mean(-2)                                                               # ȳ_·i : (..., n)
-    resid = y - seed[..., :, None] - img[..., None, :] + seed.mean(-1)[..., None, None]
-    return seed.var(-1, ddof=1), (resid ** 2).sum((-2, -1)) / ((S - 1) * (n - 1))
-
-def components(sides: list[tuple[float, np.ndarray]]) -> dict:
-    "The crossed seeds × images decomposition of Σ_k sign_k · mean(y_k), each side `(sign, y)` with y (..., S_k, n) per-image values of S_k seeds on the same n images: the estimate, the variance parts with their degrees of freedom, the pooled variance V and df ν (Satterthwaite, each part at f = ν_k²/(ν_k + 4), at least min S - 1); a side of one seed: the images alone."
-    n = sides[0][1].shape[-1]
-    S = [y.shape[-2] for _, y in sides]
-    value = sum(sg * y.mean((-2, -1)) for sg, y in sides)                          # Δ̂: (...)
-    d = sum(sg * y.mean(-2) for sg, y in sides)                                     # d_i, seed-averaged: (..., n)
-    ms_d = d.var(-1, ddof=1)                                                        # MS_d, n - 1 df
-    if min(S) < 2:                                                                  # no seed spread: the images alone
-        return {"value": value, "V": ms_d / n, "df": np.full_like(ms_d, n - 1.0), "images_only": True, "parts": {}}
-    seeds, ms_e = zip(*(_mean_squares(y) for _, y in sides))
-    parts = {f"seeds {k}": (v / Sk, np.full_like(v, Sk - 1.0)) for k, (v, Sk) in enumerate(zip(seeds, S))}
-    # σ̂²_c = MS_d - Σ_m MS_e,m / S_m, its Satterthwaite df; the part is σ̂²_c / n, never below 0
-    c = ms_d - sum(e / Sk for e, Sk in zip(ms_e, S))
-    den = ms_d ** 2 / (n - 1) + sum((e / Sk) ** 2 / ((Sk - 1) * (n - 1)) for e, Sk in zip(ms_e, S))
-    parts["model × image"] = (np.maximum(c, 0) / n, np.where(den > 0, c ** 2 / np.where(den > 0, den, 1), n - 1.0))
-    V, df = pooled(parts, min(S) - 1.0)
-    return {"value": value, "V": V, "df": df, "images_only": False, "parts": parts}
-
-def pooled(parts: dict, floor: float):
-    "The variance parts `{name: (v_k, ν_k)}` pooled: V = Σ v_k and Satterthwaite's ν = V² / Σ_k v_k² / f_k, each part at f_k = ν_k² / (ν_k + 4), never below `floor` (Hsu's min S - 1)."
-    V = sum(v for v, _ in parts.values())
-    inv = sum(np.where(v > 0, v ** 2 * (f + 4) / np.maximum(f, 1e-12) ** 2, 0.0) for v, f in parts.values())   # v_k² / f_k
-    return V, np.maximum(floor, np.where(inv > 0, V ** 2 / np.where(inv > 0, inv, 1), np.inf))
-
-def seed_means_t_test(a, b, level: float = 0.95) -> dict:
-    "The rule on one number per seed (a measurement with no per-image part, e.g. attention correctness over a run's words): the difference of the seed means, the seeds' parts pooled as `components` pools them, its interval, p and verdict on 'a > b'."
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    value = float(a.mean() - b.mean())
-    if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
-    V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
-    lo, hi, p, verdict = _judged(value, V, df, level)
-    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict)}
-
-def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
-                paired: bool = False) -> dict:
-    "The mean over seeds of a metric (×100) and its t-interval over seeds and test images (`components`); with `b` (another model's seeds on the same images) the difference, its interval, two-sided p and the verdict on 'a > b'; `paired`: `b[s]` is the start `a[s]` continued (a stage against its own start), tested on the per-seed differences. One seed on a side: no verdict, the interval over the images alone."
-    if not a or (b is not None and not b): raise CapbookError("seed_t_test: every model needs at least one seed's statistics")
-    n = len(a[0])
-    if any(len(x) != n for x in [*a, *(b or [])]):
-        raise CapbookError(f"seed_t_test: seeds scored on {sorted({len(x) for x in [*a, *(b or [])]})} images; score every seed on the same test images")
-    if paired and (b is None or len(b) != len(a)):
-        raise CapbookError(f"seed_t_test: a paired test needs one start per stage seed, got {len(a)} and {len(b or [])}")
-    ya = np.stack([pseudo_values(x, metric) for x in a])                          # (S_a, n)
-    yb = None if b is None else np.stack([pseudo_values(x, metric) for x in b])   # (S_b, n)
-    sides = [(1.0, ya - yb)] if paired else [(1.0, ya)] + ([(-1.0, yb)] if yb is not None else [])
-    c = components(sides)
-    value, df = float(c["value"]), float(c["df"])
-    lo, hi, p, verdict = _judged(value, c["V"], df, level)
-    out = {"value": value, "lo": float(lo), "hi": float(hi), "df": df, "level": level, "paired": paired,
-           "images_only": c["images_only"], "parts": {k: float(v) for k, (v, _) in c["parts"].items()},
-           "seeds": len(a) if b is None else (len(a), len(b)), "images": n,
-           "seed sd": tuple(float(np.std(y.mean(-1), ddof=1)) if len(y) > 1 else None for _, y in sides),   # per side, ×100
-           "mean": tuple(float(y.mean()) for _, y in sides),
-           "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
-    out["p"] = None if c["images_only"] else float(p)
-    if b is not None: out["verdict"] = "one seed: no verdict" if c["images_only"] else str(verdict)
-    return out
-
-def holm(p: list[float | None], alpha: float = 0.05) -> list[bool]:
-    "Holm's step-down correction over one family of tests: which of the p-values (None: no test) are significant with the family-wise error held at `alpha`."
-    idx = sorted((i for i, x in enumerate(p) if x is not None), key=lambda i: p[i])
-    keep, m = [False] * len(p), len(idx)
-    for k, i in enumerate(idx):
-        # the k-th smallest p (from 0) is compared with alpha / (m - k); the first that fails stops the rest
-        if p[i] > alpha / (m - k): break
-        keep[i] = True
-    return keep
-
-def compound_p(ps: list[float], all_parts: bool = True) -> float:
-    "One p for a claim made of several tests: 'every part holds' is the intersection-union test, its p the largest; 'some part holds' is Bonferroni's, k times the smallest (at most 1)."
-    return float(max(ps)) if all_parts else float(min(1.0, len(ps) * min(ps)))
-
-# %% ../nbs/00j_metrics.ipynb
-def simulated_scores(rng, spreads: tuple[float, float], seeds: tuple[int, int], trials: int, images: int = 1000,
-                     noise: float = 0.4, interaction: float = 0.15, delta: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    "Per-image scores of two models, (trials, S_a, images) and (trials, S_b, images), on shared test splits: image difficulty Γ(2, 0.5), a normal seed effect for each model (mean one, relative sd `spreads`), mean-one log-normal factors for its image effects (`interaction`) and each seed's per-image noise (`noise`); model a ahead by a factor 1 + `delta`."
-    g = rng.gamma(2.0, 0.5, (trials, 1, images))                                   # the split's difficulty: (T, 1, n)
-    unit = lambda sd, shape: np.exp(sd * rng.standard_normal(shape) - sd ** 2 / 2)  # a mean-one factor
-    out = []
-    for sd, S, up in zip(spreads, seeds, (delta, 0.0)):
-        seed = np.maximum(1 + sd * rng.standard_normal((trials, S, 1)), 0.01)     # the seed's effect: N(1, sd²), kept above 0
-        y = (1 + up) * g * seed * unit(interaction, (trials, 1, images)) * unit(noise, (trials, S, images))
-        out.append(y)
-    return out[0], out[1]
-
-def simulate_verdicts(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[int, int] = (3, 3), delta: float = 0.0,
-                      trials: int = 10_000, images: int = 1000, noise: float = 0.4, interaction: float = 0.15,
-                      seed: int = 0, level: float = 0.95, chunk: int = 500) -> dict:
-    "The verdicts of the book's rule (`components`, as `seed_t_test` applies it to CIDEr) on `trials` simulated comparisons (`simulated_scores`): the shares of 'holds', 'does not hold' and 'cannot tell', the false-verdict rate ('holds' or 'does not hold') with its Monte-Carlo standard error and 95 % interval."
-    rng = np.random.default_rng([seed, *seeds, *(int(round(s * 1e4)) for s in spreads), int(round(delta * 1e4)),
-                                 int(round(noise * 1e4)), int(round(interaction * 1e4)), images])
-    count = {"holds": 0, "does not hold": 0, "cannot tell": 0}
-    for start in range(0, trials, chunk):
-        a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, noise, interaction, delta)
-        c = components([(1.0, a), (-1.0, b)])
-        v = _judged(c["value"], c["V"], c["df"], level)[3]
-        for k in count: count[k] += int((v == k).sum())
-    out = {k: v / trials for k, v in count.items()}
-    rate = out["holds"] + out["does not hold"]
-    se = float(np.sqrt(max(rate * (1 - rate), 1 / trials) / trials))
-    return {**out, "false verdicts": rate, "mc se": se, "mc 95%": (rate - 1.96 * se, rate + 1.96 * se), "trials": trials}
-
-SIZE_SETTINGS = [(r, s) for s in ((3, 3), (3, 5), (5, 3), (5, 5)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
-
-def size_sweep(trials: int = 10_000, base: float = 0.03, images: int = 1000, **kw) -> list[dict]:
-    "`simulate_verdicts` with no true difference over the settings the book works in (`SIZE_SETTINGS`): model a's seed spread `ratio` times model b's (`base`, relative), 3 or 5 seeds a side."
-    return [{"spread ratio": r, "seeds": f"{s[0]} vs {s[1]}",
-             **simulate_verdicts((base * r, base), s, trials=trials, images=images, **kw)} for r, s in SIZE_SETTINGS]
 
 # %% ../nbs/00j_metrics.ipynb
 CAPTION_METRICS = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]

@@ -40,12 +40,10 @@ class CaptionModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, batch: Mapping[str, Any], mode: str = "teacher", **kw) -> dict:
-        "`mode='teacher'`: `teacher_forcing(batch)`; `'scheduled'`: `scheduled_sampling(batch, **kw)`; `'sample'`: `capbook.decode.sample(self, batch, **kw)`."
-        if mode == "sample":
-            from capbook.decode import sample
-            return sample(self, batch, **kw)
+        "`mode='teacher'`: `teacher_forcing(batch)`; `'scheduled'`: `scheduled_sampling(batch, **kw)`; a decoding routine (`capbook.decode.sample`): `mode(self, batch, **kw)`, run inside the forward pass a DistributedDataParallel wrapper sees."
+        if callable(mode): return mode(self, batch, **kw)
         if mode == "scheduled": return self.scheduled_sampling(batch, **kw)
-        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'scheduled', 'sample'")
+        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'scheduled' or a decoding routine (capbook.decode.sample)")
         return self.teacher_forcing(batch)
 
     def scheduled_sampling(self, batch: Mapping[str, Any], p: float) -> dict:

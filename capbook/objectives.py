@@ -11,6 +11,7 @@ from torch import nn
 import torch.nn.functional as F
 from .core import CapbookError, check_choice, wide
 from .models import CaptionModel, spec, token_nll
+from .decode import sample
 
 # %% auto 0
 __all__ = ['SCST_BASELINES', 'Objective', 'targets', 'CrossEntropy', 'doubly_stochastic', 'DoublyStochastic', 'HardAttentionRule',
@@ -161,10 +162,10 @@ class SelfCritical(Objective):
         dev = b["caps"].device
         # w^, in float32 as validation decodes it (autocast off): at most max_len words, then <end>
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
-            greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len + 1, end_by=True)
+            greedy = net(b, mode=sample, temperature=0.0, max_len=self.max_len + 1, end_by=True)
         net.train(was)
         # w^s ~ p(w | I), in the run's training arithmetic: at most max_len words, then <end>
-        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
+        s = net(b, mode=sample, n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
         refs = b["refs"]                                                     # each image's reference word lists
         r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
         r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)

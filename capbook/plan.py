@@ -8,7 +8,7 @@ import ast, re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from .runner import SEEDS, check_profile, chapters
+from .profiles import SEEDS, check_profile, chapters
 
 # %% auto 0
 __all__ = ['Step', 'replicas', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'chapter_steps', 'upstream_of']
@@ -25,7 +25,7 @@ class Step:
     def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
 
 def replicas(profile: str, step: Step) -> list[Step]:
-    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
+    "A chapter run and its repeats over the profile's training seeds (`capbook.profiles.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
     tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
     n = SEEDS[profile]
     if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = ch.seeds.get(step.tag, n)   # a row with no verdict: 1

@@ -13,7 +13,8 @@ from .core import check_choice, check_float, check_int
 from .attention import Attention, SoftAttention, HardAttention
 from .models import CaptionModel, Dropout, register, repeat_batch
 from .objectives import DoublyStochastic, HardAttentionRule
-from .runner import Chapter, RunConfig, decoding, ladder_twin, register_chapter, measured, protocol_epochs
+from .profiles import Chapter, RunConfig, decoding, ladder_twin, register_chapter, protocol_epochs
+from .metrics import measured
 from .papers import sat_table1
 
 # %% auto 0

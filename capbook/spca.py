@@ -13,7 +13,7 @@ from .attention import Attention
 from .models import CaptionModel, Dropout, fast, register, unroll
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell, WIDTHS
-from .runner import Chapter, RunConfig, decoding, register_chapter, protocol_epochs
+from .profiles import Chapter, RunConfig, decoding, register_chapter, protocol_epochs
 from .papers import spca_table
 
 # %% auto 0
@@ -366,7 +366,7 @@ def spca_measure(r) -> dict:
     "What the next chapter compares, measured on the trained model: attention correctness on every test image's first reference caption (teacher forcing: the same words for every model), the maps' median max/min there and Figure 1's maps; Table 1's decoding time; and the test scores at the paper's beam beside the book's."
     from capbook.metrics import attention_on_references, evaluate
     from capbook.decode import ms_per_image
-    from capbook.results import kept_maps
+    from capbook.records import kept_maps
     out = {}
     if r.prep.gt is not None:
         tf, out["attention_on_references"] = attention_on_references(r.model, r.prep, "test", r.device)

@@ -12,7 +12,7 @@ from torch import nn
 from .core import CapbookError, check_choice, check_float, check_int
 from .attention import TAUS, MultiHeadAttention
 from .models import CaptionModel, Dropout, fast, image_groups, image_rows, register
-from .runner import Chapter, RunConfig, register_chapter, protocol_epochs
+from .profiles import Chapter, RunConfig, register_chapter, protocol_epochs
 from .papers import ssa_table1
 
 # %% auto 0

@@ -17,6 +17,18 @@
 # # core
 #
 # > Errors, paths, atomic writes, seeding, devices and parameter checks shared by every capbook module.
+#
+# **The rooms.** `capbook` is a stack of modules, each importing only those below it (`tests/test_rooms.py` fails on
+# any import circle). At the bottom, `core` (this notebook) and the data: `shapes`, `data`, `encoders`, `prepare`. The
+# engine: `models` (the decoding interface and the registry), `attention`, `decode` (greedy, beam search and sampling:
+# the one home of each), `objectives`, `train` (the one trainer), `metrics` (the one evaluator) and beside it `claims`
+# (the verdict statistics: the seed-and-image test, Holm, `Claims`), and `viz` (the one plotting path). The papers:
+# `papers` (their published numbers), one module per paper (`sat`, `spca`, `ssa`, `glied`, `baselines`, with
+# `attributes`), each declaring its chapter in `profiles` (profiles, budgets, seeds, chapter declarations: the room
+# every room above reads). The book: `plan` (the steps), `records` (where a row's numbers are found), `runner` (one
+# chapter run), `results` (the keys and the published book's currency), `book` (the runner of the plan), `cluster`
+# (its SLURM executor, handed the step function it runs), `docs` (the site), and at the top `bench`, `rehearsal`,
+# `caption` and `cli`.
 
 # %%
 #| default_exp core

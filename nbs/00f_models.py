@@ -60,9 +60,10 @@ from capbook.core import CapbookError, wide
 # batch lacks one. The trainer, the decoders and the evaluator pass the batch through untouched, so a model with a new
 # input needs no change to any of them.
 #
-# `forward(batch)` is teacher forcing; `forward(batch, mode="sample", ...)` draws captions (`capbook.decode.sample`),
-# so an objective that samples — self-critical training — still calls the model through its DistributedDataParallel
-# wrapper, which is what keeps the gradients of all processes in step.
+# `forward(batch)` is teacher forcing; `forward(batch, mode=capbook.decode.sample, ...)` draws captions: sampling has
+# one home, `capbook.decode`, and the model runs the decoding routine it is handed, so an objective that samples —
+# self-critical training — still calls the model through its DistributedDataParallel wrapper, which is what keeps the
+# gradients of all processes in step.
 
 # %%
 #| export
@@ -87,12 +88,10 @@ class CaptionModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, batch: Mapping[str, Any], mode: str = "teacher", **kw) -> dict:
-        "`mode='teacher'`: `teacher_forcing(batch)`; `'scheduled'`: `scheduled_sampling(batch, **kw)`; `'sample'`: `capbook.decode.sample(self, batch, **kw)`."
-        if mode == "sample":
-            from capbook.decode import sample
-            return sample(self, batch, **kw)
+        "`mode='teacher'`: `teacher_forcing(batch)`; `'scheduled'`: `scheduled_sampling(batch, **kw)`; a decoding routine (`capbook.decode.sample`): `mode(self, batch, **kw)`, run inside the forward pass a DistributedDataParallel wrapper sees."
+        if callable(mode): return mode(self, batch, **kw)
         if mode == "scheduled": return self.scheduled_sampling(batch, **kw)
-        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'scheduled', 'sample'")
+        if mode != "teacher": raise CapbookError(f"mode={mode!r} is invalid: allowed values are 'teacher', 'scheduled' or a decoding routine (capbook.decode.sample)")
         return self.teacher_forcing(batch)
 
     def scheduled_sampling(self, batch: Mapping[str, Any], p: float) -> dict:

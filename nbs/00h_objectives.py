@@ -46,6 +46,7 @@ from torch import nn
 import torch.nn.functional as F
 from capbook.core import CapbookError, check_choice, wide
 from capbook.models import CaptionModel, spec, token_nll
+from capbook.decode import sample
 
 
 # %%
@@ -253,7 +254,7 @@ assert set(_st) == {"nll", "doubly_stochastic", "reinforce", "entropy", "baselin
 # $$\nabla_\theta L(\theta) \approx -\big(r(w^s) - r(\hat w)\big) \nabla_\theta \log p_\theta(w^s),$$
 # with $r$ the CIDEr-D score against the image's references (`capbook.metrics.CiderD`, its document frequencies from
 # the training references, computed once and cached). GLIED (§4.2) trains this way after cross-entropy; `outputs`
-# draws the samples through the model (`net(batch, mode="sample")`, so DistributedDataParallel still synchronises the
+# draws the samples through the model (`net(batch, mode=sample)`, so DistributedDataParallel still synchronises the
 # gradients) and `loss` is the surrogate whose gradient is the right-hand side.
 #
 # *capbook:* the trainer's batches hold captions, several per image; SCST takes each image of a batch once
@@ -314,10 +315,10 @@ class SelfCritical(Objective):
         dev = b["caps"].device
         # w^, in float32 as validation decodes it (autocast off): at most max_len words, then <end>
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
-            greedy = net(b, mode="sample", temperature=0.0, max_len=self.max_len + 1, end_by=True)
+            greedy = net(b, mode=sample, temperature=0.0, max_len=self.max_len + 1, end_by=True)
         net.train(was)
         # w^s ~ p(w | I), in the run's training arithmetic: at most max_len words, then <end>
-        s = net(b, mode="sample", n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
+        s = net(b, mode=sample, n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
         refs = b["refs"]                                                     # each image's reference word lists
         r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
         r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)

@@ -33,7 +33,6 @@ from capbook.core import CapbookError, atomic_write, check_choice, load_json, sa
 from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
-
 # %% [markdown]
 # ## Caption metrics (pycocoevalcap)
 #
@@ -200,7 +199,6 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
             out["SPICE"] = float(Spice().compute_score(gts, res)[0])
     return out, notes
 
-
 # %% [markdown]
 # The service is an environment variable for the block's children, restored after it (no Java starts until a run
 # scores; inside `capbook book` this notebook runs under the book's own service):
@@ -211,7 +209,6 @@ _before = os.environ.get(METEOR_ENV)
 with meteor_service() as _svc:
     assert os.environ[METEOR_ENV] != _before and os.environ[METEOR_ENV].count("|") == 1 and _svc["served"] == 0
 assert os.environ.get(METEOR_ENV) == _before
-
 
 # %% [markdown]
 # ## Attention correctness (shapes)
@@ -257,7 +254,6 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
     cy, cx = (cell // w + 0.5) * image_size / h, (cell % w + 0.5) * image_size / w
     return float(any(x0 <= cx < x1 + 1 and y0 <= cy < y1 + 1 for x0, y0, x1, y1 in boxes))   # pixel x covers [x, x+1)
 
-
 # %% [markdown]
 # ## Evaluating a model
 #
@@ -291,6 +287,9 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
     out["timings"]["score_s"] = time.time() - t1
     return out
 
+def measured(ev: dict) -> dict:
+    "An evaluation's metrics as a results record keeps them."
+    return {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
 
 # %% [markdown]
 # ## COCO results files: the captions in the form everyone reads
@@ -346,7 +345,6 @@ def score_results(results: str | Path, references: str | Path, split: str | None
     scores, notes = coco_scores(gts, res, meteor=meteor)
     return {"images": len(res), "metrics": scores, "notes": notes}
 
-
 # %%
 import json, tempfile
 _d = Path(tempfile.mkdtemp())
@@ -366,8 +364,6 @@ for bad, msg in [({"image_id": 0}, "found a JSON dict"), ([], "results list is e
     (_d / "bad.json").write_text(json.dumps(bad))
     try: score_results(_d / "bad.json", _d / "dataset_toy.json", split="test", meteor=False); raise AssertionError(bad)
     except CapbookError as e: assert msg in str(e) and "\n" not in str(e), (msg, e)
-
-
 
 # %% [markdown]
 # ## Attention on the same words for every model
@@ -391,7 +387,6 @@ def attention_on_references(model, prep, split: str = "test", device: torch.devi
     grid = getattr(model, "att_grid", prep.grid)
     scores = attention_correctness(out, data.keys, prep.gt, prep.vocab, grid, prep.image_size) if prep.gt is not None else {"n": 0}
     return out, scores
-
 
 # %% [markdown]
 # ## CIDEr-D as a reward
@@ -535,7 +530,6 @@ class CiderD:
         per = np.zeros((R, n)); np.add.at(per, pc, val)
         return 10.0 * per.mean(1) / np.maximum(m, 1)
 
-
 # %% [markdown]
 # ## How sure is a number? Bootstrap intervals over test images
 #
@@ -622,7 +616,6 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
         out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
 
-
 # %% [markdown]
 # A check against brute force on a tiny case: three candidate captions, and seven draws written out image by image.
 # For each draw, pycocoevalcap's own `BleuScorer` scores the drawn images (duplicates included) and the CIDEr and F1
@@ -648,274 +641,6 @@ _ci = bootstrap(_st["BLEU-4"], "BLEU-4", resamples=1000, seed=0)
 assert _ci["lo"] <= _ci["value"] <= _ci["hi"] and bootstrap(_st["BLEU-4"], "BLEU-4", seed=0) == _ci    # seeded
 _pair = bootstrap(_st["CIDEr"], "CIDEr", other=_st["CIDEr"] * 0.5)
 print(_ci, _pair["verdict"])
-
-
-# %% [markdown]
-# ## Seeds and test images together: the seed is the unit of replication
-#
-# A rerun with another seed changes a model's score by more than resampling its test images does (soft attention on
-# shapes once spanned 92–144 CIDEr over three seeds, against an image interval of about ±9). A claim about two
-# *models*, not two training runs, is a claim about the population of runs each recipe produces and the population
-# of images the test split is drawn from. Every seed of every model is scored on the **same** $n$ test images, so the
-# per-image scores form a crossed design, seeds × images. For model $m$, seed $s$ and image $i$:
-#
-# $$y_{msi} = \mu_m + a_{ms} + c_{mi} + e_{msi},$$
-#
-# with $a_{ms}$ the seed's effect (variance $\sigma^2_{a,m}$, a model's own), $c_{mi}$ the image's effect for that model
-# (the part of it that differs between models, $\sigma^2_c = \operatorname{Var}_i(c_{ai} - c_{bi})$, is the model ×
-# image interaction, what generalises to new images), and $e_{msi}$ the seed × image noise ($\sigma^2_{e,m}$: the same
-# image captioned by another seed). The difference of the two models' means over seeds and images,
-# $\hat\Delta = \bar y_{a\cdot\cdot} - \bar y_{b\cdot\cdot}$, has the variance
-#
-# $$\operatorname{Var}\hat\Delta = \frac{\sigma^2_{a,a}}{S_a} + \frac{\sigma^2_{a,b}}{S_b}
-#   + \frac{\sigma^2_{e,a}}{n S_a} + \frac{\sigma^2_{e,b}}{n S_b} + \frac{\sigma^2_c}{n}.$$
-#
-# Each part is estimated **once**, from the mean square that holds it:
-#
-# - the seeds' spread $s_m^2$ (the sample variance of model $m$'s $S_m$ seed scores, $S_m - 1$ degrees of freedom)
-#   estimates $\sigma^2_{a,m} + \sigma^2_{e,m}/n$: the seed × image noise is already in it;
-# - the residual mean square of model $m$'s seeds × images table,
-#   $\mathrm{MS}_{e,m} = \frac{\sum_{s,i}(y_{msi} - \bar y_{ms\cdot} - \bar y_{m\cdot i} + \bar y_{m\cdot\cdot})^2}{(S_m - 1)(n - 1)}$,
-#   estimates $\sigma^2_{e,m}$;
-# - the variance over images of the seed-averaged per-image difference $d_i = \bar y_{a\cdot i} - \bar y_{b\cdot i}$,
-#   $\mathrm{MS}_d$ ($n - 1$ degrees of freedom), estimates $\sigma^2_c + \sigma^2_{e,a}/S_a + \sigma^2_{e,b}/S_b$; so
-#   $\hat\sigma^2_c = \max\bigl(0,\ \mathrm{MS}_d - \mathrm{MS}_{e,a}/S_a - \mathrm{MS}_{e,b}/S_b\bigr)$.
-#
-# $$\hat V = \underbrace{\frac{s_a^2}{S_a} + \frac{s_b^2}{S_b}}_{\text{seeds}} + \underbrace{\frac{\hat\sigma^2_c}{n}}_{\text{model × image}}.$$
-#
-# Each part keeps its own degrees of freedom: $S_a - 1$ and $S_b - 1$ for the seeds, and for the image part the
-# Satterthwaite degrees of freedom of its mean squares, $\nu_c = \frac{(\mathrm{MS}_d - \sum_m \mathrm{MS}_{e,m}/S_m)^2}
-# {\mathrm{MS}_d^2/(n-1) + \sum_m (\mathrm{MS}_{e,m}/S_m)^2 / ((S_m - 1)(n - 1))}$. They are pooled by Satterthwaite's
-# rule with a small-sample correction, each part counted at $f_k = \nu_k^2 / (\nu_k + 4)$ degrees of freedom, and never
-# below the smaller side's $S - 1$ (Hsu's bound):
-#
-# $$\nu = \max\Bigl(\min_m S_m - 1,\ \frac{\hat V^2}{\sum_k \hat v_k^2 / f_k}\Bigr),\qquad
-#   \hat\Delta \pm t_{\nu,\,0.975}\sqrt{\hat V},\qquad p = 2\,P(T_\nu > |\hat\Delta| / \sqrt{\hat V}).$$
-#
-# *Holds* when the interval is above zero, *does not hold* below, *cannot tell* when it contains zero.
-#
-# - **Paired stages.** A stage that continues a run (self-critical training after cross-entropy) is compared with its
-#   own start seed by seed: $y_{si}$ is then the stage's per-image score minus its start's, one side of the same
-#   decomposition ($S - 1$ degrees of freedom for the seeds, the interaction from the same mean squares).
-# - **One row.** A row's own interval is the one-side case: $\bar y$, its seeds' spread and its images' variance
-#   ($\mathrm{MS}$ of the seed-averaged per-image scores minus $\mathrm{MS}_e/S$), estimating the score over new seeds
-#   and new images.
-# - **One seed** on a side gives no verdict: the training variance cannot be estimated, and an image-only interval says
-#   nothing about another run of the same recipe. Such a comparison reports the difference and the interval over the
-#   images alone ($\mathrm{MS}_d / n$, $n - 1$ degrees of freedom), marked *images only*.
-#
-# *capbook:* why this form. The variance components are exact (ANOVA mean squares, unbiased) and closed-form, so the
-# 10,000-trial size simulations below cost seconds; a two-way bootstrap over seeds and images would count the
-# interaction twice (Owen's pigeonhole bootstrap is biased upward by the crossed terms) and has only ten distinct seed
-# draws at three seeds. The earlier rule added the bootstrap variance of the seed-averaged per-image difference to the
-# seeds' spread: that is $\mathrm{MS}_d / n$, which holds $\sigma^2_{e}/(nS)$ a second time, and it entered Welch–
-# Satterthwaite with $n - 1$ degrees of freedom, which lifted $\nu$ from 2–4 to 20 and more, a smaller $t$ quantile
-# that outweighed the added variance. The correction $f_k = \nu_k^2/(\nu_k+4)$ answers two biases of the plug-in
-# $\hat\nu$ at a few seeds: $\hat v_k^2$ overestimates $v_k^2$ ($E\,\hat v_k^2 = v_k^2 (\nu_k + 2)/\nu_k$), and a seed
-# spread that happens to come out small both inflates $|T|$ and lifts $\hat\nu$ — worst where a two-degree-of-freedom
-# seed part sits beside an image part a quarter to half its size (measured: $\nu_k + 2$ gives 5.5 % false verdicts
-# there, $\nu_k + 4$ 4.5 %). The floor is the smaller side's own $S - 1$: plain Welch–Satterthwaite is liberal at 3
-# seeds when the spreads differ (5.6–6.6 % false verdicts at a spread ratio of 2–8), Hsu's $\min S - 1$ alone is safe
-# but wastes power (1.2 % at equal spreads); the corrected rule's size is measured below, in `02b_protocol` and in `tests/test_metrics.py`.
-#
-# **Other metrics.** CIDEr is a mean of per-image scores. Corpus BLEU-4 and micro F1 are ratios of sums over images;
-# each seed's per-image values are the delta method's linearisation at that seed's corpus sums $T$,
-# $u_i = m(T) + n\,\nabla m(T) \cdot (t_i - \bar t)$ (`pseudo_values`): their mean is the corpus metric exactly and their
-# spread over images its sampling spread to first order. The same decomposition then applies.
-
-# %%
-#| export
-def _judged(value, V, df, level: float = 0.95):
-    "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = P(|T_ν| > |value| / √V) (0 or 1 where V = 0) and the verdict read off the interval, elementwise: the one place every test of the book turns its variance into a verdict."
-    from scipy.stats import t
-    value, V, df = np.asarray(value, dtype=np.float64), np.asarray(V, dtype=np.float64), np.asarray(df, dtype=np.float64)
-    half = t.ppf((1 + level) / 2, df) * np.sqrt(V)
-    lo, hi = value - half, value + half
-    p = np.where(V > 0, 2 * t.sf(np.abs(value) / np.sqrt(np.where(V > 0, V, 1)), df), np.where(value != 0, 0.0, 1.0))
-    return lo, hi, p, np.where(lo > 0, "holds", np.where(hi < 0, "does not hold", "cannot tell"))
-
-def pseudo_values(stats: np.ndarray, metric: str) -> np.ndarray:
-    "Per-image values (×100) whose mean is the corpus metric and whose spread over images its sampling spread: CIDEr's own per-image scores; for a ratio of sums (corpus BLEU-4, micro F1) the delta method's linearisation at the corpus sums T, u_i = m(T) + n ∇m(T)·(t_i - t̄). (n,) for `image_stats`' (n, ...) rows."
-    t = np.asarray(stats, dtype=np.float64)
-    if metric == "CIDEr": return 100 * t
-    n, T = len(t), t.sum(0)
-    f = lambda x: FROM_SUMS[metric](x, n)                      # the metric of summed statistics, row by row
-    h = 1e-6 * np.maximum(np.abs(T), 1.0)                       # central differences, one statistic at a time: (d,)
-    grad = (f(T + np.diag(h)) - f(T - np.diag(h))) / (2 * h)    # ∇m(T): (d,)
-    return 100 * (float(f(T[None])[0]) + n * (t - T / n) @ grad)
-
-def _mean_squares(y: np.ndarray):
-    "Per side y (..., S, n): the seed scores' sample variance over seeds (S - 1 df) and the residual mean square of the seeds × images table ((S - 1)(n - 1) df), both (...)."
-    S, n = y.shape[-2:]
-    seed = y.mean(-1)                                                              # ȳ_s· : (..., S)
-    img = y.mean(-2)                                                               # ȳ_·i : (..., n)
-    resid = y - seed[..., :, None] - img[..., None, :] + seed.mean(-1)[..., None, None]
-    return seed.var(-1, ddof=1), (resid ** 2).sum((-2, -1)) / ((S - 1) * (n - 1))
-
-def components(sides: list[tuple[float, np.ndarray]]) -> dict:
-    "The crossed seeds × images decomposition of Σ_k sign_k · mean(y_k), each side `(sign, y)` with y (..., S_k, n) per-image values of S_k seeds on the same n images: the estimate, the variance parts with their degrees of freedom, the pooled variance V and df ν (Satterthwaite, each part at f = ν_k²/(ν_k + 4), at least min S - 1); a side of one seed: the images alone."
-    n = sides[0][1].shape[-1]
-    S = [y.shape[-2] for _, y in sides]
-    value = sum(sg * y.mean((-2, -1)) for sg, y in sides)                          # Δ̂: (...)
-    d = sum(sg * y.mean(-2) for sg, y in sides)                                     # d_i, seed-averaged: (..., n)
-    ms_d = d.var(-1, ddof=1)                                                        # MS_d, n - 1 df
-    if min(S) < 2:                                                                  # no seed spread: the images alone
-        return {"value": value, "V": ms_d / n, "df": np.full_like(ms_d, n - 1.0), "images_only": True, "parts": {}}
-    seeds, ms_e = zip(*(_mean_squares(y) for _, y in sides))
-    parts = {f"seeds {k}": (v / Sk, np.full_like(v, Sk - 1.0)) for k, (v, Sk) in enumerate(zip(seeds, S))}
-    # σ̂²_c = MS_d - Σ_m MS_e,m / S_m, its Satterthwaite df; the part is σ̂²_c / n, never below 0
-    c = ms_d - sum(e / Sk for e, Sk in zip(ms_e, S))
-    den = ms_d ** 2 / (n - 1) + sum((e / Sk) ** 2 / ((Sk - 1) * (n - 1)) for e, Sk in zip(ms_e, S))
-    parts["model × image"] = (np.maximum(c, 0) / n, np.where(den > 0, c ** 2 / np.where(den > 0, den, 1), n - 1.0))
-    V, df = pooled(parts, min(S) - 1.0)
-    return {"value": value, "V": V, "df": df, "images_only": False, "parts": parts}
-
-def pooled(parts: dict, floor: float):
-    "The variance parts `{name: (v_k, ν_k)}` pooled: V = Σ v_k and Satterthwaite's ν = V² / Σ_k v_k² / f_k, each part at f_k = ν_k² / (ν_k + 4), never below `floor` (Hsu's min S - 1)."
-    V = sum(v for v, _ in parts.values())
-    inv = sum(np.where(v > 0, v ** 2 * (f + 4) / np.maximum(f, 1e-12) ** 2, 0.0) for v, f in parts.values())   # v_k² / f_k
-    return V, np.maximum(floor, np.where(inv > 0, V ** 2 / np.where(inv > 0, inv, 1), np.inf))
-
-def seed_means_t_test(a, b, level: float = 0.95) -> dict:
-    "The rule on one number per seed (a measurement with no per-image part, e.g. attention correctness over a run's words): the difference of the seed means, the seeds' parts pooled as `components` pools them, its interval, p and verdict on 'a > b'."
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    value = float(a.mean() - b.mean())
-    if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
-    V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
-    lo, hi, p, verdict = _judged(value, V, df, level)
-    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict)}
-
-def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
-                paired: bool = False) -> dict:
-    "The mean over seeds of a metric (×100) and its t-interval over seeds and test images (`components`); with `b` (another model's seeds on the same images) the difference, its interval, two-sided p and the verdict on 'a > b'; `paired`: `b[s]` is the start `a[s]` continued (a stage against its own start), tested on the per-seed differences. One seed on a side: no verdict, the interval over the images alone."
-    if not a or (b is not None and not b): raise CapbookError("seed_t_test: every model needs at least one seed's statistics")
-    n = len(a[0])
-    if any(len(x) != n for x in [*a, *(b or [])]):
-        raise CapbookError(f"seed_t_test: seeds scored on {sorted({len(x) for x in [*a, *(b or [])]})} images; score every seed on the same test images")
-    if paired and (b is None or len(b) != len(a)):
-        raise CapbookError(f"seed_t_test: a paired test needs one start per stage seed, got {len(a)} and {len(b or [])}")
-    ya = np.stack([pseudo_values(x, metric) for x in a])                          # (S_a, n)
-    yb = None if b is None else np.stack([pseudo_values(x, metric) for x in b])   # (S_b, n)
-    sides = [(1.0, ya - yb)] if paired else [(1.0, ya)] + ([(-1.0, yb)] if yb is not None else [])
-    c = components(sides)
-    value, df = float(c["value"]), float(c["df"])
-    lo, hi, p, verdict = _judged(value, c["V"], df, level)
-    out = {"value": value, "lo": float(lo), "hi": float(hi), "df": df, "level": level, "paired": paired,
-           "images_only": c["images_only"], "parts": {k: float(v) for k, (v, _) in c["parts"].items()},
-           "seeds": len(a) if b is None else (len(a), len(b)), "images": n,
-           "seed sd": tuple(float(np.std(y.mean(-1), ddof=1)) if len(y) > 1 else None for _, y in sides),   # per side, ×100
-           "mean": tuple(float(y.mean()) for _, y in sides),
-           "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
-    out["p"] = None if c["images_only"] else float(p)
-    if b is not None: out["verdict"] = "one seed: no verdict" if c["images_only"] else str(verdict)
-    return out
-
-def holm(p: list[float | None], alpha: float = 0.05) -> list[bool]:
-    "Holm's step-down correction over one family of tests: which of the p-values (None: no test) are significant with the family-wise error held at `alpha`."
-    idx = sorted((i for i, x in enumerate(p) if x is not None), key=lambda i: p[i])
-    keep, m = [False] * len(p), len(idx)
-    for k, i in enumerate(idx):
-        # the k-th smallest p (from 0) is compared with alpha / (m - k); the first that fails stops the rest
-        if p[i] > alpha / (m - k): break
-        keep[i] = True
-    return keep
-
-def compound_p(ps: list[float], all_parts: bool = True) -> float:
-    "One p for a claim made of several tests: 'every part holds' is the intersection-union test, its p the largest; 'some part holds' is Bonferroni's, k times the smallest (at most 1)."
-    return float(max(ps)) if all_parts else float(min(1.0, len(ps) * min(ps)))
-
-# %% [markdown]
-# A check of the decomposition on a case with every component known: two models, 3 seeds each, 400 images. The seed
-# parts and the model × image part are recovered from one draw to within their sampling error; a clear difference holds,
-# a difference inside the seeds' spread cannot be told, one seed gives no verdict, and a stage tested against its own
-# start seed by seed is tighter than the same numbers taken as two unrelated models. The linearised BLEU-4 values average
-# to the corpus BLEU-4 exactly. Holm's correction keeps the smallest p while it stays under α/m, α/(m−1), …
-
-# %%
-_rng = np.random.default_rng(0)
-_img = _rng.gamma(2.0, 0.5, 400)                                             # per-image CIDEr of a test split: (400,)
-_c = _rng.normal(0, 0.2, 400)                                                # model a's own image effects: σ_c = 0.2
-_mk = lambda shift, sd, S, c=0: [_img + c + shift + _rng.normal(0, sd) + _rng.normal(0, 0.3, 400) for _ in range(S)]
-_a, _b = _mk(0.30, 0.02, 3, _c), _mk(0.0, 0.02, 3)
-_r = seed_t_test(_a, "CIDEr", _b)
-assert _r["verdict"] == "holds" and 2 <= _r["df"] and _r["p"] < 0.05
-assert abs(_r["parts"]["model × image"] / (100 ** 2 * 0.2 ** 2 / 400) - 1) < 0.3, _r["parts"]    # σ²_c / n recovered
-assert seed_t_test(_mk(0.02, 0.10, 3), "CIDEr", _mk(0.0, 0.10, 3))["verdict"] == "cannot tell"
-_one = seed_t_test(_a[:1], "CIDEr", _b)
-assert _one["verdict"] == "one seed: no verdict" and _one["images_only"] and _one["p"] is None
-_start = _mk(0.0, 0.10, 3)
-_stage = [x + 0.05 + _rng.normal(0, 0.01) for x in _start]                   # each seed's stage: its start, a little higher
-_pr, _un = seed_t_test(_stage, "CIDEr", _start, paired=True), seed_t_test(_stage, "CIDEr", _start)
-assert _pr["verdict"] == "holds" and _un["verdict"] == "cannot tell" and _pr["hi"] - _pr["lo"] < (_un["hi"] - _un["lo"]) / 3
-assert abs(pseudo_values(_st["BLEU-4"], "BLEU-4").mean() - resampled(_st["BLEU-4"], "BLEU-4", np.ones((1, 3)))[0]) < 1e-9
-assert holm([0.01, 0.04, 0.03, None]) == [True, False, False, False] and holm([0.001, 0.02, 0.04]) == [True, True, True]
-assert seed_means_t_test([3.0, 3.2, 3.1], [1.0, 1.1, 0.9])["verdict"] == "holds"
-assert compound_p([0.01, 0.04]) == 0.04 and compound_p([0.01, 0.04], all_parts=False) == 0.02
-print(f"{_r['verdict']}: {_r['value']:+.1f} [{_r['lo']:+.1f}, {_r['hi']:+.1f}], df {_r['df']:.1f}, p {_r['p']:.4f}; "
-      f"parts {', '.join(f'{k} {v:.2f}' for k, v in _r['parts'].items())}; paired stage {_pr['value']:+.1f} [{_pr['lo']:+.1f}, {_pr['hi']:+.1f}]")
-
-# %% [markdown]
-# ### What the rule's error rate is: the rule on simulated runs
-#
-# A 95 % interval promises at most 5 % false verdicts — "holds" or "does not hold" where the two models are equal in
-# the population of seeds and images. `simulate_verdicts` measures that promise where the book works. Each trial draws a
-# test split and two models' per-image scores shaped like the book's (skewed and bounded below, as per-image CIDEr is):
-#
-# $$y_{msi} = (1 + \delta_m)\; g_i \; (1 + \sigma_{a,m} z_{ms})\; e^{\sigma_c z_{mi} - \sigma_c^2/2}\; e^{\sigma_{e} z_{msi} - \sigma_e^2/2},$$
-#
-# $g_i \sim \Gamma(2, 0.5)$ the image's difficulty (mean 1), $z \sim N(0, 1)$, every factor of mean 1, so with
-# $\delta_a = \delta_b = 0$ the two models' expected scores are equal exactly: a seed effect of relative spread
-# $\sigma_{a,m}$ per model (unequal spreads), a model × image effect $\sigma_c$ and a seed × image effect $\sigma_e$.
-# It runs the same `components` on every trial at once (vectorised over trials), and reports the shares of verdicts
-# with their Monte-Carlo standard error $\sqrt{p(1-p)/\text{trials}}$.
-
-# %%
-#| export
-def simulated_scores(rng, spreads: tuple[float, float], seeds: tuple[int, int], trials: int, images: int = 1000,
-                     noise: float = 0.4, interaction: float = 0.15, delta: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    "Per-image scores of two models, (trials, S_a, images) and (trials, S_b, images), on shared test splits: image difficulty Γ(2, 0.5), a normal seed effect for each model (mean one, relative sd `spreads`), mean-one log-normal factors for its image effects (`interaction`) and each seed's per-image noise (`noise`); model a ahead by a factor 1 + `delta`."
-    g = rng.gamma(2.0, 0.5, (trials, 1, images))                                   # the split's difficulty: (T, 1, n)
-    unit = lambda sd, shape: np.exp(sd * rng.standard_normal(shape) - sd ** 2 / 2)  # a mean-one factor
-    out = []
-    for sd, S, up in zip(spreads, seeds, (delta, 0.0)):
-        seed = np.maximum(1 + sd * rng.standard_normal((trials, S, 1)), 0.01)     # the seed's effect: N(1, sd²), kept above 0
-        y = (1 + up) * g * seed * unit(interaction, (trials, 1, images)) * unit(noise, (trials, S, images))
-        out.append(y)
-    return out[0], out[1]
-
-def simulate_verdicts(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[int, int] = (3, 3), delta: float = 0.0,
-                      trials: int = 10_000, images: int = 1000, noise: float = 0.4, interaction: float = 0.15,
-                      seed: int = 0, level: float = 0.95, chunk: int = 500) -> dict:
-    "The verdicts of the book's rule (`components`, as `seed_t_test` applies it to CIDEr) on `trials` simulated comparisons (`simulated_scores`): the shares of 'holds', 'does not hold' and 'cannot tell', the false-verdict rate ('holds' or 'does not hold') with its Monte-Carlo standard error and 95 % interval."
-    rng = np.random.default_rng([seed, *seeds, *(int(round(s * 1e4)) for s in spreads), int(round(delta * 1e4)),
-                                 int(round(noise * 1e4)), int(round(interaction * 1e4)), images])
-    count = {"holds": 0, "does not hold": 0, "cannot tell": 0}
-    for start in range(0, trials, chunk):
-        a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, noise, interaction, delta)
-        c = components([(1.0, a), (-1.0, b)])
-        v = _judged(c["value"], c["V"], c["df"], level)[3]
-        for k in count: count[k] += int((v == k).sum())
-    out = {k: v / trials for k, v in count.items()}
-    rate = out["holds"] + out["does not hold"]
-    se = float(np.sqrt(max(rate * (1 - rate), 1 / trials) / trials))
-    return {**out, "false verdicts": rate, "mc se": se, "mc 95%": (rate - 1.96 * se, rate + 1.96 * se), "trials": trials}
-
-SIZE_SETTINGS = [(r, s) for s in ((3, 3), (3, 5), (5, 3), (5, 5)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
-
-def size_sweep(trials: int = 10_000, base: float = 0.03, images: int = 1000, **kw) -> list[dict]:
-    "`simulate_verdicts` with no true difference over the settings the book works in (`SIZE_SETTINGS`): model a's seed spread `ratio` times model b's (`base`, relative), 3 or 5 seeds a side."
-    return [{"spread ratio": r, "seeds": f"{s[0]} vs {s[1]}",
-             **simulate_verdicts((base * r, base), s, trials=trials, images=images, **kw)} for r, s in SIZE_SETTINGS]
-
-# %% [markdown]
-# With no true difference, 2,000 trials a setting here (the 10,000-trial sweep runs in `02b_protocol` and `make soak`):
-# the false-verdict rate stays at or under 5 % whatever the spreads and seed counts.
-
-# %%
-_sizes = size_sweep(trials=2000, images=300)
-for _s in _sizes: assert _s["mc 95%"][1] <= 0.055, _s
-print(", ".join(f"{s['seeds']} ×{s['spread ratio']}: {100 * s['false verdicts']:.1f} %" for s in _sizes))
-
 
 # %% [markdown]
 # ## One row of a results table
@@ -955,7 +680,6 @@ def semantic_table(runs: dict[str, dict]):
     return pd.DataFrame([{"model": label, **{f"{c} {k.upper() if k != 'f1' else 'F1'}": 100 * m["semantic"][c][k]
                                              for c in SEMANTIC_CATEGORIES for k in ("p", "r", "f1")}}
                          for label, m in runs.items() if "semantic" in m])
-
 
 # %%
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},

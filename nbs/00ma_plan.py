@@ -28,8 +28,7 @@ import ast, re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from capbook.runner import SEEDS, check_profile, chapters
-
+from capbook.profiles import SEEDS, check_profile, chapters
 
 # %% [markdown]
 # ## The plan, derived
@@ -38,7 +37,7 @@ from capbook.runner import SEEDS, check_profile, chapters
 # runs, the index first, then the chapters in the order of their names (`01_dataset`, `02_show_attend_tell`,
 # `02a_soft_vs_hard`, `03_spca`, ...), then the engine chapters (`00*`: their inline checks and documentation). A
 # notebook whose `parameters` cell takes a `profile` gets the book's profile. A paper chapter declared with
-# `capbook.runner.register_chapter` runs once per run it declares — the paper's ablations, each the same notebook
+# `capbook.profiles.register_chapter` runs once per run it declares — the paper's ablations, each the same notebook
 # with other parameters and a `tag` — and an assembly notebook (such as `02a_soft_vs_hard`) then finds each run's
 # results record with `step_record` — the book's own run of that step, or else a hand run (`papermill ... -p ...`)
 # whose parameters are exactly the step's — and builds the paper's tables and figures from them. Tagged runs are not
@@ -57,7 +56,7 @@ class Step:
     def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
 
 def replicas(profile: str, step: Step) -> list[Step]:
-    "A chapter run and its repeats over the profile's training seeds (`capbook.runner.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
+    "A chapter run and its repeats over the profile's training seeds (`capbook.profiles.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
     tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
     n = SEEDS[profile]
     if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = ch.seeds.get(step.tag, n)   # a row with no verdict: 1
@@ -98,7 +97,6 @@ def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
     "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
     return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
 
-
 # %% [markdown]
 # The smoke plan: every notebook, the index first; Show-Attend-Tell's eight runs (the legacy recipe's included) and SPCA's ten, by tag.
 
@@ -107,7 +105,6 @@ import capbook.plan as _plan                               # the installed modul
 _p = _plan.plan("smoke")
 assert _p[0].notebook == "index" and {s.notebook for s in _p} == set(_plan.notebooks())
 assert len(_plan.chapter_steps("smoke", "02_show_attend_tell")) == 8 and len(_plan.chapter_steps("smoke", "03_spca")) == 10
-
 
 # %% [markdown]
 # ## Which runs a step reads
@@ -128,7 +125,6 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
     return [s for s in before if s.params and s.notebook != step.notebook
             and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
-
 
 # %%
 _steps = _plan.plan("smoke")

@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from capbook.core import (CapbookError, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
-from capbook.runner import check_profile, out_dir, chapters, parameters_source
+from capbook.profiles import check_profile, out_dir, chapters, parameters_source
 from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
 from capbook.results import plan_keys
 
@@ -45,7 +45,7 @@ from capbook.results import plan_keys
 # %% [markdown]
 # ### What else is derived: parameters cells, the API modules, the README's chapter table
 #
-# A chapter's `parameters` cell is generated from its parameters dataclass (`capbook.runner.parameters_source`):
+# A chapter's `parameters` cell is generated from its parameters dataclass (`capbook.profiles.parameters_source`):
 # `sync_parameters` rewrites the cell in each chapter's py:percent source, and `make sync` runs it. The modules of
 # the API reference are the `default_exp` of each notebook, in reading order. README.md is the index notebook's text
 # with its generated blocks filled in (nbdev's way): between `<!-- chapters -->` markers the chapter table (each
@@ -322,7 +322,6 @@ def sync_readme(path: Path | None = None, write: bool = True, status: dict[str, 
     if write and new != old: atomic_write(path, lambda t: t.write_text(new))
     return new != old
 
-
 # %%
 import capbook.book as _book                               # the installed module (a notebook has no __file__)
 _md = "a\n<!-- results -->\nold\n<!-- /results -->\nb <!-- other -->"
@@ -330,7 +329,6 @@ assert fill_blocks(_md, {"results": "new"}) == "a\n<!-- results -->\nnew\n<!-- /
 assert chapter_status([{"step": "03_spca-base-seed1", "status": "current"}, {"step": "03_spca", "status": "stale"},
                        {"step": "02a_soft_vs_hard", "status": "current"}, {"step": None, "status": "unknown"}]) == {"03_spca": False, "02a_soft_vs_hard": True}
 print("\n".join(_book.chapter_table({"02_show_attend_tell": True}).splitlines()[:4]))      # the installed module's notebooks
-
 
 # %% [markdown]
 # ## Running the plan
@@ -539,7 +537,8 @@ def book_times(profile: str, steps: list[Step], published: Path | None = None):
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
     from capbook.docs import keep_notebooks
-    from capbook.results import BOOK_STEP, publish_records, write_manifest
+    from capbook.results import BOOK_STEP, write_manifest
+    from capbook.records import publish_records
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     untagged, made_by = [s for s in steps if not s.tag], {}    # ablation runs reach the book through assembly notebooks
     for s in untagged:
@@ -642,7 +641,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
     if executor == "slurm":
-        pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", force, log=log)
+        pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
         submit = lambda s: pool_cm.submit_step(s, keyring.get(s))
     else:
         pool_cm = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))
@@ -738,7 +737,6 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
 
-
 # %% [markdown]
 # One book at a time on a home and profile: a second `book_lock` (another book, or `capbook docs`) stops at once, in
 # one line naming the holder; the lock goes with its holder, even a SIGKILLed one:
@@ -794,7 +792,6 @@ def write_kernel_config(prefix: str | Path | None = None) -> Path:
     path = Path(prefix or sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, lambda t: t.write_text(KERNEL_CONFIG))
-
 
 # %%
 _t = Path(tempfile.mkdtemp())

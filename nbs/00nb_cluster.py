@@ -16,8 +16,7 @@
 # %% [markdown]
 # # cluster
 #
-# > The book on a SLURM cluster: each step a job submitted through submitit, in the plan's order, with the book's keys,
-# > skipping, lock and publishing kept on the machine that submits.
+# > The book on a SLURM cluster: each step a job submitted through submitit, in the plan's order, running the step function the book hands it, with the book's keys, skipping, lock and publishing kept on the machine that submits.
 
 # %%
 #| default_exp cluster
@@ -195,12 +194,11 @@ except CapbookError as e: assert str(e) == f"{_cfg}: cpus must be a whole number
 
 # %%
 #| export
-def _step_call(step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
-    "What a job runs: the step, as a local worker runs it; ('ok', executed notebook, whether it ran, seconds) or ('failed', the book's one line)."
-    from capbook.book import run_step
+def _step_call(run_step: Callable, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
+    "What a job runs: the step, through the function a local worker runs it with (`run_step`: the book's, handed down by the book, so this room never imports the book); ('ok', executed notebook, whether it ran, seconds) or ('failed', the book's one line)."
     os.environ.pop("CAPBOOK_METEOR", None)                  # the submitting host's METEOR socket: not on this node
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[k] = str(cpus)
-    from capbook.runner import TRAIN_PROCS
+    from capbook.profiles import TRAIN_PROCS
     if gpus > 1: os.environ[TRAIN_PROCS] = str(gpus)          # its run trains under torchrun, one process a GPU
     else: os.environ.pop(TRAIN_PROCS, None)
     with _signals_noted() as signalled:
@@ -239,8 +237,8 @@ def _await_kill(signalled: list) -> None:
 
 class StepJob(submitit.helpers.Checkpointable):
     "One book step as a requeueable job (`checkpoint`, inherited from submitit: the same call again, and the run resumes from its checkpoint)."
-    def __call__(self, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
-        return _step_call(step, profile, force, key, cpus, gpus)
+    def __call__(self, run_step: Callable, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
+        return _step_call(run_step, step, profile, force, key, cpus, gpus)
 
 # %% [markdown]
 # ## The pool: steps in, results out, failures in one line
@@ -307,10 +305,11 @@ def sacct_interval() -> float:
     return out
 
 class SlurmPool:
-    "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); jobs' scripts, logs and pickles under `folder`."
-    def __init__(self, profile: str, config: ExecutorConfig, folder: str | Path, force: bool = False, cluster: str = "slurm",
+    "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); jobs' scripts, logs and pickles under `folder`; each job runs its step with `run_step` (the book's `capbook.book.run_step`, which the book hands in: a module-level function, pickled by name)."
+    def __init__(self, profile: str, config: ExecutorConfig, folder: str | Path, run_step: Callable, force: bool = False, cluster: str = "slurm",
                  poll_s: float = 2.0, sacct_s: float | None = None, log: Callable = print):
         self.profile, self.config, self.force, self.cluster, self.log = profile, config, force, cluster, log
+        self.run_step = run_step
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.poll_s, self.sacct_s = poll_s, sacct_interval() if sacct_s is None else sacct_s
@@ -339,7 +338,7 @@ class SlurmPool:
         requeues = {"slurm_max_num_timeout": r.requeues} if self.cluster == "slurm" else {}
         executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster, **requeues)   # one a job: its own requeues
         executor.update_parameters(**self.parameters(step.name))
-        try: job = executor.submit(StepJob(), step, self.profile, self.force, key, r.cpus, r.gpus)
+        try: job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force, key, r.cpus, r.gpus)
         except Exception as e:                     # sbatch refused it: an unknown partition or account, a limit
             raise CapbookError(f"{step.name}: the scheduler refused its job ({_last_line(e)}); check the executor config "
                                f"({self.config.source})") from None
@@ -396,7 +395,7 @@ class SlurmPool:
 # A step's job parameters as submitit receives them, and a failed job's line:
 
 # %%
-_pool = SlurmPool("default", executor_config(None, "default"), Path(tempfile.mkdtemp()), cluster="slurm")
+_pool = SlurmPool("default", executor_config(None, "default"), Path(tempfile.mkdtemp()), print, cluster="slurm")
 assert _pool.parameters("03_spca-k5") == {"name": "capbook-03_spca-k5", "timeout_min": 180, "cpus_per_task": 2, "mem_gb": 8,
                                            "tasks_per_node": 1, "nodes": 1, "slurm_additional_parameters": {}, "slurm_setup": [],
                                            "slurm_signal_delay_s": 90}

@@ -30,7 +30,6 @@ import torch
 from capbook.core import CapbookError, autocast, get_device, load_json, runs_dir
 from capbook.data import load_image, load_rgb
 
-
 # %% [markdown]
 # ## From a run folder back to a working captioner
 #
@@ -61,7 +60,7 @@ def find_run(model: str | None = "02_show_attend_tell", run_dir: str | Path | No
 def train_hint(model: str, profile: str = "default") -> str:
     "How to get the book's run `model` at `profile`: the smallest book that trains it — that step alone (`capbook book --only =<step>`), with the minutes the published book's run took — and the runs already trained; or, for a name that is no step of the plan, a step to give."
     from capbook.plan import plan
-    from capbook.runner import out_dir
+    from capbook.profiles import out_dir
     have = sorted(p.parent.name for p in (runs_dir() / profile).glob("*/record.json"))
     trained = f"; trained runs to caption with: {', '.join(have)}" if have else ""
     if model not in {s.name for s in plan(profile)}:
@@ -85,7 +84,8 @@ def image_encoder(prep, params: dict) -> torch.nn.Module:
 
 def load_captioner(run: str | Path, device: str = "auto") -> tuple[Any, Any, torch.nn.Module]:
     "(model, prepared data, image encoder) of the run in `run`, each checked to be the one the run was trained with."
-    from capbook.runner import chapter, chapter_data, read_params
+    from capbook.profiles import chapter, read_params
+    from capbook.runner import chapter_data
     from capbook.train import load_trained
     run = Path(run)
     rec = load_json(run / "record.json", "results record")
@@ -103,7 +103,6 @@ def load_captioner(run: str | Path, device: str = "auto") -> tuple[Any, Any, tor
         raise CapbookError(f"{run}: model {rec.get('model')} also reads {', '.join(extra)} for each image, which cannot be "
                            f"computed for a new photograph; caption with a model that reads only the image")
     return model, prep, image_encoder(prep, p)
-
 
 # %% [markdown]
 # ## Encoding a photograph as the training images were
@@ -124,7 +123,6 @@ def encode_photos(paths: list[str | Path], net: torch.nn.Module, size: int, devi
     net = net.eval().to(dev)
     with autocast(dev): maps = net(x)                          # (N, D, h, w)
     return maps.float().flatten(2).transpose(1, 2).half().float()   # (N, L = h·w, D)
-
 
 # %% [markdown]
 # ## Captioning, and drawing where the model looked
@@ -158,7 +156,6 @@ def attention_png(captions: list[dict], path: str | Path, label: str = "") -> Pa
     rows = [{"label": f"{Path(c['photo']).name}: {c['caption']}", "image": c["image"], "words": c["words"],
              "alpha": c["alpha"], "grid": c["grid"]} for c in captions]
     return attention_figure(rows, path)
-
 
 # %% [markdown]
 # From the command line (`capbook caption --help`):

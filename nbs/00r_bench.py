@@ -30,8 +30,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from capbook.core import CapbookError, check_int, cpu_precision, load_torch, runs_dir, seed_everything, get_device
-from capbook.runner import check_profile
-
+from capbook.profiles import check_profile
 
 # %% [markdown]
 # ## What is measured, and how
@@ -39,7 +38,7 @@ from capbook.runner import check_profile
 # Speed is measured here, in a script that prints figures, and never asserted in a timed test. A **family** is one
 # registered model kind (`capbook.models.available()`); the benchmark builds each family exactly as the book's first
 # run of it does at the profile — the chapter's parameters resolved at the profile's sizes, the model's registry
-# recipe, the chapter's training settings (`capbook.runner.train_config`), the chapter's per-image inputs (GLIED's
+# recipe, the chapter's training settings (`capbook.profiles.train_config`), the chapter's per-image inputs (GLIED's
 # attribute words) — so a figure here is the speed of the book's own run, not of a toy. For each family:
 #
 # - **training**: captions per second through the trainer's own `train_step` (forward, objective, backward,
@@ -66,7 +65,7 @@ class Family:
 def families(profile: str = "default", only: list[str] | None = None) -> list[Family]:
     "Each registered model's first run in the book's plan at `profile` (its sizes and recipe); `only`: these model names."
     from capbook.plan import plan
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     from capbook.models import available
     check_profile(profile)
     if only:
@@ -81,7 +80,6 @@ def families(profile: str = "default", only: list[str] | None = None) -> list[Fa
         if name not in out and (not only or name in only): out[name] = Family(s, ch, p, name)
     return list(out.values())
 
-
 # %% [markdown]
 # Setting a family up is `run_chapter`'s first half — the same data, model, objective and `TrainConfig` — without the
 # run folder:
@@ -90,7 +88,8 @@ def families(profile: str = "default", only: list[str] | None = None) -> list[Fa
 #| export
 def setup(fam: Family, device: str = "cpu", log: Callable[[str], None] = lambda s: None) -> dict:
     "The prepared data (with the chapter's inputs), the model, its objective and training config, for family `fam`."
-    from capbook.runner import chapter_data, model_hparams, train_config
+    from capbook.runner import chapter_data
+    from capbook.profiles import model_hparams, train_config
     from capbook.models import build
     from capbook.objectives import objective_for
     ch, p = fam.chapter, fam.params
@@ -147,7 +146,6 @@ def decode_speed(s: dict, images: int = 100, beam: int | None = None, rounds: in
             beam_search(model, batch, beam or cfg.val_beam, cfg.max_len)
             best = min(best, time.perf_counter() - t0)
     return n / best
-
 
 # %% [markdown]
 # ## Where a step's time goes, and how close it runs to the machine
@@ -207,7 +205,6 @@ def step_profile(s: dict, batches: int = 4) -> dict:
     return {"gflop_per_caption": fc.get_total_flops() / n / 1e9, "matrix_gflops": fc.get_total_flops() / secs / 1e9,
             "shares": {k: round(v / total, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}}
 
-
 # %% [markdown]
 # ## Two candidates, measured
 #
@@ -264,7 +261,6 @@ def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: i
             for bs in work: step(runs, bs, [cfg.lr] * k)
             best = min(best, time.perf_counter() - t0)
     return sum(len(b["caps"]) for bs in work for b in bs) / best
-
 
 # %% [markdown]
 # ## Against the tutorial everyone starts from
@@ -336,7 +332,6 @@ def tutorial_speed(s: dict, batches: int = 60, rounds: int = 6) -> tuple[float, 
         n += sum(len(b["caps"]) for b in work)
     return n / secs["ours"], n / secs["ref"]
 
-
 # %% [markdown]
 # ## The self-critical reward
 #
@@ -367,7 +362,6 @@ def cider_bench(prep, batches: int = 40, images: int = 13, samples: int = 5) -> 
     for _, rs, cands in work:
         Cider().compute_score({i: [" ".join(r) for r in x] for i, x in enumerate(rs)}, {i: [" ".join(c)] for i, c in enumerate(cands)})
     return ours, (time.perf_counter() - t0) / batches * 1000
-
 
 # %% [markdown]
 # ## The benchmark
@@ -418,7 +412,6 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
             f"alternating rounds); SCST reward of 65 captions: {cider_ms:.1f} ms (pycocoevalcap {coco_ms:.1f} ms, "
             f"{coco_ms / cider_ms:.1f}x)")
     return out
-
 
 # %% [markdown]
 # ### The SPCA family's step, profiled and sped up
@@ -573,7 +566,8 @@ assert "| lstm2d | 500 | 650 | 1.30× | 1300 (2.60×) | 700 → 720 | convolutio
 def chapter_times(notebooks: list[str], profile: str = "default", device: str = "auto", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
     "Complete book runs of each chapter in `notebooks` at `profile` on `device`: wall time, where it went, epochs trained, test CIDEr."
-    from capbook.runner import chapter, epochs_trained, run_chapter
+    from capbook.profiles import chapter, epochs_trained
+    from capbook.runner import run_chapter
     for nb in notebooks: chapter(nb)                     # an unknown chapter stops before any run
     dev = str(get_device(device))
     out = {"profile": profile, "device": dev, "threads": torch.get_num_threads(), "chapters": {}}
@@ -591,7 +585,6 @@ def chapter_times(notebooks: list[str], profile: str = "default", device: str = 
             f"{row['test_s']:.0f} s test) for {row['epochs_trained']:g} epochs, best at {row['best_at']:g}; "
             f"{row['train_captions_per_s']:.0f} captions/s; test CIDEr {row['CIDEr']:.1f}  [{dev}, {row['precision']}]")
     return out
-
 
 # %% [markdown]
 # `figures/bench_gpu.json` keeps what the GPU measured when one was lent (both commands above with `--device cuda`, the
@@ -613,7 +606,6 @@ def gpu_table(results: dict) -> str:
         rows.append(f"| {k} | {r['train_captions_per_s']:.0f} | {r['beam_images_per_s']:.0f} (beam {r['beam']}) | {r['mflop_per_caption']} | "
                     f"{r['matrix_gflops']} | " + ", ".join(f"{n} {v:.0%}" for n, v in r["shares"].items()) + " |")
     return "\n".join(rows)
-
 
 # %% [markdown]
 # For example, one chapter run and one family (made-up numbers; the table at the end of this page is `figures/bench_gpu.json`'s, and

@@ -24,15 +24,15 @@
 # %%
 #| export
 from __future__ import annotations
-import ast, base64, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
+import ast, contextlib, dataclasses, hashlib, json, math, os, random, re, tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
 import torch
-from capbook.core import CapbookError, atomic_write, load_json, runs_dir, save_json, stable_hash
-from capbook.plan import Step, chapter_steps, nb_defaults, nbs_dir, plan, replicas, upstream_of   # (the tables chapters import Step and chapter_steps from here too)
-
+from capbook.core import CapbookError, load_json, runs_dir, save_json, stable_hash
+from capbook.plan import Step, nbs_dir, plan, upstream_of
+from capbook.records import MANIFEST, RECORDS, merge_seeds
 
 # %% [markdown]
 # ## Keys that know when a number can change
@@ -113,7 +113,6 @@ def notebook_code(path: Path) -> dict:
     layout = "".join("E" if exported(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
 
-
 # %% [markdown]
 # A comment, a docstring or a reformatted line leaves a cell's digest as it was; a changed number does not:
 
@@ -121,7 +120,6 @@ def notebook_code(path: Path) -> dict:
 assert cell_digest("x = 1  # one\n") == cell_digest("# set x\nx = 1\n")
 assert cell_digest('def f(a):\n    "Doc."\n    return a + 1\n') == cell_digest("def f(a):\n    return a + 1\n")
 assert cell_digest("x = 1\n") != cell_digest("x = 2\n")
-
 
 # %% [markdown]
 # ## The data a step reads
@@ -156,7 +154,6 @@ def data_key(params: dict, encoder: str | None = None) -> str | None:
         if p.get("profile") not in shapes.PROFILES: return None
         return stable_hash([shapes.shapes_root(p["profile"], p["seed"]).name, encoder_digest(p["profile"], p["seed"])], 16)
     return inputs_digest(**p)
-
 
 # %% [markdown]
 # ## The probe data set
@@ -196,13 +193,11 @@ def probe_data(splits: tuple[int, int, int] = (8, 3, 3), captions: int = 2, grid
     gt = {"image_size": 112, "images": {k: {"objects": s[0], "relations": s[1]} for k, s in zip(keys, scenes)}}
     return Prepared(*data, vocab, gt, "probe", "probe", (grid[0] * grid[1], dim), grid, 112, max_len, "probe", None)
 
-
 # %%
 _pp = probe_data()
 assert (_pp.train.n_images, _pp.val.n_images, _pp.test.n_images) == (8, 3, 3) and len(_pp.train) == 16
 assert np.array_equal(_pp.test.feats, probe_data().test.feats)            # the same draws every time
 print(_pp.train.refs[0][0])
-
 
 # %% [markdown]
 # ## Fingerprints
@@ -241,7 +236,6 @@ def _numbers(x: Any, digits: int = PROBE_DIGITS) -> Any:
 
 _quiet = lambda *a, **k: None
 
-
 # %% [markdown]
 # ### A chapter run's model and trainer
 #
@@ -259,7 +253,7 @@ _quiet = lambda *a, **k: None
 #| export
 def resolved(step) -> tuple[Any, Any, str]:
     "A chapter step's declaration, its resolved parameters (the profile's sizes filled in) and the model it trains."
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     ch = chapters()[step.notebook]
     p = ch.resolve(ch.params(**{k: v for k, v in step.params.items() if k not in ("run_dir", "seed")}))
     if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
@@ -267,7 +261,7 @@ def resolved(step) -> tuple[Any, Any, str]:
 
 def budget(step) -> dict:
     "What a chapter step's run trains for that its probe cannot see (the probe trains one epoch of batches of 4): the epochs and the batch size, where they depart from the protocol's (`TrainConfig`'s defaults), and a self-critical stage's epochs."
-    from capbook.runner import train_config
+    from capbook.profiles import train_config
     from capbook.train import TrainConfig
     try: ch, p, name = resolved(step); cfg = train_config(ch, p, name, 0)
     except CapbookError: return {}                # the run stops on its bad parameter, in its notebook
@@ -277,7 +271,8 @@ def budget(step) -> dict:
 
 def probe(step) -> dict:
     "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."
-    from capbook.runner import decoding, model_hparams, scst_arms, scst_setup, train_config
+    from capbook.profiles import decoding, model_hparams, scst_arms, train_config
+    from capbook.runner import scst_setup
     from capbook.models import build
     from capbook.train import fit
     from capbook.decode import decode_split
@@ -306,7 +301,6 @@ def probe(step) -> dict:
                      "weights": {k: float((w.double() ** 2).sum()) for k, w in model.state_dict().items() if w.is_floating_point()},
                      "captions": [[c.tokens, c.logprob] for c in caps]})
 
-
 # %% [markdown]
 # NIC's row of the smoke book, fingerprinted twice: the same numbers.
 
@@ -318,7 +312,6 @@ assert _f == probe(_st) and _f["model"] == "nic"
 print(_f["best"], [round(h["loss"], 4) for h in _f["history"][0]], _f["captions"][0])
 assert budget(_st) == {"epochs": 1}                       # the smoke profile's one epoch departs from the protocol's 15
 assert budget(_Step("06_baselines", {"profile": "default", "model": "nic", "scst_epochs": 0}, "nic")) == {}
-
 
 # %% [markdown]
 # ### The scorer, the statistics, the drawing
@@ -353,8 +346,9 @@ def scorer_probe() -> dict:
 
 def stats_probe() -> dict:
     "The numbers and words the tables' statistics give on fixed inputs: per-image statistics, seed t-tests (unpaired, paired, a kept start, a compound claim), Holm's correction over a chapter and over the book, a claims note and table, the rule's simulated size, merged seeds."
-    from capbook.metrics import image_stats, seed_t_test, seed_means_t_test, simulate_verdicts
-    from capbook.runner import Claims, book_family
+    from capbook.metrics import image_stats
+    from capbook.claims import seed_t_test, seed_means_t_test, simulate_verdicts
+    from capbook.claims import Claims, book_family
     prep = probe_data()
     _, _, words = _candidates(prep)
     st = image_stats(list(prep.test.keys), words, prep.test.refs, prep.gt)
@@ -448,7 +442,6 @@ def shared_used(path: Path, run: bool = False, tables: bool = False) -> list[str
     code = " ".join(c for c in code_cells(path) if not exported(c))      # what it runs, not what it defines for others
     return [s for s in SHARED_PROBES if (run and s in RUN_SHARED) or any(re.search(rf"\b{n}\b", code) for n in SHARED_NAMES[s])]
 
-
 # %% [markdown]
 # ## Step keys
 #
@@ -478,7 +471,7 @@ class Keys:
     "The keys of a plan's steps, the fingerprints computed once each: once per package source, kept between processes (`fingerprint_cache`), unless `fresh`."
     def __init__(self, steps: list, upstream: Callable[[Any, list], list], made: Callable[[Any], str | None] | None = None,
                  fresh: bool = False, procs: Callable[[Any], int] | None = None):
-        from capbook.runner import train_procs
+        from capbook.profiles import train_procs
         self.steps, self.upstream, self.made, self._keys = steps, upstream, made, {}
         self.procs = procs or (lambda step: train_procs())    # the processes a chapter step trains with: this machine's setting
         self._file = None if fresh else fingerprint_cache()
@@ -517,13 +510,13 @@ class Keys:
         return self._probes[row]
 
     def all_models(self) -> str:
-        from capbook.runner import chapters
+        from capbook.profiles import chapters
         chs = chapters()
         return stable_hash(sorted({self.probe(s) for s in self.steps if s.notebook in chs}), 16)
 
     def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None) -> str:
         "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here): its code, parameters, data and the fingerprints of what it computes with, never the machine's arithmetic."
-        from capbook.runner import chapters
+        from capbook.profiles import chapters
         ups = self.upstream(step, self.steps)
         if upstream_keys is None:
             upstream_keys = {u.name: (self.made(u) if self.made else None) or self.get(u) for u in ups}
@@ -544,13 +537,11 @@ class Keys:
         return self._keys[step.name]
 
 def plan_keys(profile: str, made: bool = True, fresh: bool = False, procs: Callable[[Any], int] | None = None):
-    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process; `procs`: the processes each chapter step trains with (default: `capbook.runner.train_procs`)."
+    "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process; `procs`: the processes each chapter step trains with (default: `capbook.profiles.train_procs`)."
     def as_made(u: Step) -> str | None:
         done = runs_dir() / profile / u.name / "done.json"
         return load_json(done).get("key") if made and done.exists() else None
     return Keys(plan(profile), upstream_of, as_made, fresh, procs)
-
-
 
 # %% [markdown]
 # The all-models chapter places its scatter plot's labels with `label_points`, so its key holds that helper's probe;
@@ -560,199 +551,6 @@ def plan_keys(profile: str, made: bool = True, fresh: bool = False, procs: Calla
 from capbook.book import nbs_dir as _nbs
 assert helpers_used(_nbs() / "06a_baselines_tables.ipynb") == ["label_points", "show_table"] and helpers_used(_nbs() / "05_glied.ipynb") == []
 labels_probe(), rows_probe(), show_probe()[:80]
-
-# %% [markdown]
-# ## One room for results
-#
-# Everything a table needs to find a row's numbers lives here, beside the keys (the plan's `Step`, its repeats over
-# seeds, `replicas`, and a chapter's runs, `chapter_steps`, are `capbook.plan`'s): every results record of a profile (`records`: the book's runs in `runs/<profile>/`, hand runs,
-# and the records the published book keeps in `figures/records/`), the record of one step (`step_record`), a table
-# row's seeds merged (`row_record`, `merge_seeds`) and the rows an assembly notebook compares (`compared_runs`).
-
-# %%
-#| export
-RECORDS = "records"      # the published book's folder of its runs' records (figures/records/<step>.json.gz)
-
-def run_files(root: Path, name: str) -> list[Path]:
-    "Every file called `name` under `root`, sorted, through symbolic links too: a run folder linked in from another home is the run's folder (`Path.rglob` does not follow links, and the step would silently fall back to its published record)."
-    return sorted(Path(d) / name for d, _, files in os.walk(root, followlinks=True) if name in files)
-
-def records(profile: str, notebook: str | None = None) -> list[dict]:
-    "Every results record of a profile (book runs and ad-hoc runs in `runs/<profile>/`, then the published book's records of the steps that have no run folder here), optionally of one notebook."
-    from capbook.runner import out_dir
-    out, here = [], set()
-    for f in run_files(runs_dir() / profile, "record.json"):
-        r = load_json(f, "results record"); r["_dir"] = str(f.parent); here.add(f.parent)
-        if notebook is None or r.get("notebook") == notebook: out.append(r)
-    for f in sorted((out_dir(profile) / RECORDS).glob("*.json.gz")):
-        d = runs_dir() / profile / f.name[:-len(".json.gz")]
-        if d in here or (notebook is not None and not f.name.startswith(notebook)): continue
-        r = read_record(f)
-        if notebook is None or r.get("notebook") == notebook: out.append({**r, "_dir": str(d), "_published": str(f)})
-    return out
-
-def read_record(path: Path) -> dict:
-    "A published record (gzipped JSON), or one line naming the file."
-    import gzip
-    try:
-        with gzip.open(path, "rt") as fh: return json.load(fh)
-    except (OSError, ValueError, EOFError) as e:
-        raise CapbookError(f"{path}: unreadable published record ({e.__class__.__name__}); delete it or publish the book again") from None
-
-FIGURE_IMAGES = 16              # the first test images whose attention maps a published record keeps: the figures pick among them
-RUN_FILES = ("distilling.pt",)  # a run folder's small files an assembly notebook draws from, kept whole in its published record
-
-def kept_maps(alpha: torch.Tensor | None) -> dict | None:
-    "Attention maps (T, L) as a published record keeps them: float16 (3 significant digits, so a map's max/min survives), base64."
-    if alpha is None: return None
-    a = alpha.detach().float().cpu().to(torch.float16)
-    return {"shape": list(a.shape), "f16": base64.b64encode(a.numpy().tobytes()).decode()}
-
-def restored_maps(d: dict | None) -> torch.Tensor | None:
-    "The maps `kept_maps` kept: (T, L) float32."
-    if d is None: return None
-    return torch.from_numpy(np.frombuffer(base64.b64decode(d["f16"]), dtype=np.float16).copy()).reshape(d["shape"]).float()
-
-def run_captions(rec: dict, which: str = "final") -> dict:
-    "A run's test captions as the assembly notebooks read them (a row of seeds: its first run's): `keys` and `words` of every test image, `alpha`, the attention maps (T, L) of the first `FIGURE_IMAGES` as a published record keeps them (float16, so a figure is the same from a run folder and from the book; None where the model has no map), and `grid`; from the run folder, else from the published record."
-    from capbook.core import load_torch
-    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
-    if f.exists():
-        c = load_torch(f, "test captions")
-        return {"keys": list(c["keys"]), "words": [list(w) for w in c["words"]], "grid": list(c["grid"]),
-                "alpha": [restored_maps(kept_maps(a)) for a in c["alpha"][:FIGURE_IMAGES]]}
-    if which not in rec.get("test_words", {}) or which not in rec.get("test_alpha", {}):
-        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
-    w, a = rec["test_words"][which], rec["test_alpha"][which]
-    return {"keys": w["keys"], "words": w["words"], "grid": a["grid"], "alpha": [restored_maps(x) for x in a["maps"]]}
-
-def run_words(rec: dict, which: str = "final") -> list[list[str]]:
-    "The words of a run's test captions of stage `which` ('final', 'xe', 'scst-mean', ...), one list per test image: from its run folder, else from the published record (which keeps every run's words, replicas' too, but only the first run's final maps)."
-    from capbook.core import load_torch
-    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
-    if f.exists(): return [list(w) for w in load_torch(f, "test captions")["words"]]
-    if which not in rec.get("test_words", {}):
-        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
-    return [list(w) for w in rec["test_words"][which]["words"]]
-
-def run_file(rec: dict, name: str, what: str) -> Any:
-    "One of a run's small files (`RUN_FILES`), loaded: from its run folder, else from the published record that keeps it."
-    from capbook.core import load_torch
-    f = Path(rec["_dir"]) / name
-    if f.exists() or name not in rec.get("files", {}): return load_torch(f, what)
-    import io
-    try: return torch.load(io.BytesIO(base64.b64decode(rec["files"][name])), map_location="cpu", weights_only=True)
-    except Exception as e: raise CapbookError(f"{rec['_published']}: unreadable {what} ({e.__class__.__name__})") from None
-
-def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
-    "Keep in `folder/records/` the record of every chapter run among `steps` that has one, with its test captions (words, by image: what the paired tests and intervals need), so a fresh clone reassembles a chapter's tables without retraining the others; {file relative to folder: step name}."
-    import gzip
-    from capbook.runner import chapters
-    from capbook.core import load_torch
-    chs, made = chapters(), {}
-    for s in steps:
-        d = runs_dir() / profile / s.name
-        if s.notebook not in chs or not (d / "record.json").exists(): continue
-        rec = load_json(d / "record.json", "results record")
-        files = [("final", d / "test_captions.pt")] + [(f.stem.removeprefix("test_captions-"), f) for f in sorted(d.glob("test_captions-*.pt"))]
-        caps = {w: load_torch(f, "test captions") for w, f in files if f.exists()}   # the final captions, and each earlier stage's
-        rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]} for w, c in caps.items()}
-        if not s.replica:                             # a row's figures draw its first seed's maps
-            rec["test_alpha"] = {w: {"grid": list(c["grid"]), "maps": [kept_maps(a) for a in c["alpha"][:FIGURE_IMAGES]]}
-                                 for w, c in caps.items() if w == "final"}   # the figures draw the final captions
-        rec["files"] = {f: base64.b64encode((d / f).read_bytes()).decode() for f in RUN_FILES if (d / f).exists()}
-        out = Path(folder) / RECORDS / f"{s.name}.json.gz"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        from capbook.docs import without_machine_paths
-        text = without_machine_paths(json.dumps(rec, sort_keys=True))     # a record names no path of the machine that made it
-        def write(t: Path, text=text):
-            with open(t, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
-                fh.write(text.encode())           # no name or time stamp in the header: the same record, the same bytes
-        atomic_write(out, write)
-        made[f"{RECORDS}/{out.name}"] = s.name
-    return made
-
-def _tree(xs: list, f: Callable) -> Any:
-    "`f` over the numbers at the same place of nested dicts `xs` (keys all of them have); elsewhere the first's value."
-    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs): return f(xs)
-    if all(isinstance(x, dict) for x in xs): return {k: _tree([x[k] for x in xs], f) for k in xs[0] if all(k in x for x in xs)}
-    return xs[0]
-
-def merge_seeds(recs: list[dict]) -> dict:
-    "One table row's record from its runs over training seeds: metrics, each stage's metrics and timings averaged, `metrics_sd` the metrics' sample standard deviation, `seed_runs` the runs' own records."
-    mean = lambda xs: float(np.mean(xs))
-    sd = lambda xs: float(np.std(xs, ddof=1)) if len(xs) > 1 else None
-    out = {**recs[0], "seed_runs": recs, "seeds": [r["params"].get("seed") for r in recs],
-           "metrics": _tree([r["metrics"] for r in recs], mean), "metrics_sd": _tree([r["metrics"] for r in recs], sd),
-           "timings": _tree([r["timings"] for r in recs], mean)}
-    if "stages" in recs[0]:
-        out["stages"] = {k: {**st, "metrics": _tree([r["stages"][k]["metrics"] for r in recs], mean),
-                             "metrics_sd": _tree([r["stages"][k]["metrics"] for r in recs], sd),
-                             "train_s": mean([r["stages"][k]["train_s"] for r in recs])}
-                         for k, st in recs[0]["stages"].items()}
-    return out
-
-_NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
-
-def _as_run(params: dict, sizes: dict) -> dict:
-    "A run's parameters as it ran: a size left None is its profile's (`sizes`, the chapter's), and the ones that do not change what it measures dropped."
-    return {k: sizes[k] if v is None and k in sizes else v for k, v in params.items() if k not in _NOT_CONFIG}
-
-def step_record(profile: str, step: Step) -> dict:
-    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
-    from capbook.runner import chapters
-    ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
-    sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
-    want = _as_run({**defaults, **step.params}, sizes)
-    book = runs_dir() / profile / step.name
-    same = [r for r in records(profile, step.notebook) if _as_run({**defaults, **r["params"]}, sizes) == want]
-    same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
-    if not same:
-        raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
-                           f"run `capbook book --profile {profile}` first")
-    return same[-1]
-
-def row_record(profile: str, step: Step) -> dict:
-    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`merge_seeds`)."
-    return merge_seeds([step_record(profile, r) for r in replicas(profile, step)])
-
-def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
-    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
-    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
-             if tags is None or t in tags}
-    recs = {k: row_record(profile, s) for k, s in steps.items()}
-    first = next(iter(recs))
-    other = [s.name for k, s in steps.items()
-             if any(r["data"]["fingerprint"] != recs[first]["data"]["fingerprint"] for r in recs[k]["seed_runs"])]
-    if other:
-        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
-                           f"run `capbook book --profile {profile}` again")
-    return steps, recs
-
-
-PAPER_CHAPTERS = ("02a_soft_vs_hard", "03a_spca_tables", "04a_ssa_tables", "05a_glied_tables")   # whose verdicts the book-wide family reads
-
-def chapter_verdicts(profile: str, chapters: tuple[str, ...] = PAPER_CHAPTERS, published: Path | None = None) -> dict:
-    "Each paper chapter's verdicts, `{chapter: DataFrame}` (its `table_*_verdicts.csv` together): from the book's own run of the chapter, else from the published book (`figures/`, by its manifest); a chapter with neither is left out."
-    import pandas as pd
-    folder = Path(published or nbs_dir().parent / "figures")
-    made = load_json(folder / MANIFEST)["files"] if (folder / MANIFEST).exists() else {}
-    out = {}
-    for ch in chapters:
-        files = sorted((runs_dir() / profile / ch).glob("table_*_verdicts.csv"))
-        if not files: files = sorted(folder / f for f, e in made.items() if e.get("step") == ch and f.endswith("_verdicts.csv"))
-        if files: out[ch] = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    return out
-
-# %% [markdown]
-# A published record keeps the attention maps of the first `FIGURE_IMAGES` test images (of a row's first seed) in
-# float16: a figure drawn from it is the figure drawn from the run folder, since both go through the same rounding.
-
-# %%
-_a = torch.softmax(3 * torch.randn(5, 196, generator=torch.Generator().manual_seed(0)), -1)   # 5 words' maps on a 14x14 grid
-_b = restored_maps(kept_maps(_a))
-assert _b.shape == _a.shape and torch.allclose(_a, _b, rtol=2**-10, atol=1e-7)
-assert torch.allclose(restored_maps(kept_maps(_b)), _b) and kept_maps(None) is None
 
 # %% [markdown]
 # ## The published book, checked
@@ -768,8 +566,6 @@ assert torch.allclose(restored_maps(kept_maps(_b)), _b) and kept_maps(None) is N
 
 # %%
 #| export
-MANIFEST = "book.json"
-
 def file_sha(path: Path) -> str:
     "A file's content hash."
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
@@ -804,7 +600,7 @@ MEASUREMENTS = {"table_rehearsal.md": _rehearsal_table_is_its_record}
 
 def current(profile: str = "default", folder: Path | None = None) -> list[dict]:
     "Every published item of the book at `profile` (in `folder`, default its output folder) with the step that made it and whether it is current under today's keys (see above)."
-    from capbook.runner import out_dir
+    from capbook.profiles import out_dir
     from capbook.docs import copy_current
     folder = Path(folder or out_dir(profile))
     m = load_json(folder / MANIFEST) if (folder / MANIFEST).exists() else {"files": {}, "steps": {}}

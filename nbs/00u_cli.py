@@ -27,10 +27,9 @@ from __future__ import annotations
 import argparse, inspect, json, os, sys
 from pathlib import Path
 from capbook.core import CapbookError, check_int, cpu_precision, error_line, get_device, io_error, os_error_line
-from capbook.runner import PROFILES, check_profile
+from capbook.profiles import PROFILES, check_profile
 from capbook.book import book_lock, build_docs, chapter_status, run_book, sync_parameters, sync_readme
 from capbook.plan import nbs_dir
-
 
 # %% [markdown]
 # *capbook:* the command line is its own module, the top layer: it imports the book (`capbook.book`), the benchmark
@@ -232,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:                       # Ctrl-C: a book's workers or jobs end with it; what finished is kept
         print("interrupted: what finished is kept; the same command goes on from there", file=sys.stderr); return 130
     return 0
-
 
 # %% [markdown]
 # Each command with an example, as `capbook --help` ends:

@@ -51,7 +51,8 @@ from capbook.core import check_choice, check_float, check_int
 from capbook.attention import Attention, SoftAttention, HardAttention
 from capbook.models import CaptionModel, Dropout, register, repeat_batch
 from capbook.objectives import DoublyStochastic, HardAttentionRule
-from capbook.runner import Chapter, RunConfig, decoding, ladder_twin, register_chapter, measured, protocol_epochs
+from capbook.profiles import Chapter, RunConfig, decoding, ladder_twin, register_chapter, protocol_epochs
+from capbook.metrics import measured
 from capbook.papers import sat_table1
 
 # %%
@@ -157,7 +158,7 @@ from capbook.viz import soft_hard_figure
 # ### The configuration
 #
 # Every hyperparameter of the model and of its training rule, with its default, in one place. The chapter's
-# `parameters` cell below is generated from it (with the run's own parameters, `capbook.runner.RunConfig`), and
+# `parameters` cell below is generated from it (with the run's own parameters, `capbook.profiles.RunConfig`), and
 # `capbook.models.build("sat_soft", ..., hidden_dim=512)` sets the same fields.
 
 # %%
@@ -195,7 +196,6 @@ class SATConfig:
     def use_gate(self) -> bool: return self.attention != "none" if self.gate is None else self.gate
     @property
     def penalty_value(self) -> float: return (1.0 if self.attention == "soft" else 0.0) if self.penalty is None else self.penalty
-
 
 # %% [markdown]
 # ### The decoder
@@ -281,7 +281,6 @@ def _sat(attention):
 
 sat_soft, sat_hard, sat_none = _sat("soft"), _sat("hard"), _sat("none")
 
-
 # %%
 #| export
 def quadrants(feats: torch.Tensor, grid: tuple[int, int], regions: tuple[int, int] = (2, 2)) -> torch.Tensor:
@@ -305,11 +304,10 @@ def worked_example(att: SoftAttention, regions: torch.Tensor, h: torch.Tensor, d
     return {"regions": regions.float(), "scores": e, "alpha": alpha[0], "soft": soft[0], "sample": int(info["s"]),
             "hard": z[0], "logp_sample": float(info["logp_s"]), "entropy": float(info["entropy"]), "freq": freq, "draws": draws}
 
-
 # %% [markdown]
 # ## The chapter's runs
 #
-# The chapter runs one configuration. Its parameters are the run's (`capbook.runner.RunConfig`) followed by the
+# The chapter runs one configuration. Its parameters are the run's (`capbook.profiles.RunConfig`) followed by the
 # model's (`SATConfig` above); the book runs it six times — Table 1's soft, hard and no-attention models, hard attention
 # with $\lambda_r = 1$ (the choice of $\lambda_r$ on validation) and the §4.2.1 ablation without the penalty or the
 # gate — and the next chapter assembles them. The declaration below is all the book knows of this chapter.

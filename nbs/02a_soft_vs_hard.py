@@ -21,7 +21,7 @@
 # The book runs `02_show_attend_tell` six times on the same data, seed and budget (the runs `capbook.sat` declares): soft
 # attention with the doubly stochastic penalty and the gate (the paper's soft model), hard attention with two REINFORCE
 # weights, no attention, and soft attention without the penalty (λ = 0) or without the gate. This notebook trains nothing: it reads the runs'
-# results records (`capbook.results.step_record`: the book's own run of each, or a hand run with exactly the same
+# results records (`capbook.records.step_record`: the book's own run of each, or a hand run with exactly the same
 # parameters) and the captions and attention maps each run saved.
 
 # %%
@@ -30,9 +30,13 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims, paired_verdict
+from capbook.runner import start_run
+from capbook.profiles import read_params
+from capbook.records import stage_stats, seed_cells
+from capbook.claims import interval_cells, Claims, paired_verdict
 from capbook.papers import CLAIM_SOURCES
-from capbook.results import FIGURE_IMAGES, chapter_steps, compared_runs, row_record, run_captions
+from capbook.records import FIGURE_IMAGES, compared_runs, row_record, run_captions
+from capbook.plan import chapter_steps
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import sat_table1
@@ -56,7 +60,6 @@ images = prep.image_paths("test")
 stats = {tag: stage_stats(r, prep) for tag, r in recs.items()}      # per-image statistics of each run's test captions
 pd.DataFrame([{"run": s.name, "parameters": s.params, "record": Path(r["_dir"]).name, "finished": r["finished"]}
               for s, r in zip(steps.values(), recs.values())])
-
 
 # %% [markdown]
 # ## Choosing λ_r on the validation split
@@ -148,12 +151,11 @@ sem = semantic_table({"Soft-Attention": recs[""]["metrics"], "Hard-Attention": r
                       "No attention (mean context)": recs["none"]["metrics"]})
 if len(sem): display(Markdown(save_table(sem, run.path("table_sat_semantic"), floatfmt=".1f")))
 
-
 # %% [markdown]
 # ## Figure 3: the same image through the soft and the hard model
 #
 # "Visualization of the attention for each generated word ... (top) 'soft' and (bottom) 'hard' attention". capbook picks
-# the image by rule, not by hand: among the first 24 test images (`capbook.results.FIGURE_IMAGES`, those whose
+# the image by rule, not by hand: among the first 24 test images (`capbook.records.FIGURE_IMAGES`, those whose
 # attention maps the published book keeps), the first for which both models' captions name at least two objects that
 # are in the image. The maps are upsampled and smoothed as in §5.4 (`capbook.viz.smooth_attention`); for the hard model
 # they show $\alpha_t$, the distribution over locations its expected context averages (and its argmax decoder would
@@ -170,7 +172,6 @@ fig3 = attention_rows([{"label": f"{name}-Attention", "image": images[pick], "wo
                           "alpha": caps[tag]["alpha"][pick], "grid": prep.grid} for tag, name in [("", "Soft"), (sel, "Hard")]],
                         run.path("fig_sat_figure3.png"))
 display(IPImage(filename=str(fig3)))
-
 
 # %% [markdown]
 # ## Figure 5: a mistake, and where the model looked
@@ -220,7 +221,6 @@ else:
                      + ", ".join(" ".join(v for v in (o['size'], o['colour'], o['shape']) if v)
                                  for o in prep.gt["images"][keys[i]]["objects"]) + "."))
     display(IPImage(filename=str(run.path("fig_sat_figure5.png"))))
-
 
 # %% [markdown]
 # ## §4.2.1 measured: the doubly stochastic penalty and the gating scalar

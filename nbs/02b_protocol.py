@@ -25,7 +25,7 @@
 # of CIDEr points. The book's protocol trains every compared model otherwise (below). This notebook trains nothing: it
 # reads two rows of the Show-Attend-Tell chapter, soft attention under the protocol (`02_show_attend_tell`) and under
 # that snapshot recipe, the *legacy* recipe (`02_show_attend_tell-legacy`, `recipe="legacy"`), each over the
-# profile's seeds (`capbook.runner.SEEDS`); the data set and its encoder are the same for every seed (`data_seed`).
+# profile's seeds (`capbook.profiles.SEEDS`); the data set and its encoder are the same for every seed (`data_seed`).
 
 # %%
 #| hide
@@ -34,11 +34,15 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 from capbook.train import TrainConfig, load_trained
-from capbook.runner import (RECIPES, start_run, read_params, stage_stats, paired_verdict, seed_cells,
-                            epochs_trained, _field_docs)
-from capbook.results import chapter_steps, row_record
+from capbook.profiles import RECIPES, read_params, epochs_trained, _field_docs
+from capbook.runner import start_run
+from capbook.records import stage_stats, seed_cells
+from capbook.claims import paired_verdict
+from capbook.plan import chapter_steps
+from capbook.records import row_record
 from capbook.prepare import prepare
-from capbook.metrics import evaluate, results_row, simulate_verdicts, size_sweep
+from capbook.metrics import evaluate, results_row
+from capbook.claims import simulate_verdicts, size_sweep
 from capbook.viz import save_figure, save_table
 
 # %% tags=["parameters"]
@@ -74,13 +78,13 @@ pd.DataFrame([{"recipe": k, "seeds": r["seeds"], "records": [Path(s["_dir"]).nam
 #    CIDEr) and schedule compare recipes as much as models; the protocol gives every compared row the same budget and
 #    rule, and trains each through its whole budget.
 # 4. **One seed.** Whatever remains is the seed's; every row a verdict rests on is trained with three, and the verdict's
-#    test treats the seed as the unit of replication (`capbook.metrics.seed_t_test`, below).
+#    test treats the seed as the unit of replication (`capbook.claims.seed_t_test`, below).
 #
 # ## The protocol
 #
 # One set of defaults, `capbook.train.TrainConfig`, for every model: a chapter or a registry entry changes a field only
 # where its paper or its peers prescribe it (the transformers' one-epoch warm-up), and says so. The legacy recipe is
-# `capbook.runner.RECIPES["legacy"]`, kept to measure against:
+# `capbook.profiles.RECIPES["legacy"]`, kept to measure against:
 
 # %%
 docs, legacy = _field_docs(TrainConfig), RECIPES["legacy"]
@@ -122,7 +126,6 @@ axes[0].set_ylabel("validation CIDEr"); axes[1].set_ylabel("% of validation capt
 for a in axes: a.set_xlabel("epochs trained"); a.grid(alpha=.3); a.legend(fontsize=8)
 fig.tight_layout(); save_figure(fig, run.path("fig_protocol_curves.png")); plt.show()
 
-
 # %% [markdown]
 # The table measures what a protocol is for, for each recipe: the spread of test scores over seeds, how much validation
 # CIDEr still moves between consecutive evaluations once the rate has decayed (the protocol: in the second half of its
@@ -147,7 +150,7 @@ def moves(s):
 
 def worst(xs): return 100 * max(xs) if all(v is not None for v in xs) else None   # None: a run with one evaluation (smoke)
 
-from capbook.runner import interval_cells
+from capbook.claims import interval_cells
 table = []
 for k, r in rows.items():
     per = [results_row(s["metrics"]) for s in r["seed_runs"]]
@@ -200,13 +203,13 @@ display(Markdown(f"Seed by seed, the protocol's test CIDEr minus the early-stop 
 # **The budget's length, from the curves.** Whether 15 epochs are enough is read off every row's own validation
 # curve, not fixed by a count: the all-models chapter (`06a_baselines_tables`, "Did every row train to a flat
 # curve?") gives, for each row and seed, the evaluation it kept and what its last three epochs gained: the best
-# validation CIDEr in them minus the best before them (`capbook.runner.late_gain`; the rate is then below 10 % of its
+# validation CIDEr in them minus the best before them (`capbook.profiles.late_gain`; the rate is then below 10 % of its
 # peak).
 #
-# **The rule** (`capbook.runner.curve_end`): a seed is *still rising* when its last three epochs beat its best before
+# **The rule** (`capbook.profiles.curve_end`): a seed is *still rising* when its last three epochs beat its best before
 # them by more than 1 CIDEr point (×100, `RISING`); a row is cut short when **most of its seeds** (more than half) are
 # still rising, and it then trains at the ladder's next budget, twice the epochs on the same cosine
-# (`capbook.runner.protocol_epochs`). The rule applies to every row of the book. Why a margin: with the rate near zero
+# (`capbook.profiles.protocol_epochs`). The rule applies to every row of the book. Why a margin: with the rate near zero
 # and the weights averaged, a flat curve's last evaluations still wobble, and the best of the last six evaluations
 # beats the best of the earlier plateau by chance: a bare "gained anything" calls many flat seeds rising, and cuts
 # many flat rows short (the table's last two columns). Why most seeds and not every seed: one seed that happened to
@@ -218,7 +221,7 @@ display(Markdown(f"Seed by seed, the protocol's test CIDEr minus the early-stop 
 #
 # **One budget per claim.** A claim compares its two rows at one budget (`Claims.test` refuses two): where a 15-epoch
 # row is compared with one the ladder moved to 30, the 15-epoch row gets a twin trained 30 epochs with the same seeds
-# (`capbook.runner.ladder_twin`), and the claim reads the twin (`capbook.runner.same_budget`). So a verdict is about the
+# (`capbook.profiles.ladder_twin`), and the claim reads the twin (`capbook.claims.same_budget`). So a verdict is about the
 # models, not about who trained longer.
 #
 # What the second rung bought, measured when the rule was set (test CIDEr after cross-entropy, seeds 0, 1, 2): the
@@ -242,7 +245,7 @@ display(Markdown(f"Seed by seed, the protocol's test CIDEr minus the early-stop 
 # size; each row 3 seeds, 4,000 rows a setting. The share of rows the rule sends up the ladder:
 
 # %%
-from capbook.runner import late_gain, curve_end
+from capbook.profiles import late_gain, curve_end
 def synthetic_curve(rng, slope, wobble, evals=30, per_epoch=2):    # validation CIDEr (×1) of one seed, as a record's history
     x = np.arange(1, evals + 1) / per_epoch
     c = 1.0 - 0.6 * np.exp(-2 * x) + slope * np.maximum(x - 5, 0) / 100 + rng.normal(0, wobble / 100, evals)
@@ -292,7 +295,7 @@ display(Markdown(save_table(ema, run.path("table_protocol_ema"), floatfmt=".4g")
 # ## The verdict rule, and what three seeds can tell
 #
 # A verdict compares two models, not two training runs, so its unit of replication is the training seed
-# (`capbook.metrics.seed_t_test`, derived in `00j_metrics`). Every seed of both models is scored on the same test
+# (`capbook.claims.seed_t_test`, derived in `00j_metrics`). Every seed of both models is scored on the same test
 # images, a crossed design of seeds × images, and the variance of the difference has three parts, each estimated once
 # from the mean square that holds it: each model's seed spread (its sample variance over seeds, which already holds the
 # seed × image noise), and the model × image interaction (the variance over images of the seed-averaged per-image
@@ -310,7 +313,7 @@ display(Markdown(save_table(ema, run.path("table_protocol_ema"), floatfmt=".4g")
 # against the legacy recipe and against the early-stop rule) are the book's checks of its own recipe, not claims of a
 # paper: each answers its own question and enters no family.
 #
-# Below, the rule on simulated comparisons (`capbook.metrics.simulate_verdicts`): per-image scores skewed and bounded
+# Below, the rule on simulated comparisons (`capbook.claims.simulate_verdicts`): per-image scores skewed and bounded
 # below like per-image CIDEr, each model with its own seed spread (model a's spread 1–8 times model b's, 3 % of the mean
 # for b), a model × image and a seed × image effect, 3 vs 3, 3 vs 5, 5 vs 3 and 5 vs 5 seeds. Left: with no true
 # difference, how often it says "holds" or "does not hold" — at most 5 % is the promise of a 95 % interval; the bars

@@ -40,7 +40,7 @@ from capbook.attention import Attention
 from capbook.models import CaptionModel, Dropout, fast, register, unroll
 from capbook.objectives import DoublyStochastic
 from capbook.sat import SATConfig, ShowAttendTell, WIDTHS
-from capbook.runner import Chapter, RunConfig, decoding, register_chapter, protocol_epochs
+from capbook.profiles import Chapter, RunConfig, decoding, register_chapter, protocol_epochs
 from capbook.papers import spca_table
 
 # %%
@@ -236,7 +236,6 @@ def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
     a = Ms.flatten(1)
     return a / a.sum(1, keepdim=True)
 
-
 # %% [markdown]
 # ## 1D-LSTM + SPCA
 #
@@ -310,7 +309,6 @@ def lstm1d_spca(cfg: SPCA1DConfig, vocab_size, feat_dim, grid):
                        cfg.att_dim or SATConfig.att_dim)
     sat = SATConfig(emb_dim=cfg.emb_dim, hidden_dim=cfg.hidden_dim, dropout=cfg.dropout, gate=cfg.gate, penalty=cfg.penalty)
     return ShowAttendTell(sat, vocab_size, feat_dim, grid, attention=att)
-
 
 # %% [markdown]
 # ## The 2D-latent-state LSTM (Dai et al. 2018), with and without SPCA
@@ -505,7 +503,6 @@ def lstm2d_spca(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
     "2D-latent-LSTM + SPCA: the image input of every step is SPCA's context computed from the 2D state."
     return Latent2D(cfg, vocab_size, feat_dim, grid)
 
-
 # %% [markdown]
 # ## The chapter's runs
 #
@@ -575,7 +572,7 @@ def spca_measure(r) -> dict:
     "What the next chapter compares, measured on the trained model: attention correctness on every test image's first reference caption (teacher forcing: the same words for every model), the maps' median max/min there and Figure 1's maps; Table 1's decoding time; and the test scores at the paper's beam beside the book's."
     from capbook.metrics import attention_on_references, evaluate
     from capbook.decode import ms_per_image
-    from capbook.results import kept_maps
+    from capbook.records import kept_maps
     out = {}
     if r.prep.gt is not None:
         tf, out["attention_on_references"] = attention_on_references(r.model, r.prep, "test", r.device)

@@ -22,7 +22,7 @@
 # declares): the 2D-latent-state LSTM without attention (the paper's baseline), with SPCA in each of the five
 # structures (3×3 kernels) and with S‖C at 1×1 and 5×5 kernels, and the 1D LSTM (Show-Attend-Tell's decoder) with
 # S‖C and with its own grid attention ("Soft-Attention\*", the paper's own run of soft attention). Nothing is trained
-# or decoded here: every number comes from the runs' results records (`capbook.results.step_record`; what each run
+# or decoded here: every number comes from the runs' results records (`capbook.records.step_record`; what each run
 # measured on its trained model is in `03_spca`), so a hand run such as `papermill nbs/03_spca.ipynb out.ipynb -p
 # kernel 5` — exactly the book's `k5` step — is picked up as well, and a fresh clone reassembles this chapter from the
 # records the book publishes.
@@ -32,10 +32,14 @@
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import start_run, read_params, stage_stats, interval_cells, seed_cells, Claims
+from capbook.runner import start_run
+from capbook.profiles import read_params
+from capbook.records import stage_stats, seed_cells
+from capbook.claims import interval_cells, Claims
 from capbook.papers import CLAIM_SOURCES
-from capbook.metrics import seed_means_t_test
-from capbook.results import FIGURE_IMAGES, restored_maps, chapter_steps, row_record, run_captions
+from capbook.claims import seed_means_t_test
+from capbook.records import FIGURE_IMAGES, restored_maps, row_record, run_captions
+from capbook.plan import chapter_steps
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import spca_table
@@ -43,7 +47,7 @@ from capbook.shapes import object_mentions
 from capbook.spca import map_ratio
 from capbook.viz import attention_figure, attention_rows, save_table, show_table
 from capbook.baselines import BASELINE_NOTE, baseline_records
-from capbook.runner import record_stage
+from capbook.records import record_stage
 
 # %% tags=["parameters"]
 profile = "default"     # smoke | default | paper: the profile whose runs are assembled
@@ -194,7 +198,7 @@ display(Markdown(show_table(table4, run.path("table_spca_table4"), floatfmt=".2f
 
 # %% [markdown]
 # The paper's comparisons in Tables 2–4, each a claim on CIDEr tested on the same test images
-# (`capbook.runner.Claims`, `nbs/02b_protocol`): Student's *t* over each row's training seeds and the test images, each
+# (`capbook.claims.Claims`, `nbs/02b_protocol`): Student's *t* over each row's training seeds and the test images, each
 # variance component counted once — the seed is the unit of replication; *holds* when the 95 % interval of the
 # difference is above zero, *does not hold* below, *cannot tell* when it contains zero. A row trained once (every row at the smoke
 # and paper profiles; at the default profile every row has three seeds) states *one seed: no verdict*: its
@@ -242,7 +246,6 @@ sem = semantic_table({"Soft-Attention*": recs["soft"]["metrics"],
                           + (" (1D-LSTM)" if t == "1d" else "")): recs[t]["metrics"]
                          for t in ["base", "S", "C", "C-S", "S-C", "k1", "", "k5", "1d"]}})
 if len(sem): display(Markdown(save_table(sem, run.path("table_spca_semantic"), floatfmt=".1f")))
-
 
 # %% [markdown]
 # ## Does convolutional attention localise more precisely than grid attention?

@@ -49,7 +49,7 @@ from torch import nn
 from capbook.core import CapbookError, check_choice, check_float, check_int
 from capbook.attention import TAUS, MultiHeadAttention
 from capbook.models import CaptionModel, Dropout, fast, image_groups, image_rows, register
-from capbook.runner import Chapter, RunConfig, register_chapter, protocol_epochs
+from capbook.profiles import Chapter, RunConfig, register_chapter, protocol_epochs
 from capbook.papers import ssa_table1
 
 # %%
@@ -57,7 +57,6 @@ from capbook.papers import ssa_table1
 import pandas as pd
 from IPython.display import Image as IPImage, display
 from capbook.runner import run_chapter
-
 
 # %% [markdown]
 # ## Positions
@@ -81,12 +80,10 @@ def sinusoid(n: int, d: int) -> torch.Tensor:
     pe[:, 1::2] = torch.cos(pos * freq[: d // 2])           # PE(pos, 2i+1)
     return pe
 
-
 # %%
 _pe = sinusoid(196, 8)
 assert _pe.shape == (196, 8) and torch.allclose(_pe[0], torch.tensor([0., 1, 0, 1, 0, 1, 0, 1]))
 assert torch.isclose(_pe[3, 2], torch.sin(torch.tensor(3 / 10000 ** (2 / 8))))
-
 
 # %% [markdown]
 # ## Layers
@@ -140,7 +137,6 @@ class DecoderLayer(nn.Module):
         z, w = self.inter(y, kv=inter_kv)
         y = self.n2(y + self.drop(z))
         return self.n3(y + self.drop(self.ff(y))), w
-
 
 # %% [markdown]
 # ## The model
@@ -266,7 +262,6 @@ def ssa(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "Springenberg et al. 2018: the spatial self-attention transformer (τ = √(d_len + d_attn) unless tau='standard')."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)
 
-
 # %% [markdown]
 # Incremental decoding equals the masked parallel decoder: the log-probabilities that `step` gives, word by word with
 # its key/value cache, are those of teacher forcing on the same caption, for both temperatures.
@@ -289,7 +284,6 @@ _out = _m(_b)
 assert _m.encoder_passes == 3 and _out["logits"].shape[:2] == (15, _caps.shape[1] - 1) and _out["alpha"].shape[-1] == 4
 _m.encoder_passes = 0; beam_search(_m, _f, beam_size=3, max_len=6)
 assert _m.encoder_passes == 3                                             # beams share the image's keys and values
-
 
 # %% [markdown]
 # ## How far the attention spreads
@@ -323,7 +317,6 @@ def inter_attention_spread(model: SpatialTransformer, feats: torch.Tensor, capti
     layers = [_spread(layer.inter.last, valid) for layer in model.dec]
     return {"layers": layers, "head_mean": _spread(model.dec[-1].inter.last.mean(1), valid[:, 0])}
 
-
 # %%
 _m.eval(); _sp = inter_attention_spread(_m, _f[:2], [[5, 6], [7]])
 _a = _m.dec[0].inter.last                                 # (2 captions, h, 3 positions, L = 4)
@@ -333,11 +326,10 @@ assert abs(_sp["layers"][0]["peak"] - float(_rows.amax(-1).mean())) < 1e-6 and l
 _u = _spread(torch.full((1, 2, 4), 0.25), torch.ones(1, 2, dtype=torch.bool))
 assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # uniform weights: entropy 1, peak 1/L
 
-
 # %% [markdown]
 # ## The chapter's runs
 #
-# The parameters are the run's (`capbook.runner.RunConfig`) followed by the model's (`SSAConfig`), with the paper's
+# The parameters are the run's (`capbook.profiles.RunConfig`) followed by the model's (`SSAConfig`), with the paper's
 # training (§3): Adam at $l = 0.0003$, dropout 0.1, and "Captions are restricted to have a maximum length of 14 words
 # during training".
 #

@@ -20,7 +20,7 @@
 #
 # The book runs `04_spatial_self_attention` twice — with the paper's temperature τ = √(d_len + d_attn) and with the
 # standard √d_attn — on the same data, features and seed as `02_show_attend_tell` and `03_spca`. This notebook trains
-# nothing: it reads the runs' results records (`capbook.results.step_record`) and the captions and attention maps they
+# nothing: it reads the runs' results records (`capbook.records.step_record`) and the captions and attention maps they
 # saved.
 
 # %%
@@ -29,9 +29,12 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.core import CapbookError
-from capbook.runner import start_run, read_params, figure_pick, stage_stats, interval_cells, seed_cells, Claims, epochs_trained, row_epochs, same_budget
+from capbook.runner import start_run, figure_pick
+from capbook.profiles import read_params, epochs_trained, row_epochs
+from capbook.records import stage_stats, seed_cells
+from capbook.claims import interval_cells, Claims, same_budget
 from capbook.papers import CLAIM_SOURCES
-from capbook.results import FIGURE_IMAGES, compared_runs, run_captions
+from capbook.records import FIGURE_IMAGES, compared_runs, run_captions
 from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import ssa_table1, SSA_TRAINING_TIME
@@ -98,7 +101,6 @@ display(Markdown(
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
     "below Show-Attend-Tell: \"Further work has to be done to improve the model's performance\")."))
 
-
 # %% [markdown]
 # ## The temperature of Eq. 2
 #
@@ -135,7 +137,6 @@ display(Markdown(
     f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'], source=CLAIM_SOURCES[warmer])}.\n\n"
     + judged.note()))
 _ = save_table(judged.table(), run.path("table_ssa_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
-
 
 # %% [markdown]
 # ## Training time

@@ -48,7 +48,7 @@ from torch import nn
 from capbook.core import CapbookError, check_choice, check_float, check_int, save_torch
 from capbook.attention import MultiHeadAttention
 from capbook.models import CaptionModel, Dropout, fast, image_groups, image_rows, register
-from capbook.runner import BUDGET, Chapter, RunConfig, ladder_twin, register_chapter, scst_budget
+from capbook.profiles import BUDGET, Chapter, RunConfig, ladder_twin, register_chapter, scst_budget
 from capbook.ssa import WARMUP, FeedForward, sinusoid
 
 # %%
@@ -58,7 +58,6 @@ from IPython.display import Image as IPImage, display
 from capbook.core import load_torch
 from capbook.runner import run_chapter
 from capbook.viz import stage_tables
-
 
 # %% [markdown]
 # ## Two information sources (§3.1)
@@ -125,7 +124,6 @@ class CrossModal(nn.Module):
         a, wa = self.H(q, kv=A_kv, mask=A_mask)
         # c = G(H_v(q, I, I) + H_a(q, A, A), q)
         return self.g(v + a, q), wv[:, 0], wa[:, 0]
-
 
 # %% [markdown]
 # ## The model
@@ -344,7 +342,6 @@ def glied(cfg: GLIEDConfig, vocab_size, feat_dim, grid):
     "Liu et al. 2019: GLIED, and with its switches off the cross-modal base model (Table 4's rows)."
     return GLIED(cfg, vocab_size, feat_dim, grid)
 
-
 # %% [markdown]
 # The parameter budget: on COCO's 9,487-word vocabulary with 2048-d regions, the base model and GLIED at the sizes of
 # §4.2 have about as many parameters as Table 2 estimates (12.3 M and 18.3 M; the difference is $F$'s unstated hidden
@@ -355,7 +352,6 @@ _n = {v: sum(p.numel() for p in GLIED(GLIEDConfig(global_visual=v, global_attrib
       for v in (False, True)}
 print(f"base {_n[False] / 1e6:.1f} M, GLIED {_n[True] / 1e6:.1f} M parameters")
 assert 11e6 < _n[False] < 14e6 and 17e6 < _n[True] < 21e6
-
 
 # %% [markdown]
 # ## Equation tests
@@ -399,7 +395,6 @@ def direct_glied(m: GLIED, feats: torch.Tensor, attrs: torch.Tensor, caps: torch
         c = F_(m.post_l, cl, c)
     return c @ m.W_C.weight.T + m.W_C.bias                                                             # Eq. 6
 
-
 # %%
 torch.manual_seed(0)
 for _flags in [(False, False, False), (True, True, True), (True, False, False), (False, True, True)]:
@@ -430,7 +425,6 @@ _m({k: v.repeat_interleave(5, 0) for k, v in _b.items()} | {"caps": _caps[:1].re
 assert _m.encoder_passes == 3
 _m.encoder_passes = 0; beam_search(_m, _b, beam_size=3, max_len=6)
 assert _m.encoder_passes == 3
-
 
 # %% [markdown]
 # ## Figure 3: what each distilling step attends to
@@ -498,11 +492,10 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
     save_figure(fig, path); plt.close(fig)
     return path
 
-
 # %% [markdown]
 # ## The chapter's runs
 #
-# The parameters are the run's (`capbook.runner.RunConfig`) followed by the model's (`GLIEDConfig`) and the attribute
+# The parameters are the run's (`capbook.profiles.RunConfig`) followed by the model's (`GLIEDConfig`) and the attribute
 # detector's. §4.2's training: "batch size of 80 for 25 epochs with early stopping based on CIDEr with cross-entropy
 # loss, followed by reinforcement learning. We use Adam with a learning rate of 10⁻⁴ ... beam size = 3."
 #

@@ -22,7 +22,7 @@
 # seeds: GLIED and the base model, each trained with cross-entropy and then self-critically; the four steps between
 # them under cross-entropy only; GLIED with the grid cells' positions in its Eq. 7 (two ablations); and, at the
 # default profile, GLIED and the base at 30 epochs, the twins its claims against 30-epoch rows read. This notebook
-# trains nothing: it reads the runs' results records (`capbook.results.step_record`) and what they saved.
+# trains nothing: it reads the runs' results records (`capbook.records.step_record`) and what they saved.
 #
 # **What the paper gives to compare with.** Table 2 is in the paper's text and is quoted in full. Tables 1 and 4 are
 # images in the paper: their numbers are not in its text, and capbook quotes no number it cannot read.
@@ -35,10 +35,12 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import (start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, Claims, paired_verdict, epochs_trained,
-                            row_epochs, same_budget, stage_best, test_id)
+from capbook.runner import start_run
+from capbook.profiles import read_params, epochs_trained, row_epochs
+from capbook.records import record_stage, stage_stats, seed_cells, stage_best
+from capbook.claims import interval_cells, Claims, paired_verdict, same_budget, test_id
 from capbook.papers import CLAIM_SOURCES
-from capbook.results import compared_runs, run_file
+from capbook.records import compared_runs, run_file
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.papers import glied_table2, GLIED_ABSTRACT_CIDER, GLIED_TABLE1_NOT_RUN, GLIED_TABLE4_CLAIMS
@@ -194,7 +196,6 @@ fig.tight_layout(); save_figure(fig, run.path("fig_glied_scst.png")); plt.close(
 display(IPImage(filename=str(run.path("fig_glied_scst.png"))))
 display(Markdown(save_table(pd.DataFrame(rows), run.path("table_glied_scst"), floatfmt=".3f")))
 
-
 # %% [markdown]
 # ## Table 2: parameters, training time, inference speed
 #
@@ -253,7 +254,7 @@ table4 = pd.DataFrame([t4_row(*o) for o in order + ABLATIONS])
 display(Markdown(show_table(table4, run.path("table_glied_table4"), floatfmt=".1f")))
 
 # %% [markdown]
-# The paper's claims about each row, each tested against the base on the same test images (`capbook.runner.Claims`:
+# The paper's claims about each row, each tested against the base on the same test images (`capbook.claims.Claims`:
 # Student's t over the rows' seeds and the test images; the Δ columns are the changes in the seed means):
 
 # %%

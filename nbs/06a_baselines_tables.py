@@ -18,7 +18,7 @@
 #
 # > Every model the book trains — the five papers' and their baselines — on the same test images, features and data: caption metrics against what the captions say (semantic F1) and where the models look (attention correctness), in one table and one figure.
 #
-# This notebook trains nothing: it reads the results records of the book's runs (`capbook.results.compared_runs`, which
+# This notebook trains nothing: it reads the results records of the book's runs (`capbook.records.compared_runs`, which
 # stops if any run was trained on other data) and sets them side by side. Every row is trained under the book's one
 # protocol (`nbs/02b_protocol`): the profile's whole budget (15 epochs at `default`, 30 for a row most of whose seeds
 # were still rising at 15) with the learning rate annealed to zero and the evaluation of best validation CIDEr kept,
@@ -37,10 +37,12 @@
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
-from capbook.runner import (start_run, read_params, record_stage, stage_stats, interval_cells, seed_cells, SEED_METRICS, Claims, epochs_trained, late_gain,
-                            curve_end, row_epochs, paired_verdict, same_budget, stage_best, book_family)
+from capbook.runner import start_run
+from capbook.profiles import read_params, epochs_trained, late_gain, curve_end, row_epochs
+from capbook.records import record_stage, stage_stats, seed_cells, SEED_METRICS, stage_best
+from capbook.claims import interval_cells, Claims, paired_verdict, same_budget, book_family
 from capbook.papers import CLAIM_SOURCES
-from capbook.results import compared_runs
+from capbook.records import compared_runs
 from capbook.prepare import prepare
 from capbook.metrics import results_row
 from capbook.viz import label_points, save_figure, save_table, show_table
@@ -97,7 +99,7 @@ prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0
 #
 # Test split, beam 3 for every row. Scores ×100: the mean over the row's training seeds, their standard deviation, and a
 # 95 % interval by Student's t with the seed as the unit of replication, over the seeds and the test images, each
-# variance component counted once (`capbook.metrics.seed_t_test`): how far the number would move with other seeds and another test set of the same
+# variance component counted once (`capbook.claims.seed_t_test`): how far the number would move with other seeds and another test set of the same
 # size; a row of one seed (the smoke and paper profiles) gets the test images' interval alone, marked so. "—": the run
 # kept no captions of that stage.
 
@@ -171,8 +173,8 @@ display(IPImage(filename=str(fig_path)))
 # seed, from its records: the evaluation whose weights were kept, and the gain of the last three epochs — the best
 # validation CIDEr (averaged weights, beam 3, ×100) in them minus the best before them. *Still rising* marks a row
 # most of whose seeds gained more than a flat tail's wobble (1 CIDEr) in their last three epochs
-# (`capbook.runner.curve_end`, the rule `02b_protocol` states and checks): its budget was too short, and it trains at
-# the ladder's next budget, twice the epochs (`capbook.runner.protocol_epochs`); the `epochs` column gives each row's.
+# (`capbook.profiles.curve_end`, the rule `02b_protocol` states and checks): its budget was too short, and it trains at
+# the ladder's next budget, twice the epochs (`capbook.profiles.protocol_epochs`); the `epochs` column gives each row's.
 
 # %%
 curve_rows = []
@@ -253,7 +255,7 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # below its beam's, the stage can lift them and the decoding bonus shrinks (the bonus line above gives each row's).
 
 # %%
-from capbook.results import run_words
+from capbook.records import run_words
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
     return [run_words(r, "final" if st == "scst" else st) for r in rec.get("seed_runs", [rec])]
@@ -289,7 +291,7 @@ else:
 # ## What the runs say
 #
 # What the runs say, computed from the table above. Each comparison is a claim "the first scores a higher CIDEr" on
-# the same test images (`capbook.runner.Claims`), each quoting the paper's words or table cells it tests: Student's *t*
+# the same test images (`capbook.claims.Claims`), each quoting the paper's words or table cells it tests: Student's *t*
 # over the rows' training seeds and the test images, each variance component counted once; a self-critical stage
 # against its own start is paired seed by seed, and a stage that kept its start in every seed is no test. *Holds* when
 # the 95 % interval of the difference is above zero, *does not hold* when below, *cannot tell* when it contains zero,
@@ -355,7 +357,7 @@ _ = save_table(judged.table(), run.path("table_baselines_verdicts"), floatfmt=".
 # GLIED's chapter and in this one) is one row.
 
 # %%
-from capbook.results import chapter_verdicts
+from capbook.records import chapter_verdicts
 tables = {**chapter_verdicts(profile), "06a_baselines_tables": judged.table()}     # every paper chapter's verdicts, and this one's
 family = book_family(tables)
 display(Markdown(save_table(family, run.path("table_baselines_book_family"), floatfmt=".3g")
@@ -368,11 +370,11 @@ display(Markdown(save_table(family, run.path("table_baselines_book_family"), flo
 # The verdict rule's size — how often it says "holds" or "does not hold" when the two models are equal — depends on the
 # two rows' seed spreads, seed counts and model × image spread. `02b_protocol` measures it over a grid of settings;
 # here each unpaired CIDEr comparison of the book is simulated with its own observed spreads (seed sd and image sd
-# relative to the rows' means), seed counts and test-split size, under no true difference (`capbook.metrics.simulate_verdicts`,
+# relative to the rows' means), seed counts and test-split size, under no true difference (`capbook.claims.simulate_verdicts`,
 # 10,000 trials each at the default profile): the false-verdict rate the book's rule has *at that comparison*.
 
 # %%
-from capbook.metrics import simulate_verdicts
+from capbook.claims import simulate_verdicts
 trials = 500 if profile == "smoke" else 10_000
 size_rows = []
 seen = set()

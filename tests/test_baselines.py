@@ -7,7 +7,8 @@ from capbook.baselines import BASELINES, BaselineParams, SCAttention, baseline_r
 from capbook.core import CapbookError
 from capbook.decode import beam_search, pad_captions
 from capbook.models import build, spec
-from capbook.runner import model_hparams, record_stage as stage
+from capbook.profiles import model_hparams
+from capbook.records import record_stage as stage
 
 V, D, GRID = 13, 6, (2, 3)
 L = GRID[0] * GRID[1]

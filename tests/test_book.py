@@ -111,7 +111,7 @@ def test_docs_command_rebuilds_the_site_a_reader_meets(book, site_pages):
 
 def test_step_record_prefers_book_run_then_exact_hand_run(home):
     from capbook.plan import nb_defaults
-    from capbook.results import step_record
+    from capbook.records import step_record
     from capbook.core import save_json
     runs = home / "runs" / "paper"                       # a profile no other test uses
     step = Step("02_show_attend_tell", {"profile": "paper", "attention": "hard"}, tag="hard")
@@ -214,7 +214,7 @@ def test_tensorboard_shows_every_training_run_of_the_book(book):
     "tensorboard --logdir runs/smoke lists a run per training step of the plan, with its loss and validation curves."
     import socket, time, urllib.request
     from capbook.plan import plan
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     home, _ = book
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     tb = subprocess.Popen([str(BIN / "tensorboard"), "--logdir", str(home / "runs" / "smoke"), "--host", "127.0.0.1",
@@ -362,7 +362,7 @@ def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
     "A new notebook plus its chapter declaration: the plan, the README table and the API list pick it up."
     import shutil
     import capbook.book as B
-    from capbook.runner import CHAPTERS, Chapter, RunConfig, register_chapter
+    from capbook.profiles import CHAPTERS, Chapter, RunConfig, register_chapter
     nbs = tmp_path / "nbs"; shutil.copytree(Path(__file__).parent.parent / "nbs", nbs)
     for ext in ("py", "ipynb"):
         src = (nbs / f"01_dataset.{ext}").read_text()
@@ -383,7 +383,7 @@ def test_a_new_chapter_touches_no_list(monkeypatch, tmp_path):
 @pytest.mark.xdist_group("book")
 def test_every_chapter_publishes_what_it_declares(book):
     "Each chapter's declared figures are published by the smoke book; its declared published tables are quoted data."
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     home, _ = book
     figs = home / "runs" / "smoke" / "figures"
     for name, ch in chapters().items():
@@ -844,19 +844,18 @@ def test_a_resumed_runs_time_row_counts_every_process_of_its_training(tmp_path, 
 def test_a_step_job_runs_with_its_resources_and_leaves_the_signals_as_they_were(monkeypatch, tmp_path):
     "A job's step sees its resources: its CPUs as intra-op threads; several GPUs as CAPBOOK_TRAIN_PROCS (its run trains under torchrun, one process a GPU), none as none; submitit is asked for the GPUs; the job's signal handlers are the ones it had once the step returns; a malformed sacct interval stops in one line."
     import os, signal
-    from capbook import book, cluster
+    from capbook import cluster
     seen = []
     def run_step(step, profile, force, log, key):
         seen.append((os.environ.get("CAPBOOK_TRAIN_PROCS"), os.environ["OMP_NUM_THREADS"], signal.getsignal(signal.SIGTERM) is not before))
         return tmp_path / "out.ipynb", True
-    monkeypatch.setattr(book, "run_step", run_step)
     for k in ("CAPBOOK_TRAIN_PROCS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CAPBOOK_METEOR"): monkeypatch.setenv(k, "9")   # restored after
     before = signal.getsignal(signal.SIGTERM)
-    assert cluster._step_call(Step("02_show_attend_tell"), "smoke", False, "k", 4, 2)[:3] == ("ok", str(tmp_path / "out.ipynb"), True)
-    assert cluster._step_call(Step("02_show_attend_tell"), "smoke", False, "k", 1, 1)[0] == "ok"
+    assert cluster._step_call(run_step, Step("02_show_attend_tell"), "smoke", False, "k", 4, 2)[:3] == ("ok", str(tmp_path / "out.ipynb"), True)
+    assert cluster._step_call(run_step, Step("02_show_attend_tell"), "smoke", False, "k", 1, 1)[0] == "ok"
     assert seen == [("2", "4", True), (None, "1", True)] and signal.getsignal(signal.SIGTERM) is before
     assert "CAPBOOK_METEOR" not in os.environ                            # the host's METEOR socket: not on a node
-    assert cluster.SlurmPool("paper", cluster.executor_config(None, "paper"), tmp_path).parameters("02_show_attend_tell")["gpus_per_node"] == 1
+    assert cluster.SlurmPool("paper", cluster.executor_config(None, "paper"), tmp_path, run_step).parameters("02_show_attend_tell")["gpus_per_node"] == 1
     monkeypatch.setenv("CAPBOOK_SACCT_S", "soon")
     with pytest.raises(CapbookError, match="CAPBOOK_SACCT_S='soon' is invalid"): cluster.sacct_interval()
 
@@ -931,7 +930,7 @@ def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slur
 @pytest.mark.xdist_group("book")
 def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(book, slurm_book):
     "The book run through SLURM again finishes only its unfinished steps — a training run, the tables step that reads it, and the run the previous test cancelled, resumed from its checkpoint — each a job with the executor config's resources, in the plan's order, and publishes what the local book published: the same figures' bytes, tables and records (measured times aside)."
-    from capbook.results import read_record
+    from capbook.records import read_record
     local, _ = book
     home, env, _ = slurm_book
     steps = [SLURM_CANCELLED, *SLURM_STEPS]

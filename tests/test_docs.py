@@ -307,7 +307,7 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
 
 
 def test_a_kernel_that_loads_the_model_registry_imports_no_notebook_reader():
-    "Every chapter's kernel loads the registry (`capbook.runner.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` reads one."
+    "Every chapter's kernel loads the registry (`capbook.profiles.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` reads one."
     import subprocess
     code = ("import sys, capbook.runner as r; r.chapters(); import capbook.docs as d; "
             "print(sorted(m for m in ('nbformat', 'jsonschema') if m in sys.modules)); "

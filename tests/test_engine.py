@@ -127,7 +127,7 @@ def test_sample_at_temperature_zero_is_greedy():
 
 def test_sampling_through_forward():
     m, f = sat(3), torch.randn(2, 9, 8)
-    s = m({"feats": f}, mode="sample", n=4, temperature=0.0, max_len=5)
+    s = m({"feats": f}, mode=sample, n=4, temperature=0.0, max_len=5)            # the decoding routine, run inside forward
     assert s.tokens.shape[0] == 8 and s.n == 4
     with pytest.raises(CapbookError, match="mode='beam' is invalid"): m({"feats": f}, mode="beam")
 

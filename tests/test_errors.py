@@ -189,7 +189,7 @@ FUZZ = {
 
 
 def test_every_chapter_has_a_fuzz_space():
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     assert sorted(chapters()) == sorted(FUZZ), "add the new chapter's parameters to FUZZ"
 
 

@@ -180,7 +180,7 @@ def test_the_seed_x_image_noise_is_counted_once():
 
 def test_a_stage_is_paired_with_its_start_and_a_kept_start_is_no_test():
     import numpy as np
-    from capbook.runner import Claims
+    from capbook.claims import Claims
     rng = np.random.default_rng(3)
     img = rng.gamma(2.0, 0.5, 300)
     start = [{"CIDEr": img + rng.normal(0, 0.1) + rng.normal(0, 0.3, 300)} for _ in range(3)]

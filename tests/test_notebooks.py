@@ -41,7 +41,7 @@ def _parameter_cells(name):
 
 def test_every_notebook_is_in_the_plan_and_runnable_ones_have_one_parameters_cell():
     from capbook.plan import notebooks, plan
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     assert sorted(notebooks()) == sorted(p.stem for p in NBS)
     steps = plan("smoke")
     assert {s.notebook for s in steps} == {p.stem for p in NBS}, "the book runs every notebook"
@@ -109,7 +109,7 @@ def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
     "The book matches a run to its step by the notebook's parameters cell as papermill parses it: a field it cannot parse (e.g. an '=' in its comment) would leave every assembly chapter without its runs."
     import dataclasses
     from capbook.plan import nb_defaults
-    from capbook.runner import chapters
+    from capbook.profiles import chapters
     for nb, ch in chapters().items():
         assert set(nb_defaults(nb)) == {f.name for f in dataclasses.fields(ch.params)}, nb
 

@@ -121,8 +121,8 @@ def fake_record(seed, cider, f1, stages=False):
 
 
 def test_a_row_over_seeds_averages_its_runs_and_shows_their_spread():
-    from capbook.runner import seed_cells
-    from capbook.results import merge_seeds
+    from capbook.records import seed_cells
+    from capbook.records import merge_seeds
     recs = [fake_record(s, c, f) for s, c, f in ((0, 1.0, 0.4), (1, 1.2, 0.5), (2, 0.8, 0.6))]
     row = merge_seeds(recs)
     assert row["metrics"]["CIDEr"] == pytest.approx(1.0) and row["metrics"]["semantic"]["all"]["f1"] == pytest.approx(0.5)
@@ -135,7 +135,7 @@ def test_a_row_over_seeds_averages_its_runs_and_shows_their_spread():
 
 
 def test_verdicts_over_seeds_state_cider_and_semantic_f1():
-    from capbook.runner import paired_verdict, interval_cells
+    from capbook.claims import paired_verdict, interval_cells
     rng = np.random.default_rng(0)
     def seed_stats(shift_c, shift_f):                 # per-image statistics as image_stats gives them (CIDEr, semantic F1 counts)
         f = np.zeros((50, 4)); f[:, 0] = rng.integers(2, 5, 50) + shift_f; f[:, 1] = 5; f[:, 2] = f[:, 0]; f[:, 3] = 5
@@ -153,8 +153,8 @@ def test_verdicts_over_seeds_state_cider_and_semantic_f1():
 
 def test_the_plan_repeats_every_chapter_run_over_the_profile_seeds():
     from capbook.plan import plan
-    from capbook.results import chapter_steps, replicas
-    from capbook.runner import SEEDS, chapters
+    from capbook.plan import chapter_steps, replicas
+    from capbook.profiles import SEEDS, chapters
     steps = plan("default")
     chs = chapters()
     rows = [s for s in steps if s.notebook in chs and not s.replica]
@@ -172,7 +172,7 @@ def test_the_plan_repeats_every_chapter_run_over_the_profile_seeds():
 
 def test_every_transformer_attends_in_64_dimensions_per_head_at_every_profile():
     "The spatial transformer, CT and GLIED keep the paper's d_attn = d_model / heads = 64 at every profile (one head of 64 at the CPU profiles' width), so CT beside the spatial transformer is like for like."
-    from capbook.runner import PROFILES, chapters, model_hparams
+    from capbook.profiles import PROFILES, chapters, model_hparams
     chs = chapters()
     for nb, tag in (("04_spatial_self_attention", ""), ("04_spatial_self_attention", "tau-standard"), ("06_baselines", "ct"),
                     ("05_glied", ""), ("05_glied", "base")):
@@ -192,7 +192,7 @@ def _curve(rng, slope, wobble, evals=30):
 
 def test_the_ladder_rule_on_synthetic_curves():
     "A row climbs when most of its seeds gained more than a flat tail's wobble in their last three epochs: flat rows almost never do, rows still climbing a CIDEr point an epoch always do, and one climbing seed among flat ones does not move its row."
-    from capbook.runner import RISING, curve_end, late_gain
+    from capbook.profiles import RISING, curve_end, late_gain
     rng = np.random.default_rng(0)
     row = lambda *slopes, w=0.5: curve_end([late_gain(_curve(rng, s, w)) for s in slopes])
     assert np.mean([row(0, 0, 0) == "still rising" for _ in range(300)]) < 0.02

@@ -7,7 +7,7 @@ from capbook import results as R
 from capbook.plan import nbs_dir
 from capbook.results import plan_keys
 from capbook.models import REGISTRY
-from capbook.runner import chapters
+from capbook.profiles import chapters
 
 PROFILE = "smoke"
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("keys")]
@@ -158,7 +158,7 @@ def test_a_changed_attention_constant_changes_exactly_the_steps_that_train_it(ba
     "Soft attention's scores scaled by 1.05 (a constant of its equation e_ti = w^T tanh(W_a a_i + W_h h_t-1)): the runs whose model holds a soft (or hard) attention module re-key, with the tables that read them and the engine chapters; no other step."
     from capbook.attention import SoftAttention
     from capbook.models import build
-    from capbook.runner import model_hparams
+    from capbook.profiles import model_hparams
     K, keys = base
     scores = SoftAttention.scores
     monkeypatch.setattr(SoftAttention, "scores", lambda self, pre, h: 1.05 * scores(self, pre, h))
@@ -231,7 +231,7 @@ def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
     "A fresh clone has no run folders: the record the book published (with its test captions) is found for the step and gives the same per-image statistics."
     from capbook.core import save_json, save_torch
     from capbook.metrics import image_stats
-    from capbook.runner import stage_stats
+    from capbook.records import stage_stats
     monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
     prep = R.probe_data()
     step = R.Step("06_baselines", {"profile": "smoke", "model": "nic", "scst_epochs": 0}, "nic")
@@ -307,7 +307,7 @@ def test_every_row_a_verdict_rests_on_carries_three_seeds():
 def test_no_row_of_the_published_book_ends_its_budget_still_rising():
     "The budget's rule on the book's own records: no row of several seeds ends its budget with most seeds still rising in their last three epochs (such a row trains at the ladder's next budget, `protocol_epochs`), but a row of a chapter not yet regenerated, whose records are the earlier budget's."
     import re
-    from capbook.runner import late_gain, curve_end
+    from capbook.profiles import late_gain, curve_end
     rows = {}
     for f in sorted((nbs_dir().parent / "figures" / R.RECORDS).glob("*.json.gz")):
         rows.setdefault(re.sub(r"-seed\d+$", "", f.name[:-len(".json.gz")]), []).append(late_gain(R.read_record(f)["history"]))

@@ -230,7 +230,7 @@ def test_lstm1d_spca_has_soft_attentions_gate_and_penalty():
 def test_profiles_size_the_2d_state():
     "The 2D state has c = 64 channels at the default profile (the trial in 03a: 32 cost CIDEr, a 14x14 map cost time), 16 at the smoke profile (the test suite's), Dai et al.'s 256 at the paper profile."
     from capbook.spca import SPCA_CHAPTER, SPCAParams
-    from capbook.runner import model_hparams
+    from capbook.profiles import model_hparams
     got = {pr: SPCA_CHAPTER.resolve(SPCAParams(profile=pr)).channels for pr in ("smoke", "default", "paper")}
     assert got == {"smoke": 16, "default": 64, "paper": 256}
     assert SPCA_CHAPTER.resolve(SPCAParams(profile="paper", channels=8)).channels == 8
@@ -304,8 +304,9 @@ def test_a_readers_kernel_run_is_placed_among_the_books_rows(monkeypatch):
     "`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5` ends with where its score falls against the book's published rows that differ from it in one parameter (3x3 with its seeds' interval, 5x5 itself); a run on other data gets no such lines."
     import dataclasses
     from pathlib import Path
-    from capbook.runner import chapter, book_context
-    from capbook.results import records
+    from capbook.profiles import chapter
+    from capbook.runner import book_context
+    from capbook.records import records
     monkeypatch.setenv("CAPBOOK_HOME", str(Path(__file__).resolve().parents[1]))   # the checkout's published book
     ch = chapter("03_spca")
     k5 = next(r for r in records("default", "03_spca") if r["_dir"].endswith("/03_spca-k5"))

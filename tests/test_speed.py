@@ -115,7 +115,7 @@ def test_auto_precision_takes_bf16_only_where_the_cpu_has_bf16_kernels(monkeypat
     import capbook.core as C
     from capbook.core import CapbookError, cpu_precision
     from capbook.train import TrainConfig
-    from capbook.runner import RunConfig
+    from capbook.profiles import RunConfig
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert TrainConfig().precision == "auto" and RunConfig().precision == "auto"
     assert cpu_precision("fp32", gpu) == "fp32" and cpu_precision("bf16", cpu) == "bf16"

@@ -143,7 +143,7 @@ def test_default_batches_are_unchanged():
 
 
 def test_profile_sizes_fill_the_parameters_left_none():
-    from capbook.runner import chapter
+    from capbook.profiles import chapter
     ch = chapter("04_spatial_self_attention")
     for profile, want in [("default", 64), ("paper", 512), ("smoke", 64)]:
         p = ch.resolve(SSAParams(profile=profile))
@@ -153,7 +153,7 @@ def test_profile_sizes_fill_the_parameters_left_none():
 
 def test_tau_ratio_is_the_papers_at_every_profile():
     "τ_paper / τ_standard = √(L + d_attn) / √d_attn: the paper's 2.02 (196 regions, d_attn 64), not 3.64 (d_attn 16)."
-    from capbook.runner import chapter
+    from capbook.profiles import chapter
     ch = chapter("04_spatial_self_attention")
     paper = (196 + 64) ** 0.5 / 64 ** 0.5
     for profile in ("smoke", "default", "paper"):
@@ -164,7 +164,7 @@ def test_tau_ratio_is_the_papers_at_every_profile():
 
 def test_the_transformer_trains_on_every_caption_as_the_rows_it_is_compared_with():
     "One rule for every compared row: no caption is left out of training (the 14-word cut dropped 23 % on shapes)."
-    from capbook.runner import chapter
+    from capbook.profiles import chapter
     from capbook.sat import SATParams
     from capbook.train import TrainConfig
     ssa_words = chapter("04_spatial_self_attention").resolve(SSAParams()).max_words

@@ -110,7 +110,8 @@ def test_an_unfinished_checkpoint_of_other_processes_is_moved_aside_a_finished_o
 @pytest.mark.slow
 def test_a_chapter_run_trains_under_torchrun_when_its_job_has_several_processes(smoke, tmp_path, monkeypatch):
     "With CAPBOOK_TRAIN_PROCS=2 (a SLURM job with 2 GPUs sets it), `run_chapter` trains every stage (cross-entropy, then self-critical) under torchrun — here 2 CPU processes over gloo —, then reads the finished checkpoints: its own process trains nothing; the record names the processes."
-    from capbook.runner import chapter, run_chapter
+    from capbook.profiles import chapter
+    from capbook.runner import run_chapter
     monkeypatch.setenv("CAPBOOK_TRAIN_PROCS", "2"); monkeypatch.setenv("OMP_NUM_THREADS", "2")
     nb = "02_show_attend_tell"
     lines = []
@@ -125,7 +126,7 @@ def test_a_chapter_run_trains_under_torchrun_when_its_job_has_several_processes(
 
 
 def test_a_malformed_process_count_stops_in_one_line(monkeypatch):
-    from capbook.runner import train_procs
+    from capbook.profiles import train_procs
     monkeypatch.setenv("CAPBOOK_TRAIN_PROCS", "two")
     with pytest.raises(CapbookError, match="CAPBOOK_TRAIN_PROCS='two' is invalid"): train_procs()
 
@@ -186,7 +187,8 @@ def test_the_self_critical_stage_continues_its_start_and_selects_greedily(monkey
     "runner.self_critical trains the whole budget on a rate warmed up to a constant, validated greedily, continuing the cross-entropy run's optimiser."
     import capbook.train, capbook.metrics
     from types import SimpleNamespace
-    from capbook.runner import self_critical, SCST_WARMUP
+    from capbook.runner import self_critical
+    from capbook.profiles import SCST_WARMUP
     seen = {}
     monkeypatch.setattr(capbook.train, "fit", lambda model, prep, cfg, *a, **k: seen.update(cfg=cfg, **k))
     monkeypatch.setattr(capbook.metrics, "evaluate", lambda *a, **k: seen.setdefault("beams", []).append(k["beam_size"]) or {})

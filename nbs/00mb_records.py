@@ -1,0 +1,288 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: python3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # records
+#
+# > Where a row's numbers are found: every results record of a profile (the book's runs, hand runs, the published book's records), a step's record, a row's seeds merged, a record's stages and the per-image statistics of its test captions.
+
+# %%
+#| default_exp records
+
+# %%
+#| export
+from __future__ import annotations
+import base64, json, os
+from pathlib import Path
+from typing import Any, Callable
+import numpy as np
+import torch
+from capbook.core import (CapbookError, atomic_write, file_digests, load_json, load_torch, package_hash, runs_dir,
+                          stable_hash)
+from capbook.plan import Step, chapter_steps, nb_defaults, nbs_dir, replicas
+
+# %% [markdown]
+# ## Records, run folders and published records
+#
+# Everything a table needs to find a row's numbers lives here (the plan's `Step`, its repeats over
+# seeds, `replicas`, and a chapter's runs, `chapter_steps`, are `capbook.plan`'s): every results record of a profile (`records`: the book's runs in `runs/<profile>/`, hand runs,
+# and the records the published book keeps in `figures/records/`), the record of one step (`step_record`), a table
+# row's seeds merged (`row_record`, `merge_seeds`) and the rows an assembly notebook compares (`compared_runs`).
+
+# %%
+#| export
+MANIFEST = "book.json"   # the published book's manifest (capbook.results.write_manifest): which step made each file, every step's key
+RECORDS = "records"      # the published book's folder of its runs' records (figures/records/<step>.json.gz)
+
+def run_files(root: Path, name: str) -> list[Path]:
+    "Every file called `name` under `root`, sorted, through symbolic links too: a run folder linked in from another home is the run's folder (`Path.rglob` does not follow links, and the step would silently fall back to its published record)."
+    return sorted(Path(d) / name for d, _, files in os.walk(root, followlinks=True) if name in files)
+
+def records(profile: str, notebook: str | None = None) -> list[dict]:
+    "Every results record of a profile (book runs and ad-hoc runs in `runs/<profile>/`, then the published book's records of the steps that have no run folder here), optionally of one notebook."
+    from capbook.profiles import out_dir
+    out, here = [], set()
+    for f in run_files(runs_dir() / profile, "record.json"):
+        r = load_json(f, "results record"); r["_dir"] = str(f.parent); here.add(f.parent)
+        if notebook is None or r.get("notebook") == notebook: out.append(r)
+    for f in sorted((out_dir(profile) / RECORDS).glob("*.json.gz")):
+        d = runs_dir() / profile / f.name[:-len(".json.gz")]
+        if d in here or (notebook is not None and not f.name.startswith(notebook)): continue
+        r = read_record(f)
+        if notebook is None or r.get("notebook") == notebook: out.append({**r, "_dir": str(d), "_published": str(f)})
+    return out
+
+def read_record(path: Path) -> dict:
+    "A published record (gzipped JSON), or one line naming the file."
+    import gzip
+    try:
+        with gzip.open(path, "rt") as fh: return json.load(fh)
+    except (OSError, ValueError, EOFError) as e:
+        raise CapbookError(f"{path}: unreadable published record ({e.__class__.__name__}); delete it or publish the book again") from None
+
+FIGURE_IMAGES = 16              # the first test images whose attention maps a published record keeps: the figures pick among them
+RUN_FILES = ("distilling.pt",)  # a run folder's small files an assembly notebook draws from, kept whole in its published record
+
+def kept_maps(alpha: torch.Tensor | None) -> dict | None:
+    "Attention maps (T, L) as a published record keeps them: float16 (3 significant digits, so a map's max/min survives), base64."
+    if alpha is None: return None
+    a = alpha.detach().float().cpu().to(torch.float16)
+    return {"shape": list(a.shape), "f16": base64.b64encode(a.numpy().tobytes()).decode()}
+
+def restored_maps(d: dict | None) -> torch.Tensor | None:
+    "The maps `kept_maps` kept: (T, L) float32."
+    if d is None: return None
+    return torch.from_numpy(np.frombuffer(base64.b64decode(d["f16"]), dtype=np.float16).copy()).reshape(d["shape"]).float()
+
+def run_captions(rec: dict, which: str = "final") -> dict:
+    "A run's test captions as the assembly notebooks read them (a row of seeds: its first run's): `keys` and `words` of every test image, `alpha`, the attention maps (T, L) of the first `FIGURE_IMAGES` as a published record keeps them (float16, so a figure is the same from a run folder and from the book; None where the model has no map), and `grid`; from the run folder, else from the published record."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    if f.exists():
+        c = load_torch(f, "test captions")
+        return {"keys": list(c["keys"]), "words": [list(w) for w in c["words"]], "grid": list(c["grid"]),
+                "alpha": [restored_maps(kept_maps(a)) for a in c["alpha"][:FIGURE_IMAGES]]}
+    if which not in rec.get("test_words", {}) or which not in rec.get("test_alpha", {}):
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+    w, a = rec["test_words"][which], rec["test_alpha"][which]
+    return {"keys": w["keys"], "words": w["words"], "grid": a["grid"], "alpha": [restored_maps(x) for x in a["maps"]]}
+
+def run_words(rec: dict, which: str = "final") -> list[list[str]]:
+    "The words of a run's test captions of stage `which` ('final', 'xe', 'scst-mean', ...), one list per test image: from its run folder, else from the published record (which keeps every run's words, replicas' too, but only the first run's final maps)."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    if f.exists(): return [list(w) for w in load_torch(f, "test captions")["words"]]
+    if which not in rec.get("test_words", {}):
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+    return [list(w) for w in rec["test_words"][which]["words"]]
+
+def run_file(rec: dict, name: str, what: str) -> Any:
+    "One of a run's small files (`RUN_FILES`), loaded: from its run folder, else from the published record that keeps it."
+    from capbook.core import load_torch
+    f = Path(rec["_dir"]) / name
+    if f.exists() or name not in rec.get("files", {}): return load_torch(f, what)
+    import io
+    try: return torch.load(io.BytesIO(base64.b64decode(rec["files"][name])), map_location="cpu", weights_only=True)
+    except Exception as e: raise CapbookError(f"{rec['_published']}: unreadable {what} ({e.__class__.__name__})") from None
+
+def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
+    "Keep in `folder/records/` the record of every chapter run among `steps` that has one, with its test captions (words, by image: what the paired tests and intervals need), so a fresh clone reassembles a chapter's tables without retraining the others; {file relative to folder: step name}."
+    import gzip
+    from capbook.profiles import chapters
+    from capbook.core import load_torch
+    chs, made = chapters(), {}
+    for s in steps:
+        d = runs_dir() / profile / s.name
+        if s.notebook not in chs or not (d / "record.json").exists(): continue
+        rec = load_json(d / "record.json", "results record")
+        files = [("final", d / "test_captions.pt")] + [(f.stem.removeprefix("test_captions-"), f) for f in sorted(d.glob("test_captions-*.pt"))]
+        caps = {w: load_torch(f, "test captions") for w, f in files if f.exists()}   # the final captions, and each earlier stage's
+        rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]} for w, c in caps.items()}
+        if not s.replica:                             # a row's figures draw its first seed's maps
+            rec["test_alpha"] = {w: {"grid": list(c["grid"]), "maps": [kept_maps(a) for a in c["alpha"][:FIGURE_IMAGES]]}
+                                 for w, c in caps.items() if w == "final"}   # the figures draw the final captions
+        rec["files"] = {f: base64.b64encode((d / f).read_bytes()).decode() for f in RUN_FILES if (d / f).exists()}
+        out = Path(folder) / RECORDS / f"{s.name}.json.gz"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        from capbook.docs import without_machine_paths
+        text = without_machine_paths(json.dumps(rec, sort_keys=True))     # a record names no path of the machine that made it
+        def write(t: Path, text=text):
+            with open(t, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
+                fh.write(text.encode())           # no name or time stamp in the header: the same record, the same bytes
+        atomic_write(out, write)
+        made[f"{RECORDS}/{out.name}"] = s.name
+    return made
+
+def _tree(xs: list, f: Callable) -> Any:
+    "`f` over the numbers at the same place of nested dicts `xs` (keys all of them have); elsewhere the first's value."
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs): return f(xs)
+    if all(isinstance(x, dict) for x in xs): return {k: _tree([x[k] for x in xs], f) for k in xs[0] if all(k in x for x in xs)}
+    return xs[0]
+
+def merge_seeds(recs: list[dict]) -> dict:
+    "One table row's record from its runs over training seeds: metrics, each stage's metrics and timings averaged, `metrics_sd` the metrics' sample standard deviation, `seed_runs` the runs' own records."
+    mean = lambda xs: float(np.mean(xs))
+    sd = lambda xs: float(np.std(xs, ddof=1)) if len(xs) > 1 else None
+    out = {**recs[0], "seed_runs": recs, "seeds": [r["params"].get("seed") for r in recs],
+           "metrics": _tree([r["metrics"] for r in recs], mean), "metrics_sd": _tree([r["metrics"] for r in recs], sd),
+           "timings": _tree([r["timings"] for r in recs], mean)}
+    if "stages" in recs[0]:
+        out["stages"] = {k: {**st, "metrics": _tree([r["stages"][k]["metrics"] for r in recs], mean),
+                             "metrics_sd": _tree([r["stages"][k]["metrics"] for r in recs], sd),
+                             "train_s": mean([r["stages"][k]["train_s"] for r in recs])}
+                         for k, st in recs[0]["stages"].items()}
+    return out
+
+_NOT_CONFIG = ("run_dir", "device")   # parameters that do not change what a run measures
+
+def _as_run(params: dict, sizes: dict) -> dict:
+    "A run's parameters as it ran: a size left None is its profile's (`sizes`, the chapter's), and the ones that do not change what it measures dropped."
+    return {k: sizes[k] if v is None and k in sizes else v for k, v in params.items() if k not in _NOT_CONFIG}
+
+def step_record(profile: str, step: Step) -> dict:
+    "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
+    from capbook.profiles import chapters
+    ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
+    sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
+    want = _as_run({**defaults, **step.params}, sizes)
+    book = runs_dir() / profile / step.name
+    same = [r for r in records(profile, step.notebook) if _as_run({**defaults, **r["params"]}, sizes) == want]
+    same.sort(key=lambda r: (Path(r["_dir"]) == book, r.get("finished", "")))
+    if not same:
+        raise CapbookError(f"no results record of {step.name} at profile {profile!r} (parameters {step.params}): "
+                           f"run `capbook book --profile {profile}` first")
+    return same[-1]
+
+def row_record(profile: str, step: Step) -> dict:
+    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`merge_seeds`)."
+    return merge_seeds([step_record(profile, r) for r in replicas(profile, step)])
+
+def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
+    "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."
+    steps = {(name, t): s for name, (nb, tags) in wanted.items() for t, s in chapter_steps(profile, nb).items()
+             if tags is None or t in tags}
+    recs = {k: row_record(profile, s) for k, s in steps.items()}
+    first = next(iter(recs))
+    other = [s.name for k, s in steps.items()
+             if any(r["data"]["fingerprint"] != recs[first]["data"]["fingerprint"] for r in recs[k]["seed_runs"])]
+    if other:
+        raise CapbookError(f"runs {other} were trained on other data than {steps[first].name}: "
+                           f"run `capbook book --profile {profile}` again")
+    return steps, recs
+
+
+PAPER_CHAPTERS = ("02a_soft_vs_hard", "03a_spca_tables", "04a_ssa_tables", "05a_glied_tables")   # whose verdicts the book-wide family reads
+
+def chapter_verdicts(profile: str, chapters: tuple[str, ...] = PAPER_CHAPTERS, published: Path | None = None) -> dict:
+    "Each paper chapter's verdicts, `{chapter: DataFrame}` (its `table_*_verdicts.csv` together): from the book's own run of the chapter, else from the published book (`figures/`, by its manifest); a chapter with neither is left out."
+    import pandas as pd
+    folder = Path(published or nbs_dir().parent / "figures")
+    made = load_json(folder / MANIFEST)["files"] if (folder / MANIFEST).exists() else {}
+    out = {}
+    for ch in chapters:
+        files = sorted((runs_dir() / profile / ch).glob("table_*_verdicts.csv"))
+        if not files: files = sorted(folder / f for f, e in made.items() if e.get("step") == ch and f.endswith("_verdicts.csv"))
+        if files: out[ch] = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    return out
+
+# %% [markdown]
+# A published record keeps the attention maps of the first `FIGURE_IMAGES` test images (of a row's first seed) in
+# float16: a figure drawn from it is the figure drawn from the run folder, since both go through the same rounding.
+
+# %%
+_a = torch.softmax(3 * torch.randn(5, 196, generator=torch.Generator().manual_seed(0)), -1)   # 5 words' maps on a 14x14 grid
+_b = restored_maps(kept_maps(_a))
+assert _b.shape == _a.shape and torch.allclose(_a, _b, rtol=2**-10, atol=1e-7)
+assert torch.allclose(restored_maps(kept_maps(_b)), _b) and kept_maps(None) is None
+
+# %% [markdown]
+# ## A record's stages and its test captions' statistics
+#
+# A run that went on with self-critical training keeps each stage's metrics (`record_stage`) and test captions; the
+# per-image statistics of a stage's captions (`stage_stats`, by `capbook.metrics.image_stats`, cached in the run folder by
+# content) are what the claims test, and a row's spread over its seeds (`seed_cells`) is what its table shows.
+
+# %%
+#| export
+def record_stage(rec: dict, which: str = "xe") -> dict:
+    "A results record's metrics, training seconds and decoding speed after cross-entropy ('xe') or self-critical training ('scst'); a run without SCST has only 'xe'."
+    if "stages" in rec: return rec["stages"][which]
+    if which != "xe": raise CapbookError(f"run {rec.get('_dir', '?')} has no self-critical stage (scst_epochs was 0)")
+    return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
+            "best_epoch": rec.get("best_epoch")}
+
+def stage_stats(rec: dict, prep, which: str | None = None) -> dict | list[dict] | None:
+    "Per-image statistics of a run's test captions for bootstrap intervals (`capbook.metrics.image_stats`): its final captions, or those after cross-entropy (`which='xe'`) of a run that went on with SCST where it kept them; None where it kept none; a list, one per seed, for a row of several seeds (`merge_seeds`). Cached in the run folder, keyed by the captions' content, the data and the package code."
+    from capbook.metrics import image_stats
+    if len(rec.get("seed_runs", [])) > 1: return [stage_stats(r, prep, which) for r in rec["seed_runs"]]
+    d, final = Path(rec["_dir"]), ("scst" if "stages" in rec else "xe")
+    which = which or final
+    f = d / ("test_captions.pt" if which == final else f"test_captions-{which}.pt")
+    kept = rec.get("test_words", {}).get("final" if which == final else which)   # a published record's captions (no run folder here)
+    if not f.exists() and kept is None: return None
+    if rec.get("data", {}).get("fingerprint") != prep.fingerprint:
+        raise CapbookError(f"{d}: trained on other data than {prep.dataset} (fingerprint {prep.fingerprint}); its captions are not scored against these references")
+    if not f.exists():
+        if kept["keys"] != list(prep.test.keys): raise CapbookError(f"{rec['_published']}: captions of other test images than {prep.dataset}'s")
+        return image_stats(kept["keys"], kept["words"], prep.test.refs, prep.gt)
+    cache = d / f"image_stats-{which}-{stable_hash([file_digests([f], 'test captions'), prep.fingerprint, package_hash()], 12)}.npz"
+    if cache.exists():
+        with np.load(cache) as z: return {k: z[k] for k in z.files}
+    cap = load_torch(f, "test captions")
+    if list(cap["keys"]) != list(prep.test.keys): raise CapbookError(f"{f}: captions of other test images than {prep.dataset}'s")
+    st = image_stats(list(prep.test.keys), cap["words"], prep.test.refs, prep.gt)
+    def write(t: Path):
+        with open(t, "wb") as fh: np.savez(fh, **st)
+    atomic_write(cache, write)
+    return st
+
+SEED_METRICS = {"CIDEr": "CIDEr", "semantic F1": "F1 all"}   # the spread over seeds a table shows: metric -> results_row column
+
+def seed_cells(rec: dict, which: str | None = None) -> dict:
+    "A table row's spread over training seeds: the number of seeds and the sample standard deviation (×100) of CIDEr and semantic F1 ('—' with one seed)."
+    from capbook.metrics import results_row
+    runs = rec.get("seed_runs", [rec])
+    rows = [results_row(record_stage(r, which or ("scst" if "stages" in r else "xe"))["metrics"]) for r in runs]
+    sd = lambda c: f"{np.std([r[c] for r in rows], ddof=1):.1f}" if len(rows) > 1 and all(c in r for r in rows) else "—"
+    return {"seeds": len(runs), **{f"{m} sd": sd(c) for m, c in SEED_METRICS.items()}}
+
+def stage_best(rec: dict, which: str = "scst") -> str:
+    "A stage's own best validation CIDEr (×100) per seed against the score it started from, from its records' histories: what a stage that kept its start reached."
+    runs = rec.get("seed_runs", [rec])
+    pairs = []
+    for r in runs:
+        val = [100 * e["val CIDEr"] for e in r["stages"][which]["history"] if "val CIDEr" in e]
+        if val: pairs.append(f"{max(val[1:], default=float('nan')):.1f} vs {val[0]:.1f}")
+    return "its best validation CIDEr against its start's: " + ", ".join(pairs) if pairs else ""
