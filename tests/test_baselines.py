@@ -202,7 +202,7 @@ def test_stage_of_a_record():
 
 
 def test_baseline_records_stop_on_other_data(monkeypatch):
-    import capbook.results as B
+    import capbook.records as B
     steps = {("b", ""): B.Step("06_baselines", {"profile": "smoke"}), ("b", "nic"): B.Step("06_baselines", {}, "nic")}
     recs = {("b", ""): {"data": {"fingerprint": "aaa"}}, ("b", "nic"): {"data": {"fingerprint": "aaa"}}}
     monkeypatch.setattr(B, "compared_runs", lambda profile, wanted: (steps, recs))

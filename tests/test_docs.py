@@ -257,7 +257,7 @@ def test_a_readers_copy_refreshed_in_place_keeps_its_outputs_and_parameters_note
     from pathlib import Path
     from capbook.docs import copy_current, reader_notebook, refresh_copy
     root = Path(__file__).parent.parent
-    copy_path, src_path = root / "figures" / "notebooks" / "02a_soft_vs_hard.ipynb", root / "nbs" / "02a_soft_vs_hard.ipynb"
+    copy_path, src_path = root / "figures" / "notebooks" / "01_dataset.ipynb", root / "nbs" / "01_dataset.ipynb"
     write = lambda nb: (buf := io.StringIO(), nbformat.write(nb, buf))[0].getvalue()
     same = reader_notebook(refresh_copy(nbformat.read(copy_path, as_version=4), src_path))
     assert write(same) == copy_path.read_text()
@@ -309,7 +309,7 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
 def test_a_kernel_that_loads_the_model_registry_imports_no_notebook_reader():
     "Every chapter's kernel loads the registry (`capbook.profiles.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` reads one."
     import subprocess
-    code = ("import sys, capbook.runner as r; r.chapters(); import capbook.docs as d; "
+    code = ("import sys, capbook.profiles as r; r.chapters(); import capbook.docs as d; "
             "print(sorted(m for m in ('nbformat', 'jsonschema') if m in sys.modules)); "
             "d.nbformat.v4.new_notebook(); print(sorted(m for m in ('nbformat', 'jsonschema') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

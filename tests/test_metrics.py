@@ -3,6 +3,7 @@ import shutil
 import pytest
 import torch
 import capbook.metrics as M
+import capbook.claims as CL
 from capbook.decode import Caption
 from capbook.data import Vocab
 
@@ -114,14 +115,14 @@ def test_paired_verdicts():
 def test_the_verdict_rule_is_wrong_at_most_5_percent_of_the_time_in_every_setting_the_book_works_in():
     # no true difference: unequal seed spreads (ratio 1-8), 3 vs 3, 3 vs 5, 5 vs 3 and 5 vs 5 seeds, seed x image and
     # model x image effects, skewed per-image scores; 10,000 trials a setting (Monte-Carlo se about 0.2 points)
-    for r in M.size_sweep(trials=10_000, images=300):
+    for r in CL.size_sweep(trials=10_000, images=300):
         assert r["false verdicts"] <= 0.05 and r["mc 95%"][1] <= 0.055, r
 
 
 @pytest.mark.soak
 def test_the_verdict_rule_at_the_book_s_own_split_size():
     # the full sweep as 02b_protocol runs it: 1,000 images a split, 10,000 trials a setting
-    for r in M.size_sweep(trials=10_000):
+    for r in CL.size_sweep(trials=10_000):
         assert r["false verdicts"] <= 0.05 and r["mc 95%"][1] <= 0.055, r
 
 
@@ -133,13 +134,13 @@ def test_a_two_seed_part_beside_a_near_known_image_part_keeps_the_size():
     rng = np.random.default_rng(5)
     for r in (0.1, 0.25, 0.5, 1.0, 2.0):
         z, x = rng.standard_normal(400_000), rng.chisquare(2, 400_000) / 2      # the seeds' part, estimated on 2 df
-        V, df = M.pooled({"seeds 0": (x, 2.0), "model × image": (np.full_like(x, r), 999.0)}, 2.0)
+        V, df = CL.pooled({"seeds 0": (x, 2.0), "model × image": (np.full_like(x, r), 999.0)}, 2.0)
         size = np.mean(np.abs(z * np.sqrt(1 + r)) / np.sqrt(V) > t.ppf(0.975, df))
         assert size <= 0.05, (r, size)
 
 
 def test_the_verdict_rule_gains_power_with_seeds_and_difference():
-    power = {(S, d): M.simulate_verdicts((0.05, 0.05), (S, S), delta=d * 0.05, trials=1000, images=300)["holds"]
+    power = {(S, d): CL.simulate_verdicts((0.05, 0.05), (S, S), delta=d * 0.05, trials=1000, images=300)["holds"]
              for S in (3, 5) for d in (1, 3)}
     # the price of a safe size at 3 seeds: a 3-sd difference is found about a quarter of the time, with 5 seeds most of the time
     assert power[3, 1] < 0.1 < 0.2 < power[3, 3] < power[5, 3] and power[5, 3] > 0.7 and power[3, 1] < power[5, 1], power
@@ -152,14 +153,14 @@ def test_seed_t_test_against_the_variance_components_by_hand():
     img = rng.gamma(2.0, 0.5, 200)
     a = [img + s for s in (0.30, 0.10, 0.20)]          # every image shifted by a seed constant: no image part at all
     b = [img + s for s in (0.00, 0.05)]
-    r = M.seed_t_test(a, "CIDEr", b)
+    r = CL.seed_t_test(a, "CIDEr", b)
     va, vb = np.var([30, 10, 20], ddof=1) / 3, np.var([0, 5], ddof=1) / 2
     f = lambda nu: nu ** 2 / (nu + 4)                  # each part's degrees of freedom, corrected for small samples
     df = max(1, (va + vb) ** 2 / (va ** 2 / f(2) + vb ** 2 / f(1)))
     half = t.ppf(0.975, df) * np.sqrt(va + vb)
     assert r["value"] == pytest.approx(17.5) and r["df"] == pytest.approx(df) and r["parts"]["model × image"] == pytest.approx(0, abs=1e-9)
     assert (r["lo"], r["hi"]) == pytest.approx((17.5 - half, 17.5 + half)) and r["p"] == pytest.approx(2 * t.sf(17.5 / np.sqrt(va + vb), df))
-    with pytest.raises(M.CapbookError, match="seeds scored on"): M.seed_t_test(a, "CIDEr", [img[:-1]])
+    with pytest.raises(M.CapbookError, match="seeds scored on"): CL.seed_t_test(a, "CIDEr", [img[:-1]])
 
 
 def test_the_seed_x_image_noise_is_counted_once():
@@ -172,7 +173,7 @@ def test_the_seed_x_image_noise_is_counted_once():
     for _ in range(200):
         a = [img + rng.normal(0, 0.4, 1000) for _ in range(3)]
         b = [img + rng.normal(0, 0.4, 1000) for _ in range(3)]
-        r = M.seed_t_test(a, "CIDEr", b)
+        r = CL.seed_t_test(a, "CIDEr", b)
         parts.append(r["parts"]["model × image"]); dfs.append(r["df"])
     expected_seeds = 2 * 100 ** 2 * 0.4 ** 2 / 1000 / 3          # the seeds' part: sigma_e^2 / n per seed, both sides
     assert np.mean(parts) < 0.1 * expected_seeds and np.median(dfs) < 6, (np.mean(parts), np.median(dfs))
@@ -201,7 +202,7 @@ def test_linearised_bleu_matches_the_image_bootstrap():
     guess = np.stack([length - k for k in range(4)], 1)
     correct = np.floor(guess * rng.uniform(0.2, 0.9, (n, 1)) ** np.arange(1, 5))
     st = np.column_stack([length, length + rng.integers(-2, 3, n), guess, correct])
-    u = M.pseudo_values(st, "BLEU-4")
+    u = CL.pseudo_values(st, "BLEU-4")
     boot = M.resampled(st, "BLEU-4", M.draws(n, 4000, 0))
     assert u.mean() == pytest.approx(M.resampled(st, "BLEU-4", np.ones((1, n)))[0])
     assert np.var(u, ddof=1) / n == pytest.approx(np.var(boot), rel=0.1)

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 import torch
 from capbook import results as R
+from capbook import records as RC
 from capbook.plan import nbs_dir
 from capbook.results import plan_keys
 from capbook.models import REGISTRY
@@ -144,9 +145,9 @@ def test_a_change_to_the_scorer_changes_every_step_that_scores(base, monkeypatch
 def test_a_change_to_the_verdict_rule_changes_the_tables_chapters_and_no_run(base, monkeypatch):
     "The statistics' fingerprint enters only the steps that test claims: the tables chapters (whose verdicts README quotes) and the engine notebooks that define and exercise the statistics."
     K, keys = base
-    import capbook.metrics as M
-    t_test = M.seed_t_test
-    def patch(mp): mp.setattr(M, "seed_t_test", lambda *a, **k: {**(o := t_test(*a, **k)), "p": None if o.get("p") is None else min(1.0, 1.5 * o["p"])})
+    import capbook.claims as CL
+    t_test = CL.seed_t_test
+    def patch(mp): mp.setattr(CL, "seed_t_test", lambda *a, **k: {**(o := t_test(*a, **k)), "p": None if o.get("p") is None else min(1.0, 1.5 * o["p"])})
     changed = _changed_by(K, keys, monkeypatch, "stats", patch)
     runs, tables, engine = _roles(K)
     assert tables and tables <= changed and not changed & runs
@@ -242,28 +243,28 @@ def test_a_published_record_stands_in_for_its_run_folder(tmp_path, monkeypatch):
     alpha = [torch.softmax(torch.randn(len(w), 9), -1) for w in words[:2]] + [None]
     save_torch(d / "test_captions.pt", {"keys": list(prep.test.keys), "words": words, "alpha": alpha, "tokens": [[]] * 3, "grid": [3, 3]})
     save_torch(d / "distilling.pt", {"index": 2, "weights": torch.arange(4.0)})
-    here = R.run_captions(R.step_record("smoke", step))
+    here = RC.run_captions(RC.step_record("smoke", step))
     folder = tmp_path / "runs" / "smoke" / "figures"
-    made = R.publish_records("smoke", [step], folder)
+    made = RC.publish_records("smoke", [step], folder)
     assert made == {"records/06_baselines-nic.json.gz": step.name}
     first = (folder / "records" / "06_baselines-nic.json.gz").read_bytes()
-    R.publish_records("smoke", [step], folder)
+    RC.publish_records("smoke", [step], folder)
     assert (folder / "records" / "06_baselines-nic.json.gz").read_bytes() == first     # the same record, the same bytes
     import shutil; shutil.rmtree(d)
-    rec = R.step_record("smoke", step)
+    rec = RC.step_record("smoke", step)
     assert rec["_published"].endswith("06_baselines-nic.json.gz") and rec["metrics"] == {"CIDEr": 1.0}
     want = image_stats(list(prep.test.keys), words, prep.test.refs, prep.gt)
     got = stage_stats(rec, prep)
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
-    kept = R.run_captions(rec)                   # the figures' captions and attention: the same as from the run folder
+    kept = RC.run_captions(rec)                   # the figures' captions and attention: the same as from the run folder
     assert kept["words"] == here["words"] and kept["grid"] == [3, 3] and kept["alpha"][2] is None
     assert all(torch.equal(a, b) for a, b in zip(kept["alpha"][:2], here["alpha"][:2]))
     assert torch.allclose(kept["alpha"][0], alpha[0], rtol=2**-10, atol=1e-7)
-    assert torch.equal(R.run_file(rec, "distilling.pt", "Figure 3 data")["weights"], torch.arange(4.0))
+    assert torch.equal(RC.run_file(rec, "distilling.pt", "Figure 3 data")["weights"], torch.arange(4.0))
     elsewhere = tmp_path / "other_home" / step.name       # a run folder linked in from another home is the run's own folder,
     save_json(elsewhere / "record.json", {"notebook": "06_baselines", "params": step.params, "metrics": {"CIDEr": 2.0}})
     d.symlink_to(elsewhere, target_is_directory=True)     # not its published record
-    rec = R.step_record("smoke", step)
+    rec = RC.step_record("smoke", step)
     assert rec["metrics"] == {"CIDEr": 2.0} and "_published" not in rec and rec["_dir"] == str(d)
 
 
@@ -309,8 +310,8 @@ def test_no_row_of_the_published_book_ends_its_budget_still_rising():
     import re
     from capbook.profiles import late_gain, curve_end
     rows = {}
-    for f in sorted((nbs_dir().parent / "figures" / R.RECORDS).glob("*.json.gz")):
-        rows.setdefault(re.sub(r"-seed\d+$", "", f.name[:-len(".json.gz")]), []).append(late_gain(R.read_record(f)["history"]))
+    for f in sorted((nbs_dir().parent / "figures" / RC.RECORDS).glob("*.json.gz")):
+        rows.setdefault(re.sub(r"-seed\d+$", "", f.name[:-len(".json.gz")]), []).append(late_gain(RC.read_record(f)["history"]))
     assert len(rows) > 20 and sum(len(g) >= 3 for g in rows.values()) > 20
     waiting = lambda row: row.split("-")[0] in NOT_YET_REGENERATED
     assert {row: g for row, g in rows.items() if curve_end(g) == "still rising" and not waiting(row)} == {}
