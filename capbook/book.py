@@ -18,8 +18,8 @@ __all__ = ['SCST', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS', 'KE
            'chapter_status', 'chapter_table', 'results_table', 'verdict_tables', 'published_minutes', 'verdict_lines',
            'findings', 'one_chapter', 'book_time', 'fill_blocks', 'index_blocks', 'headline', 'readme_text',
            'readme_status', 'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'run_step', 'book_times',
-           'publish', 'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
-           'write_kernel_config']
+           'machines_line', 'publish', 'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock',
+           'run_book', 'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -197,9 +197,13 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
     return out
 
 def _timed_on(folder: Path) -> str:
-    "The machine the published time table names (its `Machine:` line), or what the book says of it where the table has none."
-    md = Path(folder) / "table_book_times.md"
-    m = re.search(r"^Machine: (.+?) \(", md.read_text(), re.M) if md.exists() else None
+    "The machine that measured most of the published time table's minutes (its `machine` column), else the one its `Machine:` line names, else what the book says of it where there is no table."
+    import pandas as pd
+    csv, md = Path(folder) / "table_book_times.csv", Path(folder) / "table_book_times.md"
+    df = pd.read_csv(csv) if csv.exists() else None
+    if df is not None and "machine" in df and df["machine"].notna().any():
+        return str(df.dropna(subset=["machine"]).groupby("machine")["minutes"].sum().idxmax())
+    m = re.search(r"^Machines?: (.+?) \(", md.read_text(), re.M) if md.exists() else None
     return m.group(1) if m else "a 2-core CPU"
 
 EXAMPLE = ("03_spca", {"kernel": 5})   # the README's one chapter run with other parameters: SPCA with 5×5 kernels
@@ -224,7 +228,7 @@ def book_time(folder: Path) -> str:
     left = [s for s in steps if s not in df.index]
     which = "every seed" if not left else f"the {len(steps) - len(left)} of its {len(steps)} steps timed so far"
     return (f"**Time.** The default book, {which}: {total / 60:.1f} hours of runs one after another, about "
-            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the machine that made it ({_timed_on(folder)}; "
+            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the machine that measured most of it ({_timed_on(folder)}; "
             "`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
 
 _BLOCK = re.compile(r"<!-- (\w+) -->\n.*?<!-- /\1 -->", re.S)
@@ -396,7 +400,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
         raise io_error(e.filename or out, e) from None
     except BaseException:
         _shutdown_warm(); raise
-    save_json(done, {"key": key, "seconds": time.time() - t0})
+    save_json(done, {"key": key, "seconds": time.time() - t0, "machine": cpu_name()})   # the time table names the machine of each step's minutes
     log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
     return out, True
 
@@ -405,16 +409,23 @@ PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a
 def book_times(profile: str, steps: list[Step], published: Path | None = None):
     "Where the book's time went: each step's notebook minutes (as it last ran), split into the phases its training run recorded; the rest is the notebook's own cells (tables, figures, intervals) and kernel start. `published`: a book's time table (its CSV) whose rows stand for the steps that have not run here (a partial book on a fresh clone keeps the other steps' minutes)."
     import pandas as pd
-    rows, kept = [], {}
+    rows, kept, before = [], {}, None
     if published is not None and Path(published).exists():
         kept = {r["step"]: r for r in pd.read_csv(published).to_dict("records")}
+        before = _timed_on(Path(published).parent)     # a table from before the machine column: the machine its line named
     for s in steps:
         d = runs_dir() / profile / s.name
         if not (d / "done.json").exists():
-            if s.name in kept: rows.append(kept[s.name])
+            if s.name in kept:
+                r = kept[s.name]
+                rows.append({**r, "machine": r["machine"] if isinstance(r.get("machine"), str) else before})
             continue
-        total = load_json(d / "done.json")["seconds"]
+        done = load_json(d / "done.json")
+        total = done["seconds"]
         rec = load_json(d / "record.json") if s.params and (d / "record.json").exists() else {}
+        # the machine whose minutes these are: as the step's run wrote it, else its record's, else (a run from before
+        # either kept one) the machine the published table named
+        machine = done.get("machine") or rec.get("machine", {}).get("cpu") or before or cpu_name()
         t = rec.get("timings", {})
         ph = {k[:-2]: t.get(k, 0.0) / 60 for k in PHASES}
         # the self-critical stages' training and validation minutes (inside train and val): what each SCST row costs
@@ -423,12 +434,20 @@ def book_times(profile: str, steps: list[Step], published: Path | None = None):
         # and validation minutes every process's; the step costs at least those (the time of a killed process is not its)
         total = max(total, 60 * sum(ph.values()))
         rows.append({"step": s.name, "minutes": total / 60, **ph, "rest": total / 60 - sum(ph.values()),
-                     "of it self-critical": scst, "captions / s": t.get("train_captions_per_s")})
+                     "of it self-critical": scst, "captions / s": t.get("train_captions_per_s"), "machine": machine})
     df = pd.DataFrame(rows)
     if "of it self-critical" in df: df["of it self-critical"] = df["of it self-critical"].fillna(0.0)   # rows kept from a table without it
-    if len(df): df = pd.concat([df, pd.DataFrame([{"step": "total (one after another)", **df.drop(columns=["step", "captions / s"]).sum()}])],
+    if len(df): df = pd.concat([df, pd.DataFrame([{"step": "total (one after another)", **df.drop(columns=["step", "captions / s", "machine"]).sum()}])],
                                ignore_index=True)
     return df
+
+def machines_line(times) -> str:
+    "The time table's last line: the machine its minutes were measured on, or each machine with its share where steps last ran on several."
+    by = times.dropna(subset=["machine"]).groupby("machine")["minutes"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+    if len(by) <= 1:
+        return f"Machine: {by.index[0] if len(by) else cpu_name()} (each step's minutes are as it last ran)."
+    return ("Machines: " + "; ".join(f"{m} ({r['sum']:,.1f} minutes, {int(r['count'])} step{'s' * (int(r['count']) != 1)})" for m, r in by.iterrows())
+            + ". Each step's minutes are as it last ran, on the machine its row names.")
 
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
@@ -448,7 +467,7 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     if len(times):
         md = save_table(times, dst / "table_book_times", floatfmt=".2f")
         atomic_write(dst / "table_book_times.md", lambda t: t.write_text(
-            md + f"\n\nMachine: {cpu_name()} (the one that published this table; each step's minutes are as it last ran).\n"))
+            md + f"\n\n{machines_line(times)}\n"))
         made_by |= {"table_book_times.md": BOOK_STEP, "table_book_times.csv": BOOK_STEP}
     made_by |= publish_records(profile, steps, dst)   # every chapter run's record, tagged runs' too: what a fresh clone reassembles from
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}

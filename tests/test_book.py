@@ -826,6 +826,28 @@ def test_a_partial_book_keeps_the_time_table_rows_of_the_steps_it_did_not_run(tm
     assert book_times("smoke", steps)["step"].tolist() == ["00a_shapes", "total (one after another)"]   # a whole book: its own runs
 
 
+def test_the_time_table_names_the_machine_of_each_steps_minutes(tmp_path, monkeypatch):
+    "Each row names the machine its minutes were measured on: as its run wrote it, else (a row kept from a table from before the column) the machine the old table's line named; the last line gives each machine's share, and the README's time sentence names the machine of most minutes."
+    import pandas as pd
+    from capbook.book import _timed_on, book_times, machines_line
+    from capbook.core import save_json
+    monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
+    steps = [Step("00_core"), Step("00a_shapes"), Step("00b_data")]
+    save_json(tmp_path / "runs" / "smoke" / "00a_shapes" / "done.json", {"key": "k", "seconds": 60.0, "machine": "Here CPU, 2 cores"})
+    save_json(tmp_path / "runs" / "smoke" / "00b_data" / "done.json", {"key": "k", "seconds": 30.0})      # from before the machine was kept
+    pd.DataFrame([{"step": "00_core", "minutes": 20.0}, {"step": "total (one after another)", "minutes": 20.0}]).to_csv(tmp_path / "t.csv", index=False)
+    (tmp_path / "t.md").write_text("| step |\n\nMachine: Old CPU, 2 cores (the one that published this table).\n")
+    (tmp_path / "table_book_times.md").write_text((tmp_path / "t.md").read_text())
+    (tmp_path / "t.csv").rename(tmp_path / "table_book_times.csv")
+    df = book_times("smoke", steps, tmp_path / "table_book_times.csv")
+    assert df["machine"].tolist()[:3] == ["Old CPU, 2 cores", "Here CPU, 2 cores", "Old CPU, 2 cores"] and pd.isna(df["machine"].iloc[3])
+    assert machines_line(df) == ("Machines: Old CPU, 2 cores (20.5 minutes, 2 steps); Here CPU, 2 cores (1.0 minutes, 1 step). "
+                                 "Each step's minutes are as it last ran, on the machine its row names.")
+    assert machines_line(df[df["step"] != "00a_shapes"]) == "Machine: Old CPU, 2 cores (each step's minutes are as it last ran)."
+    df.to_csv(tmp_path / "table_book_times.csv", index=False)
+    assert _timed_on(tmp_path) == "Old CPU, 2 cores"                       # the machine of most minutes
+
+
 
 def test_a_resumed_runs_time_row_counts_every_process_of_its_training(tmp_path, monkeypatch):
     "A run killed and resumed from its checkpoint: its last execution took 2 minutes, its training and validation 12 over both processes; the time table counts the 12 (never a negative rest)."
