@@ -48,7 +48,7 @@ def families(profile: str = "default", only: list[str] | None = None) -> list[Fa
 # %% ../nbs/00r_bench.ipynb
 def setup(fam: Family, device: str = "cpu", log: Callable[[str], None] = lambda s: None) -> dict:
     "The prepared data (with the chapter's inputs), the model, its objective and training config, for family `fam`."
-    from capbook.runner import chapter_data
+    from capbook.stages import chapter_data
     from capbook.profiles import model_hparams, train_config
     from capbook.models import build
     from capbook.objectives import objective_for
@@ -163,11 +163,11 @@ def alternatives(s: dict, batches: int = 8) -> dict:
     return {k: round(v, 1) for k, v in out.items()}
 
 def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: int = 2) -> float:
-    "Captions per second, all members together, of `k` runs of family setup `s` (seeds 0..k-1, each on its own batches) trained as one stacked model at its fixed shape (`capbook.train.StackedStep`)."
+    "Captions per second, all members together, of `k` runs of family setup `s` (seeds 0..k-1, each on its own batches) trained as one stacked model at its fixed shape (`capbook.stacked.StackedStep`)."
     import dataclasses, tempfile
     from pathlib import Path
     from capbook.models import build, hparams
-    from capbook.train import stack_runs
+    from capbook.stacked import stack_runs
     check_int("stacked", k, lo=1)
     prep, m0 = s["prep"], s["model"]
     cfg = dataclasses.replace(s["cfg"], log_every=0, progress=False)

@@ -136,7 +136,7 @@ def _stage_captions(folder: Path) -> str:
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."
-    from capbook.results import MANIFEST
+    from capbook.records import MANIFEST
     folder = Path(folder)
     made = {f: e["step"] for f, e in load_json(folder / MANIFEST)["files"].items()} if (folder / MANIFEST).exists() else {}
     return [(f, made.get(f.name)) for f in sorted(folder.glob("table_*_verdicts.csv"), key=lambda f: (made.get(f.name, ""), f.name))]
@@ -451,7 +451,7 @@ def machines_line(times) -> str:
 
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
-    from capbook.docs import keep_notebooks
+    from capbook.copies import keep_notebooks
     from capbook.results import BOOK_STEP, write_manifest
     from capbook.records import publish_records
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
@@ -477,8 +477,9 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
 def refresh_published(profile: str = "default", folder: Path | None = None) -> list[str]:
     "Bring every reader's copy in the book's folder whose step is current but that shows old prose or exported code up to today's notebook (`refresh_copy` on the copy itself, as publishing does on the executed notebook): a docstring or a paragraph republished without rerunning, where no run folder is at hand (a fresh clone). The manifest's hashes follow; returns the refreshed files."
     import nbformat
-    from capbook.docs import reader_notebook, refresh_copy
-    from capbook.results import MANIFEST, current, file_sha
+    from capbook.copies import reader_notebook, refresh_copy
+    from capbook.records import MANIFEST
+    from capbook.results import current, file_sha
     folder = Path(folder or out_dir(profile))
     todo = [r["file"] for r in current(profile, folder) if r["status"] == "shows old text"]
     for rel in todo:

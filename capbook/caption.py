@@ -50,7 +50,7 @@ def image_encoder(prep, params: dict) -> torch.nn.Module:
 def load_captioner(run: str | Path, device: str = "auto") -> tuple[Any, Any, torch.nn.Module]:
     "(model, prepared data, image encoder) of the run in `run`, each checked to be the one the run was trained with."
     from capbook.profiles import chapter, read_params
-    from capbook.runner import chapter_data
+    from capbook.stages import chapter_data
     from capbook.train import load_trained
     run = Path(run)
     rec = load_json(run / "record.json", "results record")

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--ckpt-every", type=int); t.add_argument("--batch-size", type=int)
     t.add_argument("--seed", type=int)
     fc = sub.add_parser("fit-chapter", help="train a chapter run's stages in its run folder (under torchrun: what a book step "
-                        "with several GPUs runs; capbook.runner.fit_stages)")
+                        "with several GPUs runs; capbook.stages.fit_stages)")
     fc.add_argument("notebook", help="the chapter's notebook, e.g. 02_show_attend_tell")
     fc.add_argument("run_dir", help="the run folder, holding the params.yaml its notebook wrote")
     d = sub.add_parser("docs", help="build the docs site from the last book's kept notebooks (no training) into "
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print("README.md " + ("changed" if changed else "is current"))
             return int(a.check and changed)
         elif a.cmd == "fit-chapter":
-            from capbook.runner import fit_stages
+            from capbook.stages import fit_stages
             fit_stages(a.notebook, a.run_dir)
         elif a.cmd == "rehearse":
             from capbook.rehearsal import rehearse, rehearsal_table, stage_main

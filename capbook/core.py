@@ -11,12 +11,20 @@ import numpy as np
 import torch
 
 # %% auto 0
-__all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'CapbookError', 'save_traceback', 'error_line', 'project_root', 'data_dir',
-           'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines', 'one_at_a_time',
-           'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml', 'load_torch',
-           'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest', 'seed_everything',
-           'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide', 'cpu_precision', 'progress',
-           'check_choice', 'check_int', 'check_float']
+__all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'Deferred', 'CapbookError', 'save_traceback', 'error_line', 'project_root',
+           'data_dir', 'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines',
+           'one_at_a_time', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml',
+           'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest',
+           'seed_everything', 'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide', 'cpu_precision',
+           'progress', 'check_choice', 'check_int', 'check_float']
+
+# %% ../nbs/00_core.ipynb
+class Deferred:
+    "A module imported where it is first used (`nbformat = Deferred('nbformat')`): every kernel of the book imports the rooms that read notebooks with the model registry, and nbformat brings jsonschema, whose format checker compiles its grammars as it is imported (about a second)."
+    def __init__(self, name: str): self._name = name
+    def __getattr__(self, attr: str):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):

@@ -4,22 +4,20 @@
 
 # %% ../nbs/00m_runner.ipynb 2
 from __future__ import annotations
-import contextlib, dataclasses, os, platform, time
+import dataclasses, os, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 import numpy as np
 import torch
-from .core import (CapbookError, code_version, cpu_name, get_device, io_error, io_errors_as_lines, load_torch, runs_dir,
-                          save_json, save_torch, save_yaml, seed_everything, stable_hash, cpu_precision)
+from .core import (CapbookError, code_version, cpu_name, get_device, io_error, runs_dir, save_json, save_torch, save_yaml,
+                          stable_hash, cpu_precision)
 from .metrics import measured
-from .profiles import (SCST_ARMS, SCST_WARMUP, Chapter, RunConfig, chapter, check_profile, decoding, model_hparams, read_params,
-                              scst_arms, train_config, train_procs)
+from .profiles import Chapter, RunConfig, chapter, check_profile, decoding, model_hparams, read_params, scst_arms, train_procs
+from .stages import chapter_setup, fit_under_torchrun, scst_start, self_critical, timed
 
 # %% auto 0
-__all__ = ['Run', 'start_run', 'ChapterRun', 'results_ids', 'save_test_captions', 'figure_pick', 'timed', 'self_critical',
-           'scst_setup', 'chapter_data', 'chapter_setup', 'scst_start', 'run_chapter', 'fit_stages',
-           'fit_under_torchrun', 'book_context']
+__all__ = ['Run', 'start_run', 'ChapterRun', 'results_ids', 'save_test_captions', 'figure_pick', 'run_chapter', 'book_context']
 
 # %% ../nbs/00m_runner.ipynb
 @dataclass
@@ -99,67 +97,6 @@ def figure_pick(ev: dict, gt: dict | None) -> int:
     return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
                  if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
 
-@contextlib.contextmanager
-def timed(phase: dict, key: str):
-    "Add the seconds the `with` block takes to `phase[key]` (a run's time per phase: data, test, measure, figure)."
-    t0 = time.time()
-    try: yield
-    finally: phase[key] = phase.get(key, 0.0) + time.time() - t0
-
-def self_critical(model, prep, p: Any, cfg: Any, ckpt_dir: Path, log: Callable[[str], None] = print,
-                  start: Path | None = None, baseline: str | None = None) -> tuple[Any, dict, dict]:
-    "Self-critical training after cross-entropy (Rennie et al. 2017): the one trainer with the `SelfCritical` objective (`baseline`: 'greedy' or 'mean', default the run's first arm's), from the weights the model holds, continuing the optimiser and weight average of the cross-entropy run's last checkpoint `start`; validated and selected greedily, as it trains; returns the fit and the test evaluations under the run's beam and greedy."
-    from capbook.train import fit
-    from capbook.metrics import evaluate
-    scfg, objective = scst_setup(prep, p, cfg, baseline)
-    log(f"self-critical training: {scfg.epochs} epochs, the best greedy validation CIDEr kept, "
-        f"5 samples per image, baseline {baseline or SCST_ARMS[p.scst_baseline][0]}, lr {scfg.lr:g} after a {SCST_WARMUP:g}-epoch warm-up, "
-        f"CIDEr-D document frequencies of {prep.train.n_images:,} training images")
-    fitted = fit(model, prep, scfg, ckpt_dir, log=log, objective=objective, start=start)
-    dev = get_device(p.device)
-    model.to(dev)
-    return (fitted, evaluate(model, prep, "test", beam_size=p.beam_size, device=dev, **decoding(p)),
-            evaluate(model, prep, "test", beam_size=1, device=dev, **decoding(p)))
-
-def scst_setup(prep, p: Any, cfg: Any, baseline: str | None = None) -> tuple[Any, Any]:
-    "The training config and objective of self-critical training after cross-entropy config `cfg`, for run parameters `p` (`baseline`: the arm's; default the run's first)."
-    from capbook.objectives import SelfCritical
-    from capbook.core import data_dir
-    # a constant small rate (Rennie et al.; ruotianluo's recipes), reached by a warm-up from the 0 cross-entropy's cosine
-    # ended at; whole images (one row each); validated greedily, as the stage trains and as the reference validates
-    # (its beam_size 1), the start validated first for the history, never kept: the stage's own best is its result;
-    # the protocol's rule: the whole budget trained, no early stop on a plateau a longer run climbs out of
-    scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=SCST_WARMUP, lr_gamma=1.0,
-                               metric="CIDEr", patience=0, val_beam=1, batch_order="image", max_words=0,
-                               validate_start=True, label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
-    objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=baseline or SCST_ARMS[p.scst_baseline][0],
-                             cache=data_dir() / "cider")
-    return scfg, objective
-
-@io_errors_as_lines
-def chapter_data(ch: Chapter, p: Any, device: str | None = None):
-    "The prepared data a run of chapter `ch` with parameters `p` trains on: on real data the chapter's paper's encoder unless `p.encoder` names one."
-    from capbook.prepare import prepare
-    encoder = p.encoder if p.encoder is not None or p.dataset == "shapes" else ch.encoder
-    return prepare(p.dataset, p.profile, seed=p.data_seed, data_path=p.data_path, encoder=encoder, device=device or p.device,
-                   weights=p.weights, regions=p.regions)
-
-def chapter_setup(ch: Chapter, p: Any, phase: dict | None = None, log: Callable[[str], None] = print) -> tuple:
-    "What a run of chapter `ch` with resolved parameters `p` trains: (prepared data, per-image inputs' record, model seeded with `p.seed`, training config); the data's time into `phase['data_s']`."
-    from capbook.models import build
-    name = ch.model(p)
-    with timed(phase if phase is not None else {}, "data_s"):
-        prep = chapter_data(ch, p)
-        log(prep.describe())
-        inputs = ch.inputs(prep, p, log) if ch.inputs else {}  # per-image inputs besides the features (attributes)
-    seed_everything(p.seed)
-    model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **model_hparams(name, p))
-    return prep, inputs, model, train_config(ch, p, name, prep.max_len)
-
-def scst_start(model, xe: Path) -> None:
-    "A self-critical arm's start: the cross-entropy run's (in checkpoint folder `xe`) selected weights."
-    model.load_state_dict(load_torch(xe / "best.pt", "cross-entropy checkpoint")["model"])
-
 def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
     from capbook.models import make_config
@@ -225,40 +162,6 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     if given.run_dir is None:                      # a reader's run by hand: where it falls among the book's own rows
         for line in book_context(notebook, p, ctx.record): log(line)
     return ctx
-
-# %% ../nbs/00m_runner.ipynb
-def fit_stages(notebook: str, run_dir: str | Path, log: Callable[[str], None] = print) -> None:
-    "Train every stage of the chapter run in `run_dir` (its `params.yaml`, as `run_chapter` wrote it): cross-entropy, then each self-critical arm from its selected weights — what `run_chapter` trains, without its evaluations. Under torchrun (`capbook fit-chapter`) each process calls it: the run's DDP training."
-    from capbook.core import load_yaml
-    from capbook.train import dist_info, fit
-    import torch.distributed as dist
-    ch, d = chapter(notebook), Path(run_dir)
-    known = {f.name for f in dataclasses.fields(ch.params)}
-    p = ch.resolve(ch.params(**{k: v for k, v in load_yaml(d / "params.yaml").items() if k in known}))
-    rank = dist_info()[0]
-    say = log if rank == 0 else (lambda s: None)             # one process speaks
-    prep, _, model, cfg = chapter_setup(ch, p, log=say)
-    fit(model, prep, cfg, d / "ckpt", log=say)
-    for arm, baseline in scst_arms(p) if p.scst_epochs else []:
-        scst_start(model, d / "ckpt")
-        scfg, objective = scst_setup(prep, p, cfg, baseline)
-        fit(model, prep, scfg, d / f"ckpt-{arm}", log=say, objective=objective, start=d / "ckpt" / "last.pt")
-    if dist.is_initialized(): dist.destroy_process_group()
-
-def fit_under_torchrun(notebook: str, run_dir: Path, procs: int, log: Callable[[str], None] = print) -> None:
-    "Train the chapter run in `run_dir` with `procs` processes under torchrun (`fit_stages`), its first process's lines logged as they come and kept in `run_dir/torchrun.log`; a failure stops in one line naming that log."
-    import subprocess, sys
-    log(f"training under torchrun: {procs} processes (DistributedDataParallel; a step's batch: {procs} x batch_size)")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "--no-python", sys.executable,
-           "-c", "import sys; from capbook.cli import main; sys.exit(main())", "fit-chapter", notebook, str(run_dir)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)) // procs))}
-    out = Path(run_dir) / "torchrun.log"
-    with open(out, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
-        for line in proc.stdout:
-            fh.write(line); fh.flush()
-            log(line.rstrip())
-    if proc.returncode:
-        raise CapbookError(f"{notebook}: its training under torchrun ({procs} processes) failed (exit status {proc.returncode}): see {out}")
 
 # %% ../nbs/00m_runner.ipynb
 _NOT_COMPARED = ("run_dir", "device", "seed")   # what a book row's seeds differ in, or what changes no number

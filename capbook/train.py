@@ -4,16 +4,13 @@
 
 # %% ../nbs/00i_train.ipynb 2
 from __future__ import annotations
-import contextlib, copy, math, os, random, shutil, time
+import contextlib, math, os, random, shutil, time
 from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 from typing import Callable
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call, grad, vmap
 from torch.nn.parallel import DistributedDataParallel as DDP
 from .core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
                           get_device, io_error, load_torch, package_hash, progress, save_torch, seed_everything,
@@ -24,10 +21,9 @@ from .objectives import CrossEntropy, Objective, objective_for
 from .decode import decode_split
 
 # %% auto 0
-__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STACKABLE', 'TrainConfig', 'lr_factor',
-           'ss_prob', 'val_score', 'check_vocab', 'dist_info', 'step_loss', 'train_step', 'WeightAverage', 'FitResult',
-           'Curves', 'step_key', 'fit', 'StackedStep', 'stacked_precision', 'fixed_shape', 'stack_runs', 'fit_stacked',
-           'load_trained', 'load_ensemble']
+__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'TrainConfig', 'lr_factor', 'ss_prob',
+           'val_score', 'check_vocab', 'dist_info', 'step_loss', 'train_step', 'WeightAverage', 'FitResult', 'Curves',
+           'step_key', 'fit', 'load_trained', 'load_ensemble']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -544,171 +540,6 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
         if any(not torch.equal(c, every[0]) for c in every): raise RuntimeError(f"DDP ranks diverged: {every}")
         dist.barrier()
     return _finish(run)
-
-# %% ../nbs/00i_train.ipynb
-STACKABLE = ("seed", "lr")   # the TrainConfig fields in which runs trained as one stacked model may differ
-
-class _Member(nn.Module):
-    "One run's model and objective as one module, for `functional_call`: its forward is `train_step`'s loss (`step_loss`)."
-    def __init__(self, model: CaptionModel, objective: Objective, device, precision: str):
-        super().__init__()
-        self.model, self.objective, self.device, self.precision = model, objective, device, precision
-    def forward(self, batch: dict):
-        return step_loss(self.model, self.objective, batch, self.device, self.precision)
-
-class StackedStep:
-    "The optimisation step of K runs of one architecture as one model: every weight (K, ...), the K gradients from one `vmap`-ed `grad`, each run's gradient-norm clipping, Adam and weight average; the runs' own modules, optimisers and averages become views of the stacked tensors, so that validation, checkpoints and records read each run as if it trained alone."
-    def __init__(self, runs: list[_Run], pad_to: tuple[int, int] | None = None):
-        self.runs, self.K, self.pad_to = runs, len(runs), pad_to
-        r0 = runs[0]
-        self.width = r0.data.train.caps.shape[1]                     # every caption padded to the split's longest
-        self.device, self.clip, self.betas, self.eps = r0.device, r0.cfg.clip, (0.9, 0.999), 1e-8
-        members = [_Member(r.model, r.objective, r.device, r.cfg.precision) for r in runs]
-        self.fn = copy.deepcopy(members[0])                          # the structure every member's weights run through
-        self.fn.objective.tensor_stats = True                        # terms as tensors: no host synchronisation in the step
-        stack = lambda named: {n: torch.stack([dict(named(m))[n].detach() for m in members]) for n, _ in named(self.fn)}
-        self.params, self.buffers = stack(lambda m: m.named_parameters()), stack(lambda m: m.named_buffers())
-        # each run's tensors become views of the stacked ones: what the stacked step writes, the run's own module holds
-        for k, m in enumerate(members):
-            for n, p in m.named_parameters(): p.data = self.params[n][k]
-            for n, b in m.named_buffers(): b.data = self.buffers[n][k]
-        # Adam's moments, stacked from each run's optimiser (zeros, or its checkpoint's), and given back as views
-        states = [[r.opt.state.get(p, {}) for p in r.model.parameters()] for r in runs]
-        names = ["model." + n for n, _ in r0.model.named_parameters()]
-        steps = {int(s["step"]) if s else 0 for st in states for s in st}
-        if len(steps) > 1: raise CapbookError(f"stacked runs must resume from one step: their optimisers stand at steps {sorted(steps)}")
-        self.t = steps.pop()
-        moment = lambda key, i, n: torch.stack([st[i][key] if st[i] else torch.zeros_like(self.params[n][0]) for st in states])
-        self.m = {n: moment("exp_avg", i, n) for i, n in enumerate(names)}
-        self.v = {n: moment("exp_avg_sq", i, n) for i, n in enumerate(names)}
-        self.t_tensor = torch.tensor(float(self.t))                 # the optimisers' shared step count (as torch's Adam keeps it)
-        for k, r in enumerate(runs):
-            for n, p in zip(names, r.model.parameters()):
-                r.opt.state[p] = {"step": self.t_tensor, "exp_avg": self.m[n][k], "exp_avg_sq": self.v[n][k]}
-        # the weight averages: stacked, and each run's a view of them
-        self.avg = self.live = None
-        if r0.avg is not None:
-            full = {**self.params, **self.buffers}
-            self.avg = [torch.stack([r.avg.avg[i] for r in runs]) for i in range(len(r0.avg.names))]
-            self.live = [full["model." + n] for n in r0.avg.names]
-            for k, r in enumerate(runs):
-                r.avg.avg, r.avg.live = [a[k] for a in self.avg], [v[k] for v in self.live]
-
-    def collate(self, batches: list[dict]) -> tuple[dict, dict]:
-        "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions and tokens, which no loss counts) to the largest, the rows to `pad_to[0]` where given, the captions always to the split's full width (as `draws='keyed'` alone: a model that folds (rows, tokens) into one dimension then draws the same keyed numbers); and what every member's batch shares, found on the host (`captions_per_image`, when all have the same)."
-        G = {captions_per_image(b["img"]) for b in batches}
-        static = {"captions_per_image": G.pop()} if len(G) == 1 and None not in G else {}
-        out = {}
-        for key, v0 in batches[0].items():
-            if not isinstance(v0, torch.Tensor): continue               # `refs`: read by self-critical training only
-            vs = [b[key] for b in batches]
-            size = [max(v.shape[d] for v in vs) for d in range(v0.dim())]
-            if key == "caps": size[1] = self.width
-            if self.pad_to:
-                if size[0] > self.pad_to[0]:
-                    raise CapbookError(f"a batch of {size[0]} captions exceeds the stacked step's fixed shape {self.pad_to}")
-                size[0] = self.pad_to[0]
-            pads = [[x for d in reversed(range(v.dim())) for x in (0, size[d] - v.shape[d])] for v in vs]
-            out[key] = torch.stack([F.pad(v, p) for v, p in zip(vs, pads)]).to(self.device)
-        if static and len(out["caps"][0]) % static["captions_per_image"]: static = {}   # padded rows must form whole images
-        return out, static
-
-    def grads(self, batch: dict, keys: torch.Tensor, static: dict | None = None):
-        "Every run's gradients (K, ...) and terms (K,) on the stacked `batch` (with `static`: what every member's batch shares), its draws from `keys` (K,)."
-        def member(params, buffers, b, key):
-            with keyed(key):
-                loss, stats = functional_call(self.fn, (params, buffers), ({**b, **(static or {})},))
-            return loss, (loss, stats)
-        with plain_paths():
-            return vmap(grad(member, has_aux=True), randomness="error")(self.params, self.buffers, batch, keys)
-
-    @torch.no_grad()
-    def update(self, g: dict, lrs: list[float]) -> None:
-        "Each run's gradient-norm clipping, Adam step (torch's single-tensor algorithm, rate per run) and weight average."
-        K, (b1, b2) = self.K, self.betas
-        per = lambda c, x: c.view(K, *[1] * (x.dim() - 1))          # a value per run (K,), against x (K, ...)
-        if self.clip:
-            # ||g||: (K,) over every parameter of each run; g * min(1, clip / (||g|| + 1e-6))
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x.flatten(1), dim=1) for x in g.values()], 1), dim=1)
-            coef = (self.clip / (norm + 1e-6)).clamp(max=1.0)
-            for x in g.values(): x.mul_(per(coef, x))
-        self.t += 1; self.t_tensor.fill_(self.t)
-        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        step_size = torch.tensor([lr / bc1 for lr in lrs], dtype=torch.float32, device=self.device)   # lr_k / (1 - b1^t): (K,)
-        for n, p in self.params.items():
-            m, v = self.m[n], self.v[n]
-            # m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
-            m.lerp_(g[n], 1 - b1); v.mul_(b2).addcmul_(g[n], g[n], value=1 - b2)
-            # theta <- theta - lr_k / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
-            p.add_((-per(step_size, m) * m) / (v.sqrt() / bc2 ** 0.5).add_(self.eps))   # addcdiv's order: (value * m) / denom
-        if self.avg is not None:
-            for r in self.runs: r.avg.t += 1
-            d = min(self.runs[0].avg.decay, (1 + self.runs[0].avg.t) / (10 + self.runs[0].avg.t))
-            torch._foreach_lerp_(self.avg, self.live, 1.0 - d)
-
-    def __call__(self, runs: list[_Run], batches: list[dict], lrs: list[float], where: str = "") -> list[dict]:
-        "One optimisation step of every run on its own batch: their terms, read after the step (the one host synchronisation)."
-        self.fn.train()
-        keys = torch.tensor([step_key(r.cfg.seed, r.step) for r in runs], device=self.device)
-        batch, static = self.collate(batches)
-        g, (loss, stats) = self.grads(batch, keys, static)
-        finite = torch.isfinite(loss).tolist()
-        if not all(finite):
-            k = finite.index(False)
-            raise CapbookError(f"loss is {loss[k].item()}{' at ' + where if where else ''} for the stacked run of seed {runs[k].cfg.seed}: "
-                               f"lower the learning rate (lr) or the gradient clip (clip); the last checkpoints are kept")
-        self.update(g, lrs)
-        cols = {"loss": loss.tolist(), **{n: v.tolist() for n, v in stats.items()}}
-        return [{n: c[k] for n, c in cols.items()} for k in range(self.K)]
-
-def stacked_precision(precision: str, device) -> str:
-    "The arithmetic of a stacked step: on the CPU float32 (torch's `vmap` has no backward for layer norm on bfloat16 inputs with float32 weights, which the CPU's autocast leaves mixed; CUDA's autocast runs layer norm in float32), elsewhere the run's own."
-    if torch.device(device).type != "cpu": return precision
-    if precision == "bf16": raise CapbookError("parameter precision='bf16' is invalid for stacked runs on the CPU: allowed values are 'auto' and 'fp32' (torch's vmap cannot differentiate the CPU's mixed bfloat16 layer norm)")
-    return "fp32"
-
-def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
-    "The largest batch of `data`'s training split under `cfg` (rows, caption tokens): the one shape a graph-ready step is padded to."
-    tr = data.train
-    if cfg.batch_order != "image": return cfg.batch_size, tr.caps.shape[1]
-    per = np.bincount(tr.cap_img)                                        # an image's captions, all in one batch
-    if per.min() == per.max():                   # whole images of G captions: a multiple of G, so padded rows form images too
-        return -(-cfg.batch_size // int(per[0])) * int(per[0]), tr.caps.shape[1]
-    return cfg.batch_size + int(per.max()) - 1, tr.caps.shape[1]
-
-def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-               log: Callable[[str], None] = print, fixed: bool = False) -> tuple[list[_Run], StackedStep]:
-    "The runs of `fit_stacked`, checked (one architecture, configs that differ only in `STACKABLE` fields, teacher-forced objectives) and set up, with the stacked step that trains them."
-    if not models: raise CapbookError("fit_stacked needs at least one model")
-    if len({len(models), len(cfgs), len(ckpt_dirs)}) > 1:
-        raise CapbookError(f"fit_stacked: {len(models)} models, {len(cfgs)} configs and {len(ckpt_dirs)} checkpoint folders differ in number")
-    kinds = {(m.name, type(m).__name__, repr(hparams(m) if m.name else None)) for m in models}
-    if len(kinds) > 1: raise CapbookError(f"stacked runs must be one architecture with one set of sizes: got {sorted(kinds)}")
-    cfgs = [replace(c, draws="keyed").check() for c in cfgs]
-    shared = lambda c: {k: v for k, v in asdict(c).items() if k not in STACKABLE}
-    for c in cfgs[1:]:
-        diff = sorted(k for k, v in shared(c).items() if shared(cfgs[0])[k] != v)
-        if diff: raise CapbookError(f"stacked runs may differ only in {', '.join(STACKABLE)}: they differ in {', '.join(diff)}")
-    if cfgs[0].ss_start >= 0: raise CapbookError(f"parameter ss_start={cfgs[0].ss_start}: scheduled sampling draws outside the keyed draws; train such runs apart")
-    rank, world, local = dist_info()
-    if world > 1: raise CapbookError("stacked runs train in one process: run them without torchrun")
-    device = get_device(cfgs[0].device)
-    cfgs = [replace(c, precision=stacked_precision(c.precision, device)) for c in cfgs]
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise CapbookError("stacked runs need bfloat16 or float32 arithmetic: this GPU would need float16's gradient scaler")
-    runs = [_Run(m, data, c, d, (metas or [None] * len(models))[i], log, None, rank, world, local, device)
-            for i, (m, c, d) in enumerate(zip(models, cfgs, ckpt_dirs))]
-    for r in runs:
-        if type(r.objective).outputs is not Objective.outputs:
-            raise CapbookError(f"{type(r.objective).__name__} is not teacher-forced: stacked runs train cross-entropy and hard attention's rule; train it apart")
-    return runs, StackedStep(runs, fixed_shape(data, cfgs[0]) if fixed else None)
-
-def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-                log: Callable[[str], None] = print, fixed: bool = False) -> list[FitResult]:
-    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`), as a captured graph needs."
-    runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed)
-    _loop(runs, step)
-    return [_finish(r) for r in runs]
 
 # %% ../nbs/00i_train.ipynb
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:

@@ -21,14 +21,15 @@
 # **The rooms.** `capbook` is a stack of modules, each importing only those below it (`tests/test_rooms.py` fails on
 # any import circle). At the bottom, `core` (this notebook) and the data: `shapes`, `data`, `encoders`, `prepare`. The
 # engine: `models` (the decoding interface and the registry), `attention`, `decode` (greedy, beam search and sampling:
-# the one home of each), `objectives`, `train` (the one trainer), `metrics` (the one evaluator) and beside it `claims`
-# (the verdict statistics: the seed-and-image test, Holm, `Claims`), and `viz` (the one plotting path). The papers:
-# `papers` (their published numbers), one module per paper (`sat`, `spca`, `ssa`, `glied`, `baselines`, with
-# `attributes`), each declaring its chapter in `profiles` (profiles, budgets, seeds, chapter declarations: the room
-# every room above reads). The book: `plan` (the steps), `records` (where a row's numbers are found), `runner` (one
-# chapter run), `results` (the keys and the published book's currency), `book` (the runner of the plan), `cluster`
-# (its SLURM executor, handed the step function it runs), `docs` (the site), and at the top `bench`, `rehearsal`,
-# `caption` and `cli`.
+# the one home of each), `objectives`, `train` (the one trainer) with `stacked` (several seeds as one stacked model),
+# `metrics` (the one evaluator) and beside it `claims` (the verdict statistics: the seed-and-image test, Holm,
+# `Claims`), and `viz` (the one plotting path). The papers: `papers` (their published numbers) and one module per
+# paper (`sat`, `spca`, `ssa`, `glied`, `baselines`, with `attributes`), each declaring its chapter in `profiles`
+# (profiles, budgets, seeds and chapter declarations: the room every room above reads). The book: `plan` (the steps),
+# `records` (where a row's numbers are found), `stages` (what a run trains, stage by stage), `runner` (one chapter
+# run), `results` (the keys and the published book's currency), `book` (the runner of the plan) and `cluster` (its
+# SLURM executor, handed the step function it runs); the site: `copies` (the reader's copies), `docs` (the site
+# build) and `browser` (pages seen as a reader sees them); at the top `bench`, `rehearsal`, `caption` and `cli`.
 
 # %%
 #| default_exp core
@@ -49,6 +50,16 @@ import torch
 # Every error a user can cause (a corrupt image, a malformed dataset file, an invalid notebook parameter) is raised
 # as a `CapbookError` whose message is a single line naming the file or parameter and what is allowed. The CLI
 # prints it as `error: ...` and exits with status 2; inside a notebook it is the last line of the traceback.
+
+# %%
+#| export
+class Deferred:
+    "A module imported where it is first used (`nbformat = Deferred('nbformat')`): every kernel of the book imports the rooms that read notebooks with the model registry, and nbformat brings jsonschema, whose format checker compiles its grammars as it is imported (about a second)."
+    def __init__(self, name: str): self._name = name
+    def __getattr__(self, attr: str):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
 
 # %%
 #| export

@@ -33,6 +33,7 @@ from capbook.core import CapbookError, atomic_write, check_choice, load_json, sa
 from capbook.data import to_device
 from capbook.decode import decode_split, teacher_forced, pad_captions, Caption
 
+
 # %% [markdown]
 # ## Caption metrics (pycocoevalcap)
 #
@@ -199,6 +200,7 @@ def coco_scores(gts: dict, res: dict, meteor: bool = True, spice: bool = True) -
             out["SPICE"] = float(Spice().compute_score(gts, res)[0])
     return out, notes
 
+
 # %% [markdown]
 # The service is an environment variable for the block's children, restored after it (no Java starts until a run
 # scores; inside `capbook book` this notebook runs under the book's own service):
@@ -209,6 +211,7 @@ _before = os.environ.get(METEOR_ENV)
 with meteor_service() as _svc:
     assert os.environ[METEOR_ENV] != _before and os.environ[METEOR_ENV].count("|") == 1 and _svc["served"] == 0
 assert os.environ.get(METEOR_ENV) == _before
+
 
 # %% [markdown]
 # ## Attention correctness (shapes)
@@ -254,6 +257,7 @@ def _peak_in(cell: int, grid, image_size, boxes) -> float:
     cy, cx = (cell // w + 0.5) * image_size / h, (cell % w + 0.5) * image_size / w
     return float(any(x0 <= cx < x1 + 1 and y0 <= cy < y1 + 1 for x0, y0, x1, y1 in boxes))   # pixel x covers [x, x+1)
 
+
 # %% [markdown]
 # ## Evaluating a model
 #
@@ -290,6 +294,7 @@ def evaluate(model, prep, split: str = "test", beam_size: int = 3, max_len: int 
 def measured(ev: dict) -> dict:
     "An evaluation's metrics as a results record keeps them."
     return {**ev["metrics"], **({"semantic": ev["semantic"], "attention": ev["attention"]} if "semantic" in ev else {})}
+
 
 # %% [markdown]
 # ## COCO results files: the captions in the form everyone reads
@@ -345,6 +350,7 @@ def score_results(results: str | Path, references: str | Path, split: str | None
     scores, notes = coco_scores(gts, res, meteor=meteor)
     return {"images": len(res), "metrics": scores, "notes": notes}
 
+
 # %%
 import json, tempfile
 _d = Path(tempfile.mkdtemp())
@@ -364,6 +370,7 @@ for bad, msg in [({"image_id": 0}, "found a JSON dict"), ([], "results list is e
     (_d / "bad.json").write_text(json.dumps(bad))
     try: score_results(_d / "bad.json", _d / "dataset_toy.json", split="test", meteor=False); raise AssertionError(bad)
     except CapbookError as e: assert msg in str(e) and "\n" not in str(e), (msg, e)
+
 
 # %% [markdown]
 # ## Attention on the same words for every model
@@ -387,6 +394,7 @@ def attention_on_references(model, prep, split: str = "test", device: torch.devi
     grid = getattr(model, "att_grid", prep.grid)
     scores = attention_correctness(out, data.keys, prep.gt, prep.vocab, grid, prep.image_size) if prep.gt is not None else {"n": 0}
     return out, scores
+
 
 # %% [markdown]
 # ## CIDEr-D as a reward
@@ -530,6 +538,7 @@ class CiderD:
         per = np.zeros((R, n)); np.add.at(per, pc, val)
         return 10.0 * per.mean(1) / np.maximum(m, 1)
 
+
 # %% [markdown]
 # ## How sure is a number? Bootstrap intervals over test images
 #
@@ -616,6 +625,7 @@ def bootstrap(stats: np.ndarray, metric: str, other: np.ndarray | None = None, r
         out["verdict"] = "holds" if lo > 0 else "does not hold" if hi < 0 else "cannot tell at this size"
     return out
 
+
 # %% [markdown]
 # A check against brute force on a tiny case: three candidate captions, and seven draws written out image by image.
 # For each draw, pycocoevalcap's own `BleuScorer` scores the drawn images (duplicates included) and the CIDEr and F1
@@ -680,6 +690,7 @@ def semantic_table(runs: dict[str, dict]):
     return pd.DataFrame([{"model": label, **{f"{c} {k.upper() if k != 'f1' else 'F1'}": 100 * m["semantic"][c][k]
                                              for c in SEMANTIC_CATEGORIES for k in ("p", "r", "f1")}}
                          for label, m in runs.items() if "semantic" in m])
+
 
 # %%
 _s, _n = coco_scores({1: ["a red circle", "a red circle above a blue square"], 2: ["two green stars"]},

@@ -30,6 +30,7 @@ import numpy as np
 from capbook.core import CapbookError, stable_hash
 from capbook.metrics import FROM_SUMS
 
+
 # %% [markdown]
 # ## Seeds and test images together: the seed is the unit of replication
 #
@@ -204,6 +205,7 @@ def compound_p(ps: list[float], all_parts: bool = True) -> float:
     "One p for a claim made of several tests: 'every part holds' is the intersection-union test, its p the largest; 'some part holds' is Bonferroni's, k times the smallest (at most 1)."
     return float(max(ps)) if all_parts else float(min(1.0, len(ps) * min(ps)))
 
+
 # %% [markdown]
 # A check of the decomposition on a case with every component known: two models, 3 seeds each, 400 images. The seed
 # parts and the model × image part are recovered from one draw to within their sampling error; a clear difference holds,
@@ -237,6 +239,7 @@ assert seed_means_t_test([3.0, 3.2, 3.1], [1.0, 1.1, 0.9])["verdict"] == "holds"
 assert compound_p([0.01, 0.04]) == 0.04 and compound_p([0.01, 0.04], all_parts=False) == 0.02
 print(f"{_r['verdict']}: {_r['value']:+.1f} [{_r['lo']:+.1f}, {_r['hi']:+.1f}], df {_r['df']:.1f}, p {_r['p']:.4f}; "
       f"parts {', '.join(f'{k} {v:.2f}' for k, v in _r['parts'].items())}; paired stage {_pr['value']:+.1f} [{_pr['lo']:+.1f}, {_pr['hi']:+.1f}]")
+
 
 # %% [markdown]
 # ### What the rule's error rate is: the rule on simulated runs
@@ -290,6 +293,7 @@ def size_sweep(trials: int = 10_000, base: float = 0.03, images: int = 1000, **k
     "`simulate_verdicts` with no true difference over the settings the book works in (`SIZE_SETTINGS`): model a's seed spread `ratio` times model b's (`base`, relative), 3 or 5 seeds a side."
     return [{"spread ratio": r, "seeds": f"{s[0]} vs {s[1]}",
              **simulate_verdicts((base * r, base), s, trials=trials, images=images, **kw)} for r, s in SIZE_SETTINGS]
+
 
 # %% [markdown]
 # With no true difference, 2,000 trials a setting here (the 10,000-trial sweep runs in `02b_protocol` and `make soak`):
@@ -483,6 +487,7 @@ def book_family(tables: dict, alpha: float = 0.05):
     out = pd.DataFrame(list(rows.values()), columns=["chapter", "claims", "verdict", "p", "Holm in its chapter"])
     out["Holm over the book"] = ["survives" if k else "does not survive" for k in holm(list(out["p"]), alpha)]
     return out.sort_values("p", kind="stable").reset_index(drop=True)
+
 
 # %% [markdown]
 # A chapter's claims through `Claims`: a difference well outside the seeds' spread holds and survives Holm's correction,

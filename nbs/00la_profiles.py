@@ -49,10 +49,12 @@ def out_dir(profile: str) -> Path:
     check_profile(profile)
     return project_root() / "figures" if profile == "default" else runs_dir() / profile / "figures"
 
+
 # %%
 try: check_profile("fast")
 except CapbookError as e: print(e); assert "'smoke', 'default', 'paper'" in str(e)
 assert out_dir("default").name == "figures" and out_dir("smoke").parts[-3:] == ("runs", "smoke", "figures")
+
 
 # %% [markdown]
 # ## Notebook parameters: declared once, checked by name
@@ -190,6 +192,7 @@ def parameters_source(cls: type) -> str:
         lines.append(f"{code:<{width}}  # {docs[f.name]}" if f.name in docs else code)
     return "\n".join(lines)
 
+
 # %% [markdown]
 # A typo in a papermill parameter stops the run; the generated cell renders every default:
 
@@ -199,6 +202,7 @@ try: read_params(RunConfig, _ns); raise AssertionError("a typo must stop the run
 except CapbookError as e: assert str(e).startswith("parameter epoch is unknown: known parameters are profile, dataset")
 assert read_params(RunConfig, {"In": [], "seed": 1}).seed == 1
 assert parameters_source(RunConfig).splitlines()[0].startswith("profile = 'default'") and "batch_size = 64" in parameters_source(RunConfig)
+
 
 # %% [markdown]
 # ## Chapters register themselves
@@ -276,6 +280,7 @@ def model_hparams(name: str, params: Any) -> dict:
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(s.config)
             if f.name not in s.preset and hasattr(params, f.name)
             and not (getattr(params, f.name) is None and f.default is not None)}
+
 
 # %% [markdown]
 # Show-Attend-Tell's chapter, for instance: its parameters dataclass renders its parameters cell, and a run's model
@@ -363,6 +368,7 @@ def train_procs() -> int:
     if not v.isdigit() or int(v) < 1:
         raise CapbookError(f"environment variable {TRAIN_PROCS}={v!r} is invalid: the processes a run trains with, a whole number of at least 1")
     return int(v)
+
 
 # %% [markdown]
 # Whether a row's budget was long enough, read off its seeds' validation curves: what a run gained in its last three

@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from capbook.profiles import SEEDS, check_profile, chapters
 
+
 # %% [markdown]
 # ## The plan, derived
 #
@@ -97,6 +98,7 @@ def chapter_steps(profile: str, notebook: str) -> dict[str, Step]:
     "The plan's runs of one chapter, by tag (each row's own run; `replicas` gives its repeats over seeds)."
     return {s.tag: s for s in plan(profile) if s.notebook == notebook and not s.replica}
 
+
 # %% [markdown]
 # The smoke plan: every notebook, the index first; Show-Attend-Tell's eight runs (the legacy recipe's included) and SPCA's ten, by tag.
 
@@ -105,6 +107,7 @@ import capbook.plan as _plan                               # the installed modul
 _p = _plan.plan("smoke")
 assert _p[0].notebook == "index" and {s.notebook for s in _p} == set(_plan.notebooks())
 assert len(_plan.chapter_steps("smoke", "02_show_attend_tell")) == 8 and len(_plan.chapter_steps("smoke", "03_spca")) == 10
+
 
 # %% [markdown]
 # ## Which runs a step reads
@@ -125,6 +128,7 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
     return [s for s in before if s.params and s.notebook != step.notebook
             and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
+
 
 # %%
 _steps = _plan.plan("smoke")

@@ -136,7 +136,7 @@ def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
         rec["files"] = {f: base64.b64encode((d / f).read_bytes()).decode() for f in RUN_FILES if (d / f).exists()}
         out = Path(folder) / RECORDS / f"{s.name}.json.gz"
         out.parent.mkdir(parents=True, exist_ok=True)
-        from capbook.docs import without_machine_paths
+        from capbook.copies import without_machine_paths
         text = without_machine_paths(json.dumps(rec, sort_keys=True))     # a record names no path of the machine that made it
         def write(t: Path, text=text):
             with open(t, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:

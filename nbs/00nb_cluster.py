@@ -188,7 +188,7 @@ except CapbookError as e: assert str(e) == f"{_cfg}: cpus must be a whole number
 #
 # A job given several GPUs (`gpus: N`, N > 1) sets `CAPBOOK_TRAIN_PROCS=N` for its step: the chapter run trains every
 # stage under `torchrun`, one process a GPU, and its kernel then evaluates the finished checkpoints
-# (`capbook.runner.fit_under_torchrun`). The host keys such a step apart from its one-process key
+# (`capbook.stages.fit_under_torchrun`). The host keys such a step apart from its one-process key
 # (`capbook.results.Keys`): DDP's batch is every process's, another computation, never published as the one-process
 # book's numbers.
 

@@ -88,7 +88,7 @@ def families(profile: str = "default", only: list[str] | None = None) -> list[Fa
 #| export
 def setup(fam: Family, device: str = "cpu", log: Callable[[str], None] = lambda s: None) -> dict:
     "The prepared data (with the chapter's inputs), the model, its objective and training config, for family `fam`."
-    from capbook.runner import chapter_data
+    from capbook.stages import chapter_data
     from capbook.profiles import model_hparams, train_config
     from capbook.models import build
     from capbook.objectives import objective_for
@@ -219,7 +219,7 @@ def step_profile(s: dict, batches: int = 4) -> dict:
 #   product k times as large and leaves the arithmetic per caption unchanged, so it can only win what a batch k times as
 #   large wins over the book's batch: the step at twice the batch bounds what two stacked seeds could gain. Measured:
 #   0.8–1.08x, so the book runs seeds side by side instead. `stacked_speed` (`capbook bench --stacked K`) now times
-#   the stacked step itself (`capbook.train.StackedStep`, at its fixed shape, in float32: `stacked_precision`): at the
+#   the stacked step itself (`capbook.stacked.StackedStep`, at its fixed shape, in float32: `stacked_precision`): at the
 #   default profile on this 2-core machine, K = 3 seeds together trained NIC at 2,437 captions/s against the eager
 #   step's 2,114 (bfloat16), GLIED 753 against 829, the spatial transformer 507 against 693, soft attention 450 against
 #   550, Up-Down 332 against 480 and the 2D-LSTM + SPCA 66 against 228. The stacked step takes the plain paths (no
@@ -237,11 +237,11 @@ def alternatives(s: dict, batches: int = 8) -> dict:
     return {k: round(v, 1) for k, v in out.items()}
 
 def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: int = 2) -> float:
-    "Captions per second, all members together, of `k` runs of family setup `s` (seeds 0..k-1, each on its own batches) trained as one stacked model at its fixed shape (`capbook.train.StackedStep`)."
+    "Captions per second, all members together, of `k` runs of family setup `s` (seeds 0..k-1, each on its own batches) trained as one stacked model at its fixed shape (`capbook.stacked.StackedStep`)."
     import dataclasses, tempfile
     from pathlib import Path
     from capbook.models import build, hparams
-    from capbook.train import stack_runs
+    from capbook.stacked import stack_runs
     check_int("stacked", k, lo=1)
     prep, m0 = s["prep"], s["model"]
     cfg = dataclasses.replace(s["cfg"], log_every=0, progress=False)

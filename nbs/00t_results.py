@@ -108,7 +108,7 @@ def code_cells(path: Path) -> list[str]:
 
 def notebook_code(path: Path) -> dict:
     "A notebook's code as its key sees it: the digest of the code cells it runs beyond the package's definitions, and where its exported cells stand (their code counts through the fingerprints)."
-    from capbook.docs import exported             # (imported here: capbook.docs brings nbformat, a second to import)
+    from capbook.copies import exported
     src = code_cells(path)
     layout = "".join("E" if exported(s) else "C" for s in src)
     return {"cells": stable_hash([cell_digest(s) for s, k in zip(src, layout) if k == "C"], 16), "layout": layout}
@@ -272,7 +272,7 @@ def budget(step) -> dict:
 def probe(step) -> dict:
     "The numerical fingerprint of what a chapter step trains: its model under its own training config on `probe_data`, then a beam decode."
     from capbook.profiles import decoding, model_hparams, scst_arms, train_config
-    from capbook.runner import scst_setup
+    from capbook.stages import scst_setup
     from capbook.models import build
     from capbook.train import fit
     from capbook.decode import decode_split
@@ -437,7 +437,7 @@ RUN_SHARED = ("scorer", "drawing")   # what a chapter's training run computes wi
 
 def shared_used(path: Path, run: bool = False, tables: bool = False) -> list[str]:
     "The shared probes (`SHARED_PROBES`) in the key of a step of notebook `path`: a training run's (`run`) the scorer and the drawing; a tables chapter's (`tables`: it tabulates earlier runs) all three; and any step's, those whose code the cells it runs name (`SHARED_NAMES`; its exported cells define code for others)."
-    from capbook.docs import exported
+    from capbook.copies import exported
     if tables: return list(SHARED_PROBES)
     code = " ".join(c for c in code_cells(path) if not exported(c))      # what it runs, not what it defines for others
     return [s for s in SHARED_PROBES if (run and s in RUN_SHARED) or any(re.search(rf"\b{n}\b", code) for n in SHARED_NAMES[s])]
@@ -601,7 +601,7 @@ MEASUREMENTS = {"table_rehearsal.md": _rehearsal_table_is_its_record}
 def current(profile: str = "default", folder: Path | None = None) -> list[dict]:
     "Every published item of the book at `profile` (in `folder`, default its output folder) with the step that made it and whether it is current under today's keys (see above)."
     from capbook.profiles import out_dir
-    from capbook.docs import copy_current
+    from capbook.copies import copy_current
     folder = Path(folder or out_dir(profile))
     m = load_json(folder / MANIFEST) if (folder / MANIFEST).exists() else {"files": {}, "steps": {}}
     K = plan_keys(profile, made=False, fresh=True)

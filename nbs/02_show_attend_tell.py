@@ -197,6 +197,7 @@ class SATConfig:
     @property
     def penalty_value(self) -> float: return (1.0 if self.attention == "soft" else 0.0) if self.penalty is None else self.penalty
 
+
 # %% [markdown]
 # ### The decoder
 #
@@ -281,6 +282,7 @@ def _sat(attention):
 
 sat_soft, sat_hard, sat_none = _sat("soft"), _sat("hard"), _sat("none")
 
+
 # %%
 #| export
 def quadrants(feats: torch.Tensor, grid: tuple[int, int], regions: tuple[int, int] = (2, 2)) -> torch.Tensor:
@@ -303,6 +305,7 @@ def worked_example(att: SoftAttention, regions: torch.Tensor, h: torch.Tensor, d
         freq = torch.bincount(hard.sample(alpha.expand(draws, -1)), minlength=len(regions)).float() / draws
     return {"regions": regions.float(), "scores": e, "alpha": alpha[0], "soft": soft[0], "sample": int(info["s"]),
             "hard": z[0], "logp_sample": float(info["logp_s"]), "entropy": float(info["entropy"]), "freq": freq, "draws": draws}
+
 
 # %% [markdown]
 # ## The chapter's runs

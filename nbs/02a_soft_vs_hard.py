@@ -61,6 +61,7 @@ stats = {tag: stage_stats(r, prep) for tag, r in recs.items()}      # per-image 
 pd.DataFrame([{"run": s.name, "parameters": s.params, "record": Path(r["_dir"]).name, "finished": r["finished"]}
               for s, r in zip(steps.values(), recs.values())])
 
+
 # %% [markdown]
 # ## Choosing λ_r on the validation split
 #
@@ -151,6 +152,7 @@ sem = semantic_table({"Soft-Attention": recs[""]["metrics"], "Hard-Attention": r
                       "No attention (mean context)": recs["none"]["metrics"]})
 if len(sem): display(Markdown(save_table(sem, run.path("table_sat_semantic"), floatfmt=".1f")))
 
+
 # %% [markdown]
 # ## Figure 3: the same image through the soft and the hard model
 #
@@ -172,6 +174,7 @@ fig3 = attention_rows([{"label": f"{name}-Attention", "image": images[pick], "wo
                           "alpha": caps[tag]["alpha"][pick], "grid": prep.grid} for tag, name in [("", "Soft"), (sel, "Hard")]],
                         run.path("fig_sat_figure3.png"))
 display(IPImage(filename=str(fig3)))
+
 
 # %% [markdown]
 # ## Figure 5: a mistake, and where the model looked
@@ -221,6 +224,7 @@ else:
                      + ", ".join(" ".join(v for v in (o['size'], o['colour'], o['shape']) if v)
                                  for o in prep.gt["images"][keys[i]]["objects"]) + "."))
     display(IPImage(filename=str(run.path("fig_sat_figure5.png"))))
+
 
 # %% [markdown]
 # ## §4.2.1 measured: the doubly stochastic penalty and the gating scalar

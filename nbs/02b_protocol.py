@@ -126,6 +126,7 @@ axes[0].set_ylabel("validation CIDEr"); axes[1].set_ylabel("% of validation capt
 for a in axes: a.set_xlabel("epochs trained"); a.grid(alpha=.3); a.legend(fontsize=8)
 fig.tight_layout(); save_figure(fig, run.path("fig_protocol_curves.png")); plt.show()
 
+
 # %% [markdown]
 # The table measures what a protocol is for, for each recipe: the spread of test scores over seeds, how much validation
 # CIDEr still moves between consecutive evaluations once the rate has decayed (the protocol: in the second half of its

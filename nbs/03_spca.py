@@ -236,6 +236,7 @@ def attention_weights(Ms: torch.Tensor | None) -> torch.Tensor | None:
     a = Ms.flatten(1)
     return a / a.sum(1, keepdim=True)
 
+
 # %% [markdown]
 # ## 1D-LSTM + SPCA
 #
@@ -309,6 +310,7 @@ def lstm1d_spca(cfg: SPCA1DConfig, vocab_size, feat_dim, grid):
                        cfg.att_dim or SATConfig.att_dim)
     sat = SATConfig(emb_dim=cfg.emb_dim, hidden_dim=cfg.hidden_dim, dropout=cfg.dropout, gate=cfg.gate, penalty=cfg.penalty)
     return ShowAttendTell(sat, vocab_size, feat_dim, grid, attention=att)
+
 
 # %% [markdown]
 # ## The 2D-latent-state LSTM (Dai et al. 2018), with and without SPCA
@@ -502,6 +504,7 @@ def lstm2d(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
 def lstm2d_spca(cfg: Latent2DConfig, vocab_size, feat_dim, grid):
     "2D-latent-LSTM + SPCA: the image input of every step is SPCA's context computed from the 2D state."
     return Latent2D(cfg, vocab_size, feat_dim, grid)
+
 
 # %% [markdown]
 # ## The chapter's runs

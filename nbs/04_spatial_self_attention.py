@@ -58,6 +58,7 @@ import pandas as pd
 from IPython.display import Image as IPImage, display
 from capbook.runner import run_chapter
 
+
 # %% [markdown]
 # ## Positions
 #
@@ -80,10 +81,12 @@ def sinusoid(n: int, d: int) -> torch.Tensor:
     pe[:, 1::2] = torch.cos(pos * freq[: d // 2])           # PE(pos, 2i+1)
     return pe
 
+
 # %%
 _pe = sinusoid(196, 8)
 assert _pe.shape == (196, 8) and torch.allclose(_pe[0], torch.tensor([0., 1, 0, 1, 0, 1, 0, 1]))
 assert torch.isclose(_pe[3, 2], torch.sin(torch.tensor(3 / 10000 ** (2 / 8))))
+
 
 # %% [markdown]
 # ## Layers
@@ -137,6 +140,7 @@ class DecoderLayer(nn.Module):
         z, w = self.inter(y, kv=inter_kv)
         y = self.n2(y + self.drop(z))
         return self.n3(y + self.drop(self.ff(y))), w
+
 
 # %% [markdown]
 # ## The model
@@ -262,6 +266,7 @@ def ssa(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "Springenberg et al. 2018: the spatial self-attention transformer (τ = √(d_len + d_attn) unless tau='standard')."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)
 
+
 # %% [markdown]
 # Incremental decoding equals the masked parallel decoder: the log-probabilities that `step` gives, word by word with
 # its key/value cache, are those of teacher forcing on the same caption, for both temperatures.
@@ -284,6 +289,7 @@ _out = _m(_b)
 assert _m.encoder_passes == 3 and _out["logits"].shape[:2] == (15, _caps.shape[1] - 1) and _out["alpha"].shape[-1] == 4
 _m.encoder_passes = 0; beam_search(_m, _f, beam_size=3, max_len=6)
 assert _m.encoder_passes == 3                                             # beams share the image's keys and values
+
 
 # %% [markdown]
 # ## How far the attention spreads
@@ -317,6 +323,7 @@ def inter_attention_spread(model: SpatialTransformer, feats: torch.Tensor, capti
     layers = [_spread(layer.inter.last, valid) for layer in model.dec]
     return {"layers": layers, "head_mean": _spread(model.dec[-1].inter.last.mean(1), valid[:, 0])}
 
+
 # %%
 _m.eval(); _sp = inter_attention_spread(_m, _f[:2], [[5, 6], [7]])
 _a = _m.dec[0].inter.last                                 # (2 captions, h, 3 positions, L = 4)
@@ -325,6 +332,7 @@ assert abs(_sp["layers"][0]["entropy"] - float((-(_rows * _rows.log()).sum(-1) /
 assert abs(_sp["layers"][0]["peak"] - float(_rows.amax(-1).mean())) < 1e-6 and len(_sp["layers"]) == 2
 _u = _spread(torch.full((1, 2, 4), 0.25), torch.ones(1, 2, dtype=torch.bool))
 assert abs(_u["entropy"] - 1) < 1e-6 and abs(_u["peak"] - 0.25) < 1e-6   # uniform weights: entropy 1, peak 1/L
+
 
 # %% [markdown]
 # ## The chapter's runs

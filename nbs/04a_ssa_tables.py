@@ -101,6 +101,7 @@ display(Markdown(
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
     "below Show-Attend-Tell: \"Further work has to be done to improve the model's performance\")."))
 
+
 # %% [markdown]
 # ## The temperature of Eq. 2
 #
@@ -137,6 +138,7 @@ display(Markdown(
     f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'], source=CLAIM_SOURCES[warmer])}.\n\n"
     + judged.note()))
 _ = save_table(judged.table(), run.path("table_ssa_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
+
 
 # %% [markdown]
 # ## Training time

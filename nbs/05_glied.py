@@ -512,7 +512,7 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   epoch and then follows the protocol's cosine — no inverse-square-root decay
 #   (the paper names Adam and a rate, no schedule; the warm-up is the peers' for transformers: `capbook.ssa.WARMUP`).
 # - **Self-critical training** (`scst_epochs`; `capbook.objectives.SelfCritical`) continues the cross-entropy run as
-#   ruotianluo's `self-critical.pytorch` does (`capbook.runner.self_critical`). It starts from the selected weights with
+#   ruotianluo's `self-critical.pytorch` does (`capbook.stages.self_critical`). It starts from the selected weights with
 #   the run's Adam moments and weight average, and its rate climbs over one epoch from the cosine's 0 to a constant
 #   5×10⁻⁵. It draws 5 samples per image and uses CIDEr-D with the training set's document frequencies and the end
 #   token counted. Two arms start from the same weights: the greedy caption's reward as baseline (Rennie et al.) and

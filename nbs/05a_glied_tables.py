@@ -196,6 +196,7 @@ fig.tight_layout(); save_figure(fig, run.path("fig_glied_scst.png")); plt.close(
 display(IPImage(filename=str(run.path("fig_glied_scst.png"))))
 display(Markdown(save_table(pd.DataFrame(rows), run.path("table_glied_scst"), floatfmt=".3f")))
 
+
 # %% [markdown]
 # ## Table 2: parameters, training time, inference speed
 #

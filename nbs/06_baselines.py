@@ -69,6 +69,7 @@ from IPython.display import Image as IPImage, display
 from capbook.runner import run_chapter
 from capbook.viz import stage_tables
 
+
 # %% [markdown]
 # ## The recurrent baselines' sizes
 #
@@ -98,6 +99,7 @@ def _mean_region(a: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None: return a.mean(1)
     m = mask.to(a.dtype)[..., None]                                       # (B, L, 1)
     return (a * m).sum(1) / m.sum(1).clamp_min(1)
+
 
 # %% [markdown]
 # ## Show and Tell (Vinyals et al. 2015) and the every-step LSTM
@@ -176,6 +178,7 @@ def lstm(cfg: NICConfig, vocab_size, feat_dim, grid):
     "GLIED Table 2's LSTM: one LSTM with the mean image feature beside every word (Lu et al. 2017's baseline)."
     return ShowAndTell(cfg, vocab_size, feat_dim, grid)
 
+
 # %% [markdown]
 # A check: the image reaches the words only through the first step's state in `nic`, and with every word in `lstm`.
 
@@ -186,6 +189,7 @@ for _name in ("nic", "lstm"):
     _mem, _st = _m.init_state({"feats": _a})
     assert (_st["h"].abs().sum() > 0) == (_name == "nic") and ("vg" in _mem) == (_name == "lstm")
     assert _m.step(torch.tensor([1, 1]), _mem, _st)[0].shape == (2, 9)
+
 
 # %% [markdown]
 # ## Att2in (Rennie et al. 2017)
@@ -245,6 +249,7 @@ class Att2in(CaptionModel):
 def att2in(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
     "Att2in (Rennie et al. 2017): attention into the LSTM's cell input only; with scst_epochs, the paper's SCST model."
     return Att2in(cfg, vocab_size, feat_dim, grid)
+
 
 # %% [markdown]
 # ## SCA-CNN (Chen et al. 2017)
@@ -350,6 +355,7 @@ def sca_cnn(cfg: SCAConfig, vocab_size, feat_dim, grid):
                     gate=False, penalty=0.0)
     return ShowAttendTell(sat, vocab_size, feat_dim, grid, attention=att)
 
+
 # %% [markdown]
 # A check: with a one-hot $\beta$, SCA-CNN's context is the chosen channel's α-weighted sum and nothing else; with a
 # uniform $\beta$ it is the α-weighted feature itself, at full scale.
@@ -365,6 +371,7 @@ assert _z.shape == (2, 4) and torch.allclose(_info["channel"].sum(1), torch.ones
 with torch.no_grad(): _sca.W_i_c.weight.zero_()          # equal channel scores: beta = 1/C, so C beta = 1
 _z, _al, _ = _sca(_V, _sca.precompute(_V), _h)
 assert torch.allclose(_z, torch.bmm(_al.view(2, 1, 6), _V).view(2, 4), atol=1e-6)   # the plain alpha-weighted feature
+
 
 # %% [markdown]
 # ## Up-Down (Anderson et al. 2018)
@@ -424,6 +431,7 @@ def updown(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
     "Up-Down (Anderson et al. 2018): the two-layer top-down attention LSTM, on grid or bottom-up region features."
     return UpDown(cfg, vocab_size, feat_dim, grid)
 
+
 # %% [markdown]
 # ## The Captioning Transformer (Zhu et al. 2018)
 #
@@ -454,6 +462,7 @@ def updown(cfg: RecurrentConfig, vocab_size, feat_dim, grid):
 def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
     "CT (Zhu et al. 2018): the book's transformer with no region encoder, six decoder blocks and τ = √d_attn."
     return SpatialTransformer(cfg, vocab_size, feat_dim, grid)
+
 
 # %% [markdown]
 # ## Self-critical training (Rennie et al. 2017) on the baselines
@@ -556,6 +565,7 @@ def baseline_records(profile: str, fingerprint: str | None = None) -> dict[str, 
             raise CapbookError(f"baseline runs {other} were trained on other data than this table's runs: "
                                f"run `capbook book --profile {profile}` again")
     return {tag: rec for (_, tag), rec in recs.items()}
+
 
 # %% [markdown]
 # ## Training and evaluation

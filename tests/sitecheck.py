@@ -5,7 +5,8 @@ import html as _html
 import re
 from pathlib import Path
 import nbformat
-from capbook.docs import ASSEMBLED, SCALE, TABLES_PAGE, Chromium
+from capbook.docs import ASSEMBLED, SCALE, TABLES_PAGE
+from capbook.browser import Chromium
 
 # an absolute path on a build machine: /work/…, /home/…, /root/…, /tmp/…, /Users/…, /mnt/…, /var/folders/…
 MACHINE_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:work|home|root|tmp|Users|mnt|var/folders|opt/conda)/[\w.-]")
@@ -194,7 +195,7 @@ def check_site(index: Path, kept: Path, browser: Chromium | None = None) -> dict
 def published_claims(folder: Path, notebook: str) -> list[str]:
     "The claims a notebook published in its `table_*_verdicts.csv`, each as its page should state it: the claim, then its verdict."
     import csv, json
-    from capbook.results import MANIFEST
+    from capbook.records import MANIFEST
     made = json.loads((folder / MANIFEST).read_text())["files"] if (folder / MANIFEST).exists() else {}
     return [f"{r['claim']}: {r['verdict']}" for f in sorted(folder.glob("table_*_verdicts.csv"))
             if made.get(f.name, {}).get("step") == notebook for r in csv.DictReader(f.open())]

@@ -10,7 +10,9 @@ import pytest
 
 import capbook.docs as docs
 from capbook.core import CapbookError
-from capbook.docs import Chromium, build_site, chromium_dom, chromium_screenshot, keep_notebooks, nbdev_directives, prepare_notebook
+from capbook.browser import Chromium, chromium_dom, chromium_screenshot
+from capbook.docs import build_site, nbdev_directives, prepare_notebook
+from capbook.copies import keep_notebooks
 
 pytestmark = pytest.mark.xdist_group("docs")        # one worker builds the module's site
 
@@ -175,7 +177,8 @@ def test_bad_inputs(tmp_path, monkeypatch):
     (tmp_path / "bad.ipynb").write_text("{oops")
     with pytest.raises(CapbookError, match="bad.ipynb: unreadable notebook"): build_site([tmp_path / "bad.ipynb"], tmp_path / "s")
     with pytest.raises(CapbookError, match="two pages would be named a"): build_site([nb_path, nb_path, nb_path], tmp_path / "s")
-    monkeypatch.setattr(docs, "_CHROMIUM", ("no-such-chromium",))
+    import capbook.browser as browser
+    monkeypatch.setattr(browser, "_CHROMIUM", ("no-such-chromium",))
     with pytest.raises(CapbookError, match="apt-get install chromium"): chromium_dom(nb_path)
 
 
@@ -255,7 +258,7 @@ def test_a_readers_copy_refreshed_in_place_keeps_its_outputs_and_parameters_note
     "A published reader's copy (no run folder at hand) brought up to a changed paragraph: the new text, the run's outputs and its one-line parameters note as they were; a copy already current is rewritten byte for byte."
     import json
     from pathlib import Path
-    from capbook.docs import copy_current, reader_notebook, refresh_copy
+    from capbook.copies import copy_current, reader_notebook, refresh_copy
     root = Path(__file__).parent.parent
     copy_path, src_path = root / "figures" / "notebooks" / "01_dataset.ipynb", root / "nbs" / "01_dataset.ipynb"
     write = lambda nb: (buf := io.StringIO(), nbformat.write(nb, buf))[0].getvalue()
@@ -289,7 +292,7 @@ def test_a_readers_copy_refreshed_in_place_keeps_its_outputs_and_parameters_note
 
 def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
     "A published text names no path of the machine, and the replacement stops at path boundaries: a temporary file's folder named tmp... is not replaced twice (`<tmp><tmp>...`), and /home/user2 is not /home/user."
-    from capbook.docs import _relative
+    from capbook.copies import _relative
     P = [("/work/main", "."), ("/work/main/.venv", "<python>"), ("/tmp", "<tmp>"), ("/home/user", "~")]
     cases = {"/tmp/tmpaqsmhbne/bad.yaml: line 1": "<tmp>/tmpaqsmhbne/bad.yaml: line 1",
              "/home/user2/x and /home/user/x": "/home/user2/x and ~/x",
@@ -298,7 +301,7 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
              "/var/tmp/x and /home/user.bak": "/var/tmp/x and /home/user.bak", "file:///tmp/a": "file://<tmp>/a"}
     assert {a: _relative(a, P) for a in cases} == cases
     assert _relative("/tmp/x", []) == "/tmp/x"
-    from capbook.docs import without_machine_paths    # a record made by another checkout's environment: its Python shown as <python>
+    from capbook.copies import without_machine_paths   # a record made by another checkout's environment: its Python shown as <python>
     other = {"jars not in /srv/clone2/.venv/lib/python3.11/site-packages/pycocoevalcap/spice/lib (x)":
              "jars not in <python>/lib/python3.11/site-packages/pycocoevalcap/spice/lib (x)",
              "'/opt/conda/lib/python3.12/site-packages'": "'<python>/lib/python3.12/site-packages'",
@@ -307,7 +310,7 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
 
 
 def test_a_kernel_that_loads_the_model_registry_imports_no_notebook_reader():
-    "Every chapter's kernel loads the registry (`capbook.profiles.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` reads one."
+    "Every chapter's kernel loads the registry (`capbook.profiles.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` or `capbook.copies` reads one."
     import subprocess
     code = ("import sys, capbook.profiles as r; r.chapters(); import capbook.docs as d; "
             "print(sorted(m for m in ('nbformat', 'jsonschema') if m in sys.modules)); "

@@ -1,4 +1,4 @@
-"""Stacked runs (`capbook.train.fit_stacked`): for every family, a stacked pair trains to what its two runs train alone,
+"""Stacked runs (`capbook.stacked.fit_stacked`): for every family, a stacked pair trains to what its two runs train alone,
 and the graph-ready step (fixed shapes, no host synchronisation) trains what the book's step trains."""
 import tempfile
 from dataclasses import replace
@@ -8,7 +8,8 @@ import torch
 from capbook.core import CapbookError
 from capbook.models import available, build, keyed, plain_paths
 from capbook.objectives import objective_for
-from capbook.train import TrainConfig, fit, fit_stacked, step_key
+from capbook.train import TrainConfig, fit, step_key
+from capbook.stacked import fit_stacked
 from test_speed import SMALL
 
 STEPS = 2
@@ -111,7 +112,8 @@ def test_stacked_runs_are_one_architecture_differing_in_numbers(data):
 
 def test_a_stacked_step_draws_only_from_its_keys(data):
     "Inside the stacked step a draw from torch's generator is an error, not a silent shared draw (`vmap`'s randomness='error')."
-    from capbook.train import StackedStep, _Run
+    from capbook.stacked import StackedStep
+    from capbook.train import _Run
     m = _model("nic", data, 0)
     run = _Run(m, data, replace(CFG, draws="keyed"), Path(tempfile.mkdtemp()), None, quiet, None, 0, 1, 0, torch.device("cpu"))
     step = StackedStep([run])

@@ -187,7 +187,7 @@ def test_the_self_critical_stage_continues_its_start_and_selects_greedily(monkey
     "runner.self_critical trains the whole budget on a rate warmed up to a constant, validated greedily, continuing the cross-entropy run's optimiser."
     import capbook.train, capbook.metrics
     from types import SimpleNamespace
-    from capbook.runner import self_critical
+    from capbook.stages import self_critical
     from capbook.profiles import SCST_WARMUP
     seen = {}
     monkeypatch.setattr(capbook.train, "fit", lambda model, prep, cfg, *a, **k: seen.update(cfg=cfg, **k))
