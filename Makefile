@@ -13,7 +13,7 @@ PROFILE ?= default
 JOBS ?= 2
 STAMP := $(VENV)/.capbook-installed
 
-.PHONY: book docs test test-fast soak lint hooks venv browser sync
+.PHONY: book docs test test-fast soak lint hooks venv browser sync gpu-check
 
 venv: $(STAMP)
 
@@ -69,3 +69,10 @@ sync: venv
 	$(BIN)/jupytext --sync nbs/*.ipynb
 	$(BIN)/nbdev_clean
 	$(BIN)/nbdev_export
+
+# On a machine with a CUDA GPU, with its own python3 and torch (no venv): every family's training speed alone, 32 seeds
+# stacked eagerly and captured as one CUDA graph, the captured step against the eager one, and why a capture fails.
+# Everything it prints, the JSON last, goes to $OUT/capture.log (OUT: the folder that comes back; runs/ otherwise).
+gpu-check:
+	mkdir -p $${OUT:-runs}; PYTHONUNBUFFERED=1 PYTHONPATH=.:$${PYTHONPATH} timeout $${GPU_CHECK_S:-500} python3 -c \
+	  'import sys; from capbook.cli import main; sys.exit(main())' bench --device cuda --capture --batches 8 2>&1 | tee $${OUT:-runs}/capture.log

@@ -14,9 +14,9 @@ from .profiles import check_profile
 
 # %% auto 0
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
-           'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'stacked_speed', 'TutorialDecoder',
-           'tutorial_speed', 'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times',
-           'gpu_table']
+           'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'stacked_runs', 'stacked_speed',
+           'capture_agreement', 'capture_diagnosis', 'sync', 'capture_bench', 'TutorialDecoder', 'tutorial_speed',
+           'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times', 'gpu_table']
 
 # %% ../nbs/00r_bench.ipynb
 @dataclass
@@ -162,31 +162,117 @@ def alternatives(s: dict, batches: int = 8) -> dict:
     out["batch_x2"] = train_speed(with_(batch_size=2 * s["cfg"].batch_size), max(1, batches // 2))
     return {k: round(v, 1) for k, v in out.items()}
 
-def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: int = 2) -> float:
-    "Captions per second, all members together, of `k` runs of family setup `s` (seeds 0..k-1, each on its own batches) trained as one stacked model at its fixed shape (`capbook.stacked.StackedStep`)."
-    import dataclasses, tempfile
+def stacked_runs(s: dict, k: int, capture: bool = False, tmp=None) -> tuple:
+    "`k` runs of family setup `s` (seeds 0..k-1, models built from those seeds) stacked at the fixed shape, in checkpoint folders under `tmp`; `capture`: as one captured CUDA graph (`capbook.stacked.CapturedStep`). Returns the runs, the step and a function that takes one step of every run on its next batch."
+    import dataclasses
     from pathlib import Path
     from capbook.models import build, hparams
     from capbook.stacked import stack_runs
     check_int("stacked", k, lo=1)
     prep, m0 = s["prep"], s["model"]
     cfg = dataclasses.replace(s["cfg"], log_every=0, progress=False)
+    models = []
+    for i in range(k):
+        torch.manual_seed(i)
+        models.append(build(m0.name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hparams(m0)))
+    runs, step = stack_runs(models, prep, [dataclasses.replace(cfg, seed=i, device=str(s["device"])) for i in range(k)],
+                            [Path(tmp) / str(i) for i in range(k)], log=lambda x: None, fixed=True, capture=capture)
+    its = [train_batches({**s, "cfg": r.cfg}) for r in runs]
+    return runs, step, lambda: step(runs, [next(i) for i in its], [cfg.lr] * k)
+
+def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: int = 2, capture: bool = False) -> float:
+    "Captions per second, all members together, of `k` runs of family setup `s` (seeds 0..k-1, each on its own batches) trained as one stacked model at its fixed shape (`capbook.stacked.StackedStep`); `capture`: every step one replayed CUDA graph (`CapturedStep`, captured in the warm-up)."
+    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        models = []
-        for i in range(k):
-            torch.manual_seed(i)
-            models.append(build(m0.name, len(prep.vocab), prep.feat_shape[1], prep.grid, **hparams(m0)))
-        runs, step = stack_runs(models, prep, [dataclasses.replace(cfg, seed=i, device=str(s["device"])) for i in range(k)],
-                                [Path(tmp) / str(i) for i in range(k)], log=lambda x: None, fixed=True)
-        its = [train_batches({**s, "cfg": r.cfg}) for r in runs]
-        take = lambda: step(runs, [next(i) for i in its], [cfg.lr] * k)
+        runs, step, take = stacked_runs(s, k, capture, tmp)
         for _ in range(warmup): take()
+        its = [train_batches({**s, "cfg": r.cfg}) for r in runs]
         work, best = [[next(i) for i in its] for _ in range(batches)], float("inf")
+        lrs = [r.cfg.lr for r in runs]
         for _ in range(rounds):
-            t0 = time.perf_counter()
-            for bs in work: step(runs, bs, [cfg.lr] * k)
-            best = min(best, time.perf_counter() - t0)
+            sync(s["device"]); t0 = time.perf_counter()
+            for bs in work: step(runs, bs, lrs)
+            sync(s["device"]); best = min(best, time.perf_counter() - t0)
     return sum(len(b["caps"]) for bs in work for b in bs) / best
+
+def capture_agreement(s: dict, k: int = 4, steps: int = 6) -> dict:
+    "The captured step against the eager one on a CUDA GPU: `k` runs of setup `s` trained `steps` steps from the same weights on the same batches, eagerly twice and captured once; the largest difference in any loss and any weight, eager against captured and eager against eager (how far two eager steps already part: the GPU's atomic sums)."
+    import tempfile
+    trained = []
+    for capture in (False, False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs, step, take = stacked_runs(s, k, capture, tmp)
+            losses = torch.tensor([[t["loss"] for t in take()] for _ in range(steps)])
+            trained.append((losses, [p.detach().clone() for p in step.params.values()]))
+    names = list(step.params)
+    def diff(a, b):
+        w = [(x - y).abs().max().item() for x, y in zip(a[1], b[1])]
+        return {"loss": (a[0] - b[0]).abs().max().item(), "weight": max(w), "at": names[w.index(max(w))]}
+    return {"steps": steps, "members": k, "captured_vs_eager": diff(trained[0], trained[2]), "eager_vs_eager": diff(trained[0], trained[1])}
+
+def capture_diagnosis(s: dict, k: int = 2) -> dict:
+    "Why a stacked step of setup `s` cannot be captured on a CUDA GPU (empty where it can): the capture's error, the operators dispatched last before it, and the first operator that synchronises with the host in an eager step (`torch.cuda.set_sync_debug_mode('error')`), with the innermost capbook line that called it."
+    import tempfile, traceback
+    from torch.utils._python_dispatch import TorchDispatchMode
+    class Ops(TorchDispatchMode):
+        def __init__(self): super().__init__(); self.seen = []
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func.overloadpacket)); return func(*args, **(kwargs or {}))
+    first = lambda e: (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, step, take = stacked_runs(s, k, True, tmp)
+        batch, static = step.collate([next(train_batches({**s, "cfg": r.cfg})) for r in runs])
+        keys = torch.arange(k, device=step.device)
+        ops = Ops()
+        try:
+            with ops: step.capture(batch, keys, static)
+            return out
+        except Exception as e:
+            out |= {"capture_error": first(e), "last_ops": ops.seen[-8:]}
+        torch.cuda.synchronize()
+        io = {"batch": batch, "keys": keys, "static": static}
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.autograd.detect_anomaly(check_nan=False): step.body(io)
+        except Exception as e:
+            frames = [f for f in traceback.extract_tb(e.__traceback__) if "capbook" in f.filename]
+            out |= {"sync_error": first(e), "sync_at": f"{frames[-1].filename.split('capbook/')[-1]}:{frames[-1].lineno} {frames[-1].line}" if frames else ""}
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return out
+
+def sync(device) -> None:
+    "Wait for a CUDA device's queued work (a timer's edge); nothing on the CPU."
+    if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
+
+def capture_bench(profile: str = "default", only: list[str] | None = None, k: int = 32, batches: int = 8, rounds: int = 2,
+                  device: str = "cuda", log: Callable[[str], None] = print) -> dict:
+    "On a CUDA GPU, every stackable family's training throughput (captions/s): one run eager (`train_speed`), `k` seeds stacked eagerly and as one captured graph (`stacked_speed`), whether the captured step agrees with the eager one (`capture_agreement`), and why capture fails where it does (`capture_diagnosis`)."
+    dev = str(get_device(device))
+    if torch.device(dev).type != "cuda": raise CapbookError(f"parameter device={device!r}: capturing steps needs a CUDA GPU, and this machine has none")
+    out = {"profile": profile, "device": dev, "name": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+           "stacked": k, "families": {}}
+    for fam in families(profile, only):
+        t0, row = time.perf_counter(), {"step": fam.step.name}
+        try:
+            s = setup(fam, dev)
+            row["train_captions_per_s"] = round(train_speed(s, batches, rounds), 1)
+            row["stacked_train_captions_per_s"] = round(stacked_speed(s, k, batches, rounds), 1)
+        except Exception as e:                        # not stackable (self-critical, scheduled sampling), or broken: says why
+            row["not_stacked"] = f"{type(e).__name__}: {str(e).strip()[:300]}"; out["families"][fam.model] = row
+            log(f"{fam.model:12s} not stacked: {row['not_stacked']}"); continue
+        try:
+            row["captured_train_captions_per_s"] = round(stacked_speed(s, k, batches, rounds, capture=True), 1)
+            row["agreement"] = capture_agreement(s)
+        except Exception as e:
+            row["capture_failed"] = capture_diagnosis(s) or {"error": str(e).splitlines()[0][:300]}
+        out["families"][fam.model] = row
+        cap = (f"captured {row['captured_train_captions_per_s']:.0f} (captured vs eager: {row['agreement']['captured_vs_eager']})"
+               if "agreement" in row else f"capture failed: {row['capture_failed']}")
+        log(f"{fam.model:12s} {row['train_captions_per_s']:7.0f} captions/s alone, {k} stacked {row['stacked_train_captions_per_s']:.0f}, "
+            f"{cap}  [{time.perf_counter() - t0:.0f} s]")
+    return out
 
 # %% ../nbs/00r_bench.ipynb
 class TutorialDecoder(torch.nn.Module):

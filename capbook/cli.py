@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     be.add_argument("--alternatives", action="store_true", help="also time each family in fp32 and bf16, and at twice the batch")
     be.add_argument("--stacked", type=int, default=0, metavar="K", help="also time K seeds trained as one stacked model (the graph-ready step)")
+    be.add_argument("--capture", action="store_true", help="instead, on a CUDA GPU: each family alone, K seeds stacked (--stacked, "
+                    "default 32) eagerly and captured as one CUDA graph, the captured step against the eager one, and why a capture fails")
     be.add_argument("--against", metavar="REV", help="instead: time --family under commit REV and under this code in alternating "
                     "processes (families may override parameters: lstm2d_spca/kernel=5)")
     be.add_argument("--rounds", type=int, default=3, help="with --against: alternating rounds per code (the fastest kept)")
@@ -185,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                 from capbook.bench import versus
                 if not a.family: raise CapbookError("parameter family is missing: --against times the families named by --family")
                 print(json.dumps(versus(a.against, a.family.split(","), a.profile, a.batches, a.rounds, log=lambda s: print(s, flush=True)))); return 0
+            if a.capture:
+                from capbook.bench import capture_bench
+                print(json.dumps(capture_bench(a.profile, a.family.split(",") if a.family else None, a.stacked or 32, a.batches,
+                                               device=a.device, log=lambda s: print(s, flush=True)))); return 0
             if a.chapters:
                 print(json.dumps(chapter_times(a.chapters, a.profile, a.device, log=lambda s: print(s, flush=True)))); return 0
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
@@ -211,6 +217,7 @@ EXAMPLES = """examples:
   capbook bench --family sat_soft,lstm2d_spca           training captions/s and beam images/s of model families
   capbook bench --against main --family lstm2d,lstm2d_spca/kernel=5   ... under an earlier commit and now, alternating
   capbook bench --device cuda --stacked 32             ... and of 32 seeds trained as one stacked model on a GPU
+  capbook bench --device cuda --capture --batches 8   ... 32 seeds stacked, eager and as one captured CUDA graph
   capbook train --model sat_soft --run-dir runs/mine    train one registered model outside the notebooks (torchrun too)
   capbook rehearse --scale 0.01                         the real-data path on a generated data set of COCO's shape
   capbook params; capbook readme                        regenerate the parameters cells and README.md"""

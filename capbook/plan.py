@@ -4,10 +4,11 @@
 
 # %% ../nbs/00ma_plan.ipynb 2
 from __future__ import annotations
-import ast, re
+import ast, json, re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from .core import CapbookError
 from .profiles import SEEDS, check_profile, chapters
 
 # %% auto 0
@@ -42,8 +43,18 @@ def notebooks() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _nb_defaults(path: str, mtime: float) -> dict:
-    import papermill as pm
-    return {k: ast.literal_eval(v["default"]) for k, v in pm.inspect_notebook(path).items()}
+    "The values assigned in the notebook's cell tagged `parameters` (the cell papermill overrides), read from its JSON: what `papermill.inspect_notebook` reads, without papermill (a GPU machine's bare Python plans too)."
+    try: cells = json.loads(Path(path).read_text())["cells"]
+    except (OSError, ValueError, KeyError, TypeError) as e: raise CapbookError(f"{path}: not a readable notebook ({e})") from None
+    cell = next((c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None: return {}
+    src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    out = {}
+    for node in ast.parse(src).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+            out[target.id] = ast.literal_eval(node.value)
+    return out
 
 def nb_defaults(notebook: str) -> dict:
     "The default values of a notebook's `parameters` cell."

@@ -4,6 +4,7 @@
 
 # %% ../nbs/00ia_stacked.ipynb 2
 from __future__ import annotations
+import contextlib
 import copy
 from dataclasses import asdict, replace
 from typing import Callable
@@ -19,7 +20,8 @@ from .objectives import Objective
 from .train import FitResult, TrainConfig, _finish, _loop, _Run, dist_info, step_key, step_loss
 
 # %% auto 0
-__all__ = ['STACKABLE', 'StackedStep', 'stacked_precision', 'fixed_shape', 'stack_runs', 'fit_stacked']
+__all__ = ['STACKABLE', 'StackedStep', 'autocast_uncached', 'CapturedStep', 'stacked_precision', 'fixed_shape', 'stack_runs',
+           'fit_stacked']
 
 # %% ../nbs/00ia_stacked.ipynb
 STACKABLE = ("seed", "lr")   # the TrainConfig fields in which runs trained as one stacked model may differ
@@ -98,9 +100,19 @@ class StackedStep:
         with plain_paths():
             return vmap(grad(member, has_aux=True), randomness="error")(self.params, self.buffers, batch, keys)
 
+    def advance(self, lrs: list[float]) -> tuple[list[float], float, float | None]:
+        "On the host, the optimisers' next step count t and what it gives each step: every run's lr_k / (1 - b1^t), sqrt(1 - b2^t), and the weight average's 1 - d (None without one)."
+        (b1, b2), w = self.betas, None
+        self.t += 1; self.t_tensor.fill_(self.t)
+        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        if self.avg is not None:
+            for r in self.runs: r.avg.t += 1
+            w = 1.0 - min(self.runs[0].avg.decay, (1 + self.runs[0].avg.t) / (10 + self.runs[0].avg.t))
+        return [lr / bc1 for lr in lrs], bc2 ** 0.5, w
+
     @torch.no_grad()
-    def update(self, g: dict, lrs: list[float]) -> None:
-        "Each run's gradient-norm clipping, Adam step (torch's single-tensor algorithm, rate per run) and weight average."
+    def adam(self, g: dict, step_size: torch.Tensor, sqrt_bc2, avg_w) -> None:
+        "Each run's gradient-norm clipping, Adam step (torch's single-tensor algorithm) and weight average, with `advance`'s numbers: `step_size` (K,) on the device; `sqrt_bc2` a number, or a 0-dim device tensor holding its float32 reciprocal (as a captured step keeps it); `avg_w` likewise a number or a 0-dim device tensor."
         K, (b1, b2) = self.K, self.betas
         per = lambda c, x: c.view(K, *[1] * (x.dim() - 1))          # a value per run (K,), against x (K, ...)
         if self.clip:
@@ -108,19 +120,25 @@ class StackedStep:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x.flatten(1), dim=1) for x in g.values()], 1), dim=1)
             coef = (self.clip / (norm + 1e-6)).clamp(max=1.0)
             for x in g.values(): x.mul_(per(coef, x))
-        self.t += 1; self.t_tensor.fill_(self.t)
-        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        step_size = torch.tensor([lr / bc1 for lr in lrs], dtype=torch.float32, device=self.device)   # lr_k / (1 - b1^t): (K,)
         for n, p in self.params.items():
             m, v = self.m[n], self.v[n]
             # m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
             m.lerp_(g[n], 1 - b1); v.mul_(b2).addcmul_(g[n], g[n], value=1 - b2)
+            # sqrt(v / (1 - b2^t)): CUDA divides by a host number as a product with its float32 reciprocal, which a
+            # captured step holds on the device: the same arithmetic either way
+            root = v.sqrt() / sqrt_bc2 if isinstance(sqrt_bc2, float) else v.sqrt() * sqrt_bc2
             # theta <- theta - lr_k / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
-            p.add_((-per(step_size, m) * m) / (v.sqrt() / bc2 ** 0.5).add_(self.eps))   # addcdiv's order: (value * m) / denom
-        if self.avg is not None:
-            for r in self.runs: r.avg.t += 1
-            d = min(self.runs[0].avg.decay, (1 + self.runs[0].avg.t) / (10 + self.runs[0].avg.t))
-            torch._foreach_lerp_(self.avg, self.live, 1.0 - d)
+            p.add_((-per(step_size, m) * m) / root.add_(self.eps))      # addcdiv's order: (value * m) / denom
+        if self.avg is None: return
+        # avg <- avg + (1 - d) (live - avg)
+        if isinstance(avg_w, float): torch._foreach_lerp_(self.avg, self.live, avg_w)
+        else:
+            for a, live in zip(self.avg, self.live): a.lerp_(live, avg_w)
+
+    def update(self, g: dict, lrs: list[float]) -> None:
+        "One optimisation step of every run from its gradients `g` at rates `lrs`: `advance`, then `adam`."
+        step_size, sqrt_bc2, avg_w = self.advance(lrs)
+        self.adam(g, torch.tensor(step_size, dtype=torch.float32, device=self.device), sqrt_bc2, avg_w)
 
     def __call__(self, runs: list[_Run], batches: list[dict], lrs: list[float], where: str = "") -> list[dict]:
         "One optimisation step of every run on its own batch: their terms, read after the step (the one host synchronisation)."
@@ -128,14 +146,90 @@ class StackedStep:
         keys = torch.tensor([step_key(r.cfg.seed, r.step) for r in runs], device=self.device)
         batch, static = self.collate(batches)
         g, (loss, stats) = self.grads(batch, keys, static)
+        self.check_finite(runs, loss, where)
+        self.update(g, lrs)
+        return self.terms(loss, stats)
+
+    def check_finite(self, runs: list[_Run], loss: torch.Tensor, where: str) -> None:
+        "Stop, naming the run, where a member's loss is not finite (the step's one host synchronisation)."
         finite = torch.isfinite(loss).tolist()
         if not all(finite):
             k = finite.index(False)
             raise CapbookError(f"loss is {loss[k].item()}{' at ' + where if where else ''} for the stacked run of seed {runs[k].cfg.seed}: "
                                f"lower the learning rate (lr) or the gradient clip (clip); the last checkpoints are kept")
-        self.update(g, lrs)
+
+    def terms(self, loss: torch.Tensor, stats: dict) -> list[dict]:
+        "Each run's loss and terms as numbers, from the step's (K,) tensors."
         cols = {"loss": loss.tolist(), **{n: v.tolist() for n, v in stats.items()}}
         return [{n: c[k] for n, c in cols.items()} for k in range(self.K)]
+
+@contextlib.contextmanager
+def autocast_uncached():
+    "Autocast without its cache of cast weights, as CUDA graph capture needs (a cast cached at capture would be a tensor of the graph's pool read outside it); the casts are the same numbers."
+    old = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try: yield
+    finally: torch.set_autocast_cache_enabled(old)
+
+class CapturedStep(StackedStep):
+    "A `StackedStep` on a CUDA GPU whose gradients and update are captured once as one CUDA graph, at its fixed shape, and replayed at every step: a step is then one launch, after the batch, keys and `advance`'s numbers are copied into the graph's own tensors. The same arithmetic as the eager stacked step; one graph for each set of what the members' batches share (`static`)."
+    def __init__(self, runs: list[_Run], pad_to: tuple[int, int] | None, warmup: int = 3):
+        super().__init__(runs, pad_to)
+        if pad_to is None: raise CapbookError("a captured step needs one shape for every batch: stack the runs with fixed=True")
+        self.warmup, self.graphs = warmup, {}
+        f32 = dict(dtype=torch.float32, device=self.device)
+        # advance's numbers, on the device: lr_k / (1 - b1^t) (K,), 1 / sqrt(1 - b2^t) in float32, 1 - d
+        self.step_size, self.inv_sqrt_bc2, self.avg_w = torch.zeros(self.K, **f32), torch.zeros((), **f32), torch.zeros((), **f32)
+
+    def state(self) -> list[torch.Tensor]:
+        "Every tensor a step writes: weights, buffers, Adam's moments, weight averages."
+        return [*self.params.values(), *self.buffers.values(), *self.m.values(), *self.v.values(), *(self.avg or [])]
+
+    def numbers(self, lrs: list[float]) -> None:
+        "`advance`, and its numbers into the graph's tensors (before a replay)."
+        step_size, sqrt_bc2, avg_w = self.advance(lrs)
+        self.step_size.copy_(torch.tensor(step_size, dtype=torch.float32))
+        self.inv_sqrt_bc2.fill_(float(np.float32(1) / np.float32(sqrt_bc2)))   # CUDA's reciprocal of a host divisor
+        if avg_w is not None: self.avg_w.fill_(avg_w)
+
+    def body(self, io: dict) -> tuple:
+        "What the graph holds: the gradients on the graph's batch and keys, and the update; returns the terms (loss (K,), stats)."
+        g, (loss, stats) = self.grads(io["batch"], io["keys"], io["static"])
+        self.adam(g, self.step_size, self.inv_sqrt_bc2, self.avg_w if self.avg is not None else None)
+        return loss, stats
+
+    def capture(self, batch: dict, keys: torch.Tensor, static: dict) -> dict:
+        "Capture `body` on copies of `batch` and `keys` (the graph's inputs from then on), after `warmup` eager steps on a side stream (as capture needs) whose writes are then undone: returns the graph, its inputs and outputs."
+        if self.device.type != "cuda": raise CapbookError(f"a captured step needs a CUDA GPU: these runs train on {self.device}")
+        io = {"batch": {k: v.clone() for k, v in batch.items()}, "keys": keys.clone(), "static": static}
+        keep = [t.clone() for t in self.state()]
+        main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with autocast_uncached(), torch.cuda.stream(side):
+            for _ in range(self.warmup): self.body(io)
+        main.wait_stream(side)
+        with torch.no_grad():
+            for t, k in zip(self.state(), keep): t.copy_(k)
+        io["graph"] = torch.cuda.CUDAGraph()
+        with autocast_uncached(), torch.cuda.graph(io["graph"], capture_error_mode="thread_local"):
+            io["out"] = self.body(io)
+        return io
+
+    def __call__(self, runs: list[_Run], batches: list[dict], lrs: list[float], where: str = "") -> list[dict]:
+        "One optimisation step of every run on its own batch, replayed (captured at the first step of its kind): their terms, read after the step."
+        self.fn.train()
+        keys = torch.tensor([step_key(r.cfg.seed, r.step) for r in runs], device=self.device)
+        batch, static = self.collate(batches)
+        kind = tuple(sorted(static.items()))
+        if kind not in self.graphs: self.graphs[kind] = self.capture(batch, keys, static)
+        io = self.graphs[kind]
+        for k, v in batch.items(): io["batch"][k].copy_(v)
+        io["keys"].copy_(keys)
+        self.numbers(lrs)
+        io["graph"].replay()
+        loss, stats = io["out"]
+        self.check_finite(runs, loss, where)   # after the update, unlike the eager step: the checkpoints on disk are kept
+        return self.terms(loss, stats)
 
 def stacked_precision(precision: str, device) -> str:
     "The arithmetic of a stacked step: on the CPU float32 (torch's `vmap` has no backward for layer norm on bfloat16 inputs with float32 weights, which the CPU's autocast leaves mixed; CUDA's autocast runs layer norm in float32), elsewhere the run's own."
@@ -153,7 +247,7 @@ def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
     return cfg.batch_size + int(per.max()) - 1, tr.caps.shape[1]
 
 def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-               log: Callable[[str], None] = print, fixed: bool = False) -> tuple[list[_Run], StackedStep]:
+               log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False) -> tuple[list[_Run], StackedStep]:
     "The runs of `fit_stacked`, checked (one architecture, configs that differ only in `STACKABLE` fields, teacher-forced objectives) and set up, with the stacked step that trains them."
     if not models: raise CapbookError("fit_stacked needs at least one model")
     if len({len(models), len(cfgs), len(ckpt_dirs)}) > 1:
@@ -169,6 +263,7 @@ def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_d
     rank, world, local = dist_info()
     if world > 1: raise CapbookError("stacked runs train in one process: run them without torchrun")
     device = get_device(cfgs[0].device)
+    if capture and device.type != "cuda": raise CapbookError(f"parameter device={cfgs[0].device!r}: a captured step needs a CUDA GPU; train the stacked runs without capture")
     cfgs = [replace(c, precision=stacked_precision(c.precision, device)) for c in cfgs]
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise CapbookError("stacked runs need bfloat16 or float32 arithmetic: this GPU would need float16's gradient scaler")
@@ -177,11 +272,12 @@ def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_d
     for r in runs:
         if type(r.objective).outputs is not Objective.outputs:
             raise CapbookError(f"{type(r.objective).__name__} is not teacher-forced: stacked runs train cross-entropy and hard attention's rule; train it apart")
-    return runs, StackedStep(runs, fixed_shape(data, cfgs[0]) if fixed else None)
+    shape = fixed_shape(data, cfgs[0]) if fixed or capture else None
+    return runs, (CapturedStep if capture else StackedStep)(runs, shape)
 
 def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-                log: Callable[[str], None] = print, fixed: bool = False) -> list[FitResult]:
-    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`), as a captured graph needs."
-    runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed)
+                log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False) -> list[FitResult]:
+    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`); `capture` (on a CUDA GPU): so padded, and every step replayed as one captured CUDA graph (`CapturedStep`)."
+    runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed, capture)
     _loop(runs, step)
     return [_finish(r) for r in runs]

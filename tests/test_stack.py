@@ -146,3 +146,38 @@ def test_stacked_members_stop_early_on_their_own(data):
     for i in range(2):
         a, s = (torch.load(tmp / f"{w}{i}" / "last.pt", weights_only=True) for w in ("alone", "stacked"))
         assert a["finished"] and s["finished"] and (a["epoch"], a["batches_done"], a["step"]) == (s["epoch"], s["batches_done"], s["step"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sat_soft", "glied"])
+def test_the_captured_steps_body_computes_the_eager_step(name, data):
+    """What a CUDA graph captures (`CapturedStep.body`: the gradients and the update, with the step's numbers held in
+    tensors, as a replay reads them) trains what the eager stacked step trains, weights, Adam's moments and weight
+    averages, over three steps (run here on the CPU, where no graph can be captured; the GPU check replays it). On the
+    CPU a divisor held as a number and its float32 reciprocal held in a tensor round apart by an ulp (CUDA multiplies
+    by that reciprocal either way); the `noise` parameters move by Adam's amplified rounding."""
+    from capbook.stacked import CapturedStep, stack_runs
+    cfgs = [replace(CFG, seed=0, draws="keyed"), replace(CFG, seed=1, lr=2e-4, draws="keyed")]
+    tmp, out = Path(tempfile.mkdtemp()), []
+    for kind in ("eager", "body"):
+        runs, step = stack_runs([_model(name, data, c.seed) for c in cfgs], data, cfgs, [tmp / f"{kind}{i}" for i in range(2)],
+                                log=quiet, fixed=True)
+        if kind == "body": step = CapturedStep(runs, step.pad_to)
+        its = [iter(data.train.batches(c.batch_size, 0, c.seed, order=c.batch_order)) for c in cfgs]
+        for _ in range(3):
+            bs, lrs = [next(i) for i in its], [c.lr for c in cfgs]
+            if kind == "eager": step(runs, bs, lrs); continue
+            batch, static = step.collate(bs)
+            keys = torch.tensor([step_key(r.cfg.seed, r.step) for r in runs])
+            step.numbers(lrs)
+            step.body({"batch": batch, "keys": keys, "static": static})
+        out.append({"t": step.t, **{f"{w} {n}": x.clone() for w, d in (("w", step.params), ("m", step.m), ("v", step.v))
+                                    for n, x in d.items()}, **{f"avg model.{n}": a.clone() for n, a in zip(runs[0].avg.names, step.avg)}})
+    eager, body = out
+    noise = {"model." + n for n in _noise_params(name, data, cfgs[0]) | _noise_params(name, data, cfgs[1])}
+    assert eager["t"] == body["t"] == 3 and eager.keys() == body.keys() and len(step.avg) > 0
+    for k in eager:
+        if k == "t" or k.split(" ", 1)[1] in noise: continue
+        assert torch.allclose(eager[k], body[k], rtol=1e-5, atol=1e-6), (k, (eager[k] - body[k]).abs().max().item())
+    with pytest.raises(CapbookError, match="a captured step needs a CUDA GPU"):
+        stack_runs([_model(name, data, 0)], data, [cfgs[0]], [tmp / "cpu"], log=quiet, capture=True)
