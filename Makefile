@@ -75,4 +75,4 @@ sync: venv
 # Everything it prints, the JSON last, goes to $OUT/capture.log (OUT: the folder that comes back; runs/ otherwise).
 gpu-check:
 	mkdir -p $${OUT:-runs}; PYTHONUNBUFFERED=1 PYTHONPATH=.:$${PYTHONPATH} timeout $${GPU_CHECK_S:-500} python3 -c \
-	  'import sys; from capbook.cli import main; sys.exit(main())' bench --device cuda --capture --batches 8 2>&1 | tee $${OUT:-runs}/capture.log
+	  'import sys; from capbook.cli import main; sys.exit(main())' bench --device cuda --capture $${GPU_CHECK_ARGS:---stacked 1 4 32 --batches 8} 2>&1 | tee $${OUT:-runs}/capture.log

@@ -196,19 +196,24 @@ def stacked_speed(s: dict, k: int, batches: int = 12, rounds: int = 3, warmup: i
     return sum(len(b["caps"]) for bs in work for b in bs) / best
 
 def capture_agreement(s: dict, k: int = 4, steps: int = 6) -> dict:
-    "The captured step against the eager one on a CUDA GPU: `k` runs of setup `s` trained `steps` steps from the same weights on the same batches, eagerly twice and captured once; the largest difference in any loss and any weight, eager against captured and eager against eager (how far two eager steps already part: the GPU's atomic sums)."
+    "The captured step against the eager one on a CUDA GPU: `k` runs of setup `s` trained `steps` steps from the same weights on the same batches, eagerly twice, eagerly without autocast's cache of cast weights (as capture runs), and captured; the largest difference in the first step's loss, in any loss and in any weight, each against the first eager run (the second eager run: how far two eager runs already part)."
     import tempfile
-    trained = []
-    for capture in (False, False, True):
-        with tempfile.TemporaryDirectory() as tmp:
+    from capbook.stacked import autocast_uncached
+    import contextlib
+    trained = {}
+    for name, capture, ctx in (("eager", False, contextlib.nullcontext), ("eager_again", False, contextlib.nullcontext),
+                               ("eager_uncached", False, autocast_uncached), ("captured", True, contextlib.nullcontext)):
+        with tempfile.TemporaryDirectory() as tmp, ctx():
             runs, step, take = stacked_runs(s, k, capture, tmp)
             losses = torch.tensor([[t["loss"] for t in take()] for _ in range(steps)])
-            trained.append((losses, [p.detach().clone() for p in step.params.values()]))
-    names = list(step.params)
-    def diff(a, b):
-        w = [(x - y).abs().max().item() for x, y in zip(a[1], b[1])]
-        return {"loss": (a[0] - b[0]).abs().max().item(), "weight": max(w), "at": names[w.index(max(w))]}
-    return {"steps": steps, "members": k, "captured_vs_eager": diff(trained[0], trained[2]), "eager_vs_eager": diff(trained[0], trained[1])}
+            trained[name] = (losses, [p.detach().clone() for p in step.params.values()])
+    names, (l0, w0) = list(step.params), trained["eager"]
+    def diff(l, w):
+        d = [(x - y).abs().max().item() for x, y in zip(w0, w)]
+        return {"first_loss": (l0[0] - l[0]).abs().max().item(), "loss": (l0 - l).abs().max().item(), "weight": max(d),
+                "at": names[d.index(max(d))]}
+    return {"steps": steps, "members": k, "precision": s["cfg"].precision,
+            **{f"{n}_vs_eager": diff(*v) for n, v in trained.items() if n != "eager"}}
 
 def capture_diagnosis(s: dict, k: int = 2) -> dict:
     "Why a stacked step of setup `s` cannot be captured on a CUDA GPU (empty where it can): the capture's error, the operators dispatched last before it, and the first operator that synchronises with the host in an eager step (`torch.cuda.set_sync_debug_mode('error')`), with the innermost capbook line that called it."
@@ -246,9 +251,11 @@ def sync(device) -> None:
     "Wait for a CUDA device's queued work (a timer's edge); nothing on the CPU."
     if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
 
-def capture_bench(profile: str = "default", only: list[str] | None = None, k: int = 32, batches: int = 8, rounds: int = 2,
+def capture_bench(profile: str = "default", only: list[str] | None = None, ks: list[int] = (32,), batches: int = 8, rounds: int = 2,
                   device: str = "cuda", log: Callable[[str], None] = print) -> dict:
-    "On a CUDA GPU, every stackable family's training throughput (captions/s): one run eager (`train_speed`), `k` seeds stacked eagerly and as one captured graph (`stacked_speed`), whether the captured step agrees with the eager one (`capture_agreement`), and why capture fails where it does (`capture_diagnosis`)."
+    "On a CUDA GPU, every stackable family's training throughput (captions/s): one run eager (`train_speed`), the largest of `ks` seeds stacked eagerly, and each of `ks` seeds stacked as one captured graph (`stacked_speed`); whether the captured step agrees with the eager one, in the family's arithmetic and in float32 (`capture_agreement`); and why capture fails where it does (`capture_diagnosis`)."
+    import dataclasses
+    ks = sorted(ks); k = ks[-1]
     dev = str(get_device(device))
     if torch.device(dev).type != "cuda": raise CapbookError(f"parameter device={device!r}: capturing steps needs a CUDA GPU, and this machine has none")
     out = {"profile": profile, "device": dev, "name": torch.cuda.get_device_name(dev), "torch": torch.__version__,
@@ -263,12 +270,14 @@ def capture_bench(profile: str = "default", only: list[str] | None = None, k: in
             row["not_stacked"] = f"{type(e).__name__}: {str(e).strip()[:300]}"; out["families"][fam.model] = row
             log(f"{fam.model:12s} not stacked: {row['not_stacked']}"); continue
         try:
-            row["captured_train_captions_per_s"] = round(stacked_speed(s, k, batches, rounds, capture=True), 1)
+            row["captured_train_captions_per_s"] = {n: round(stacked_speed(s, n, batches, rounds, capture=True), 1) for n in ks}
             row["agreement"] = capture_agreement(s)
+            if s["cfg"].precision != "fp32":
+                row["agreement_fp32"] = capture_agreement({**s, "cfg": dataclasses.replace(s["cfg"], precision="fp32")})
         except Exception as e:
             row["capture_failed"] = capture_diagnosis(s) or {"error": str(e).splitlines()[0][:300]}
         out["families"][fam.model] = row
-        cap = (f"captured {row['captured_train_captions_per_s']:.0f} (captured vs eager: {row['agreement']['captured_vs_eager']})"
+        cap = (f"captured {row['captured_train_captions_per_s']} (agreement: {row['agreement']}, {row.get('agreement_fp32')})"
                if "agreement" in row else f"capture failed: {row['capture_failed']}")
         log(f"{fam.model:12s} {row['train_captions_per_s']:7.0f} captions/s alone, {k} stacked {row['stacked_train_captions_per_s']:.0f}, "
             f"{cap}  [{time.perf_counter() - t0:.0f} s]")

@@ -119,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--batches", type=int, default=12, help="timed training batches per family")
     be.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     be.add_argument("--alternatives", action="store_true", help="also time each family in fp32 and bf16, and at twice the batch")
-    be.add_argument("--stacked", type=int, default=0, metavar="K", help="also time K seeds trained as one stacked model (the graph-ready step)")
+    be.add_argument("--stacked", type=int, nargs="+", default=[0], metavar="K", help="also time K seeds trained as one stacked model "
+                    "(the graph-ready step); with --capture, each K given (the eager stack at the largest)")
     be.add_argument("--capture", action="store_true", help="instead, on a CUDA GPU: each family alone, K seeds stacked (--stacked, "
-                    "default 32) eagerly and captured as one CUDA graph, the captured step against the eager one, and why a capture fails")
+                    "default 32; several: each) eagerly and captured as one CUDA graph, the captured step against the eager one, and why a capture fails")
     be.add_argument("--against", metavar="REV", help="instead: time --family under commit REV and under this code in alternating "
                     "processes (families may override parameters: lstm2d_spca/kernel=5)")
     be.add_argument("--rounds", type=int, default=3, help="with --against: alternating rounds per code (the fastest kept)")
@@ -220,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(versus(a.against, a.family.split(","), a.profile, a.batches, a.rounds, log=lambda s: print(s, flush=True)))); return 0
             if a.capture:
                 from capbook.bench import capture_bench
-                print(json.dumps(capture_bench(a.profile, a.family.split(",") if a.family else None, a.stacked or 32, a.batches,
+                print(json.dumps(capture_bench(a.profile, a.family.split(",") if a.family else None, [k for k in a.stacked if k] or [32], a.batches,
                                                device=a.device, log=lambda s: print(s, flush=True)))); return 0
             if a.chapters:
                 print(json.dumps(chapter_times(a.chapters, a.profile, a.device, log=lambda s: print(s, flush=True)))); return 0
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,
-                                   compare=a.alternatives, stacked=a.stacked, log=lambda s: print(s, flush=True))))
+                                   compare=a.alternatives, stacked=a.stacked[0], log=lambda s: print(s, flush=True))))
         else:
             out = train_cli(**train_params(a.config, {k: getattr(a, k) for k in ("model", "profile", "run_dir", "epochs", "ckpt_every",
                                                                                   "batch_size", "seed")}))
