@@ -16,7 +16,8 @@ from .profiles import check_profile
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
            'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'stacked_runs', 'stacked_speed',
            'capture_agreement', 'capture_diagnosis', 'sync', 'capture_bench', 'TutorialDecoder', 'tutorial_speed',
-           'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times', 'gpu_table']
+           'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times', 'gpu_table',
+           'capture_table']
 
 # %% ../nbs/00r_bench.ipynb
 @dataclass
@@ -251,10 +252,9 @@ def sync(device) -> None:
     "Wait for a CUDA device's queued work (a timer's edge); nothing on the CPU."
     if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
 
-def capture_bench(profile: str = "default", only: list[str] | None = None, ks: list[int] = (32,), batches: int = 8, rounds: int = 2,
+def capture_bench(profile: str = "default", only: list[str] | None = None, ks: list[int] = (1, 4, 32), batches: int = 8, rounds: int = 2,
                   device: str = "cuda", log: Callable[[str], None] = print) -> dict:
-    "On a CUDA GPU, every stackable family's training throughput (captions/s): one run eager (`train_speed`), the largest of `ks` seeds stacked eagerly, and each of `ks` seeds stacked as one captured graph (`stacked_speed`); whether the captured step agrees with the eager one, in the family's arithmetic and in float32 (`capture_agreement`); and why capture fails where it does (`capture_diagnosis`)."
-    import dataclasses
+    "On a CUDA GPU, every stackable family's training throughput (captions/s): one run eager (`train_speed`), the largest of `ks` seeds stacked eagerly, and each of `ks` seeds stacked as one captured graph (`stacked_speed`); whether the captured step agrees with the eager one (`capture_agreement`); and why capture fails where it does (`capture_diagnosis`)."
     ks = sorted(ks); k = ks[-1]
     dev = str(get_device(device))
     if torch.device(dev).type != "cuda": raise CapbookError(f"parameter device={device!r}: capturing steps needs a CUDA GPU, and this machine has none")
@@ -272,12 +272,10 @@ def capture_bench(profile: str = "default", only: list[str] | None = None, ks: l
         try:
             row["captured_train_captions_per_s"] = {n: round(stacked_speed(s, n, batches, rounds, capture=True), 1) for n in ks}
             row["agreement"] = capture_agreement(s)
-            if s["cfg"].precision != "fp32":
-                row["agreement_fp32"] = capture_agreement({**s, "cfg": dataclasses.replace(s["cfg"], precision="fp32")})
         except Exception as e:
             row["capture_failed"] = capture_diagnosis(s) or {"error": str(e).splitlines()[0][:300]}
         out["families"][fam.model] = row
-        cap = (f"captured {row['captured_train_captions_per_s']} (agreement: {row['agreement']}, {row.get('agreement_fp32')})"
+        cap = (f"captured {row['captured_train_captions_per_s']} (agreement: {row['agreement']})"
                if "agreement" in row else f"capture failed: {row['capture_failed']}")
         log(f"{fam.model:12s} {row['train_captions_per_s']:7.0f} captions/s alone, {k} stacked {row['stacked_train_captions_per_s']:.0f}, "
             f"{cap}  [{time.perf_counter() - t0:.0f} s]")
@@ -516,4 +514,30 @@ def gpu_table(results: dict) -> str:
     for k, r in results["families"].items():
         rows.append(f"| {k} | {r['train_captions_per_s']:.0f} | {r['beam_images_per_s']:.0f} (beam {r['beam']}) | {r['mflop_per_caption']} | "
                     f"{r['matrix_gflops']} | " + ", ".join(f"{n} {v:.0%}" for n, v in r["shares"].items()) + " |")
+    return "\n".join(rows)
+
+# %% ../nbs/00r_bench.ipynb
+def capture_table(results: dict) -> str:
+    "Markdown of a captured-step measurement (`figures/bench_gpu_capture.json`, `capture_bench`'s): each family's training captions/s alone, stacked and captured, the best against one eager run, and how far the captured step and the eager one without autocast's cache part from the eager step in six steps."
+    ks = sorted({int(n) for r in results["families"].values() for n in r.get("captured_train_captions_per_s", {})})
+    K = results["stacked"]
+    rows = [f"{results['name']}; torch {results['torch']}; {results['profile']} profile, bfloat16 autocast; measured {results['measured']} "
+            f"(`{results['how']}`).", "",
+            f"| family | one run | {K} stacked | " + " | ".join(f"captured, {n} stacked" for n in ks) + " | best ÷ one run "
+            "| captured − eager: first loss, loss, weight | eager uncached − eager: loss, weight |",
+            "|---|---|---|" + "---|" * len(ks) + "---|---|---|"]
+    for f, r in results["families"].items():
+        if "captured_train_captions_per_s" not in r:
+            rows.append(f"| {f} | " + " | ".join([r.get("not_stacked") or str(r.get("capture_failed"))] + [""] * (len(ks) + 4)) + " |"); continue
+        cap, a = r["captured_train_captions_per_s"], r["agreement"]
+        c, u = a["captured_vs_eager"], a["eager_uncached_vs_eager"]
+        e = lambda x: "0" if x == 0 else f"{x:.0e}"
+        rows.append(f"| {f} | {r['train_captions_per_s']:.0f} | {r['stacked_train_captions_per_s']:.0f} | "
+                    + " | ".join(f"{cap[str(n)]:.0f}" for n in ks) + f" | {max(cap.values()) / r['train_captions_per_s']:.1f}× | "
+                    f"{e(c['first_loss'])}, {e(c['loss'])}, {e(c['weight'])} | {e(u['loss'])}, {e(u['weight'])} |")
+    caught = {f: r for f, r in results["families"].items() if "captured_train_captions_per_s" in r}
+    ratio = lambda n: [r["captured_train_captions_per_s"][str(n)] / r["train_captions_per_s"] for r in caught.values()]
+    rows += ["", "Captured against one eager run: " + "; ".join(
+        f"{n} stacked {min(ratio(n)):.1f}–{max(ratio(n)):.1f}× ({sum(x >= 10 for x in ratio(n))} of {len(caught)} families at 10× or more)"
+        for n in ks) + "."]
     return "\n".join(rows)

@@ -20,11 +20,19 @@ from .objectives import Objective
 from .train import FitResult, TrainConfig, _finish, _loop, _Run, dist_info, step_key, step_loss
 
 # %% auto 0
-__all__ = ['STACKABLE', 'StackedStep', 'autocast_uncached', 'CapturedStep', 'stacked_precision', 'fixed_shape', 'stack_runs',
+__all__ = ['STACKABLE', 'autocast_uncached', 'StackedStep', 'CapturedStep', 'stacked_precision', 'fixed_shape', 'stack_runs',
            'fit_stacked']
 
 # %% ../nbs/00ia_stacked.ipynb
 STACKABLE = ("seed", "lr")   # the TrainConfig fields in which runs trained as one stacked model may differ
+
+@contextlib.contextmanager
+def autocast_uncached():
+    "Autocast without its cache of cast weights: each use of a weight casts it anew, so a recurrent model's weight, read at every time step, sums its per-step gradients in float32 rather than in bfloat16 (the cached cast's gradient); and CUDA graph capture needs it. The forward's numbers are the same."
+    old = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try: yield
+    finally: torch.set_autocast_cache_enabled(old)
 
 class _Member(nn.Module):
     "One run's model and objective as one module, for `functional_call`: its forward is `train_step`'s loss (`step_loss`)."
@@ -72,6 +80,11 @@ class StackedStep:
             for k, r in enumerate(runs):
                 r.avg.avg, r.avg.live = [a[k] for a in self.avg], [v[k] for v in self.live]
 
+        f32 = dict(dtype=torch.float32, device=self.device)
+        # on a GPU, `advance`'s numbers held on the device (as a captured step reads them): lr_k / (1 - b1^t) (K,),
+        # 1 / sqrt(1 - b2^t) in float32, 1 - d
+        self.step_size, self.inv_sqrt_bc2, self.avg_w = torch.zeros(self.K, **f32), torch.zeros((), **f32), torch.zeros((), **f32)
+
     def collate(self, batches: list[dict]) -> tuple[dict, dict]:
         "The K runs' batches as one: every tensor (K, ...), each dimension padded with zeros (`<pad>` captions and tokens, which no loss counts) to the largest, the rows to `pad_to[0]` where given, the captions always to the split's full width (as `draws='keyed'` alone: a model that folds (rows, tokens) into one dimension then draws the same keyed numbers); and what every member's batch shares, found on the host (`captions_per_image`, when all have the same)."
         G = {captions_per_image(b["img"]) for b in batches}
@@ -97,7 +110,9 @@ class StackedStep:
             with keyed(key):
                 loss, stats = functional_call(self.fn, (params, buffers), ({**b, **(static or {})},))
             return loss, (loss, stats)
-        with plain_paths():
+        # without autocast's cache of cast weights: a weight cast once and read at every time step would sum its T
+        # gradients in bfloat16; uncached, each step's gradient is cast back to float32 and summed there (and capture needs it)
+        with plain_paths(), autocast_uncached():
             return vmap(grad(member, has_aux=True), randomness="error")(self.params, self.buffers, batch, keys)
 
     def advance(self, lrs: list[float]) -> tuple[list[float], float, float | None]:
@@ -136,9 +151,19 @@ class StackedStep:
             for a, live in zip(self.avg, self.live): a.lerp_(live, avg_w)
 
     def update(self, g: dict, lrs: list[float]) -> None:
-        "One optimisation step of every run from its gradients `g` at rates `lrs`: `advance`, then `adam`."
+        "One optimisation step of every run from its gradients `g` at rates `lrs`: `advance`, then `adam`; on the CPU with the numbers as numbers (torch's own Adam, to the bit), elsewhere held on the device, as a captured step reads them (one arithmetic, eager or captured)."
+        if self.device.type != "cpu":
+            self.numbers(lrs)
+            return self.adam(g, self.step_size, self.inv_sqrt_bc2, self.avg_w if self.avg is not None else None)
         step_size, sqrt_bc2, avg_w = self.advance(lrs)
         self.adam(g, torch.tensor(step_size, dtype=torch.float32, device=self.device), sqrt_bc2, avg_w)
+
+    def numbers(self, lrs: list[float]) -> None:
+        "`advance`, and its numbers into the device's tensors (`step_size`, `inv_sqrt_bc2`, `avg_w`)."
+        step_size, sqrt_bc2, avg_w = self.advance(lrs)
+        self.step_size.copy_(torch.tensor(step_size, dtype=torch.float32))
+        self.inv_sqrt_bc2.fill_(float(np.float32(1) / np.float32(sqrt_bc2)))   # CUDA's reciprocal of a host divisor
+        if avg_w is not None: self.avg_w.fill_(avg_w)
 
     def __call__(self, runs: list[_Run], batches: list[dict], lrs: list[float], where: str = "") -> list[dict]:
         "One optimisation step of every run on its own batch: their terms, read after the step (the one host synchronisation)."
@@ -163,34 +188,16 @@ class StackedStep:
         cols = {"loss": loss.tolist(), **{n: v.tolist() for n, v in stats.items()}}
         return [{n: c[k] for n, c in cols.items()} for k in range(self.K)]
 
-@contextlib.contextmanager
-def autocast_uncached():
-    "Autocast without its cache of cast weights, as CUDA graph capture needs (a cast cached at capture would be a tensor of the graph's pool read outside it); the casts are the same numbers."
-    old = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try: yield
-    finally: torch.set_autocast_cache_enabled(old)
-
 class CapturedStep(StackedStep):
     "A `StackedStep` on a CUDA GPU whose gradients and update are captured once as one CUDA graph, at its fixed shape, and replayed at every step: a step is then one launch, after the batch, keys and `advance`'s numbers are copied into the graph's own tensors. The same arithmetic as the eager stacked step; one graph for each set of what the members' batches share (`static`)."
     def __init__(self, runs: list[_Run], pad_to: tuple[int, int] | None, warmup: int = 3):
         super().__init__(runs, pad_to)
         if pad_to is None: raise CapbookError("a captured step needs one shape for every batch: stack the runs with fixed=True")
         self.warmup, self.graphs = warmup, {}
-        f32 = dict(dtype=torch.float32, device=self.device)
-        # advance's numbers, on the device: lr_k / (1 - b1^t) (K,), 1 / sqrt(1 - b2^t) in float32, 1 - d
-        self.step_size, self.inv_sqrt_bc2, self.avg_w = torch.zeros(self.K, **f32), torch.zeros((), **f32), torch.zeros((), **f32)
 
     def state(self) -> list[torch.Tensor]:
         "Every tensor a step writes: weights, buffers, Adam's moments, weight averages."
         return [*self.params.values(), *self.buffers.values(), *self.m.values(), *self.v.values(), *(self.avg or [])]
-
-    def numbers(self, lrs: list[float]) -> None:
-        "`advance`, and its numbers into the graph's tensors (before a replay)."
-        step_size, sqrt_bc2, avg_w = self.advance(lrs)
-        self.step_size.copy_(torch.tensor(step_size, dtype=torch.float32))
-        self.inv_sqrt_bc2.fill_(float(np.float32(1) / np.float32(sqrt_bc2)))   # CUDA's reciprocal of a host divisor
-        if avg_w is not None: self.avg_w.fill_(avg_w)
 
     def body(self, io: dict) -> tuple:
         "What the graph holds: the gradients on the graph's batch and keys, and the update; returns the terms (loss (K,), stats)."
@@ -205,13 +212,13 @@ class CapturedStep(StackedStep):
         keep = [t.clone() for t in self.state()]
         main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
         side.wait_stream(main)
-        with autocast_uncached(), torch.cuda.stream(side):
+        with torch.cuda.stream(side):
             for _ in range(self.warmup): self.body(io)
         main.wait_stream(side)
         with torch.no_grad():
             for t, k in zip(self.state(), keep): t.copy_(k)
         io["graph"] = torch.cuda.CUDAGraph()
-        with autocast_uncached(), torch.cuda.graph(io["graph"], capture_error_mode="thread_local"):
+        with torch.cuda.graph(io["graph"], capture_error_mode="thread_local"):
             io["out"] = self.body(io)
         return io
 

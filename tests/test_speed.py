@@ -202,6 +202,19 @@ def test_the_sites_gpu_table_is_the_measured_one():
     assert block == gpu_table(res)
 
 
+def test_the_sites_capture_table_is_the_measured_one():
+    "The captured-step table of `00r_bench` is `capture_table` of `figures/bench_gpu_capture.json` (what `make gpu-check` measured), which holds every family captured or the reason it is not."
+    import json
+    from capbook.bench import capture_table
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "figures" / "bench_gpu_capture.json").read_text())
+    assert set(res["families"]) == set(available())
+    assert all("captured_train_captions_per_s" in r or r.get("not_stacked") or r.get("capture_failed") for r in res["families"].values())
+    from conftest import notebook_markdown
+    block = notebook_markdown("00r_bench").split("<!-- capture -->\n", 1)[1].split("\n<!-- /capture -->", 1)[0]
+    assert block == capture_table(res)
+
+
 def test_the_bench_notebooks_speed_up_table_is_its_measurement():
     "The SPCA family's before/now table in `00r_bench` is `versus_table` of the measurement it cites (`figures/bench_2d.json`), not typed in."
     import json
