@@ -114,6 +114,20 @@ def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
         assert set(nb_defaults(nb)) == {f.name for f in dataclasses.fields(ch.params)}, nb
 
 
+def test_the_plans_parameters_are_what_papermill_reads(tmp_path):
+    "The plan reads each notebook's `parameters` cell from its JSON (no papermill on a GPU machine's bare Python): the same names and values as `papermill.inspect_notebook` for every notebook; a notebook that is not JSON stops in one line naming it."
+    import ast, papermill
+    from capbook.core import CapbookError
+    from capbook.plan import _nb_defaults
+    for p in NBS:
+        pm = {k: ast.literal_eval(v["default"]) for k, v in papermill.inspect_notebook(str(p)).items()}
+        assert _nb_defaults(str(p), -1.0) == pm, p.name
+    bad = tmp_path / "torn.ipynb"
+    bad.write_text('{"cells": [')
+    with pytest.raises(CapbookError, match="torn.ipynb: not a readable notebook"):
+        _nb_defaults(str(bad), -1.0)
+
+
 def test_no_notebook_source_holds_a_control_character():
     "A backslash lost in an edit turns TeX's \\bar or \\frac into a backspace or a form feed, which the site shows as garbage."
     import re
