@@ -11,9 +11,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 from .core import (CapbookError, code_version, cpu_name, get_device, io_error, runs_dir, save_json, save_torch, save_yaml,
-                          stable_hash, cpu_precision)
+                          stable_hash)
 from .metrics import measured
-from .profiles import Chapter, RunConfig, chapter, check_profile, decoding, model_hparams, read_params, scst_arms, train_procs
+from .profiles import (Chapter, RunConfig, chapter, check_profile, decoding, model_hparams, read_params, run_precision, scst_arms,
+                              train_procs)
 from .stages import chapter_setup, fit_under_torchrun, scst_start, self_critical, timed
 
 # %% auto 0
@@ -51,7 +52,7 @@ def start_run(name: str, params: dict, resolved: dict | None = None) -> Run:
     p = {k: v for k, v in params.items() if k != "run_dir"}
     full = {k: v for k, v in (resolved or params).items() if k != "run_dir"}     # every value as the run uses it
     if full.get("precision") == "auto":                                          # the arithmetic this machine will use
-        full["precision"] = cpu_precision("auto", get_device(full.get("device", "auto")))
+        full["precision"] = run_precision(full["profile"], "auto", full.get("device", "auto"))
     d = params.get("run_dir") or runs_dir() / p["profile"] / "adhoc" / f"{name}-{stable_hash(full, 8)}"
     d = Path(d)
     try: d.mkdir(parents=True, exist_ok=True)

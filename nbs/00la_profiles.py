@@ -28,7 +28,7 @@ import ast, dataclasses, inspect, math, os, re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
-from capbook.core import CapbookError, check_choice, check_float, check_int, get_device, project_root, runs_dir
+from capbook.core import CapbookError, check_choice, check_float, check_int, cpu_precision, get_device, project_root, runs_dir
 
 # %% [markdown]
 # ## Profiles
@@ -89,6 +89,17 @@ RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe
 }
 
 PROFILE_TRAIN = {"smoke": {"schedule": "step", "lr_step": 1000}}   # the smoke profile's one epoch is no budget to anneal over: a constant rate
+
+PROFILE_PRECISION = {"smoke": "fp32"}   # a profile's CPU arithmetic where a run leaves precision 'auto' (else the CPU's, `cpu_precision`):
+                                        # the smoke profile's matrices are too small for bfloat16 to pay for autocast's casts (00r_bench:
+                                        # fp32 trains 1.3-1.7x faster at smoke sizes on an AVX-512-bf16 CPU), and in fp32 its runs do
+                                        # the same arithmetic on every kind of CPU
+
+def run_precision(profile: str, precision: str = "auto", device: Any = "auto") -> str:
+    "The arithmetic a run of `profile` trains in on `device`: `precision` as given, or for 'auto' on the CPU its profile's own (`PROFILE_PRECISION`), else the device's (`cpu_precision`: bf16 on a GPU and where the CPU has bfloat16 kernels)."
+    dev = get_device(device)
+    if precision == "auto" and dev.type == "cpu" and profile in PROFILE_PRECISION: return PROFILE_PRECISION[profile]
+    return cpu_precision(precision, dev)
 
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
                                 # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
@@ -354,6 +365,8 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     from capbook.models import spec
     from capbook.train import TrainConfig
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
+    if named.get("precision") == "auto" and p.profile in PROFILE_PRECISION and get_device(p.device).type == "cpu":
+        named["precision"] = PROFILE_PRECISION[p.profile]     # the profile's own CPU arithmetic; elsewhere 'auto' stays for `fit` to resolve
     recipe = {**PROFILE_TRAIN.get(p.profile, {}), **RECIPES[getattr(p, "recipe", "protocol")]}
     epochs = ch.epochs[p.profile]
     epochs = recipe.get("epochs", epochs) if p.profile == "default" else epochs

@@ -134,6 +134,23 @@ def test_auto_precision_takes_bf16_only_where_the_cpu_has_bf16_kernels(monkeypat
         cpu_precision("fp16", cpu)
 
 
+def test_the_smoke_profile_trains_in_fp32_on_the_cpu_and_the_others_keep_the_cpus_choice(monkeypatch):
+    "A chapter run that leaves precision 'auto' trains the smoke profile in fp32 on the CPU (`PROFILE_PRECISION`) whatever the CPU, and the default profile in what the CPU chooses (left 'auto' for `fit`, never resolved into a key's config); an explicit precision is kept; a GPU keeps its bf16."
+    import capbook.core as C
+    from capbook.profiles import chapter, run_precision, train_config
+    from capbook.sat import SATParams
+    ch = chapter("02_show_attend_tell")
+    cfg = lambda **kw: train_config(ch, ch.resolve(SATParams(**kw)), "sat_soft", 20)
+    for kernels in (True, False):
+        monkeypatch.setattr(C, "cpu_bf16_kernels", lambda kernels=kernels: kernels)
+        assert run_precision("smoke") == cfg(profile="smoke").precision == "fp32"
+        assert run_precision("default") == ("bf16" if kernels else "fp32") and cfg(profile="default").precision == "auto"
+        assert run_precision("smoke", "bf16") == cfg(profile="smoke", precision="bf16").precision == "bf16"
+    import capbook.profiles as P
+    monkeypatch.setattr(P, "get_device", lambda d="auto": torch.device("cuda"))
+    assert run_precision("smoke") == "bf16" and cfg(profile="smoke").precision == "auto"
+
+
 def test_the_trainer_records_the_precision_it_trained_in(monkeypatch, tmp_path):
     "fit resolves precision='auto' once and reports the arithmetic it used (kept in every run's record)."
     from capbook.core import cpu_precision
