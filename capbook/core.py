@@ -4,11 +4,16 @@
 
 # %% ../nbs/00_core.ipynb 2
 from __future__ import annotations
-import contextlib, errno, functools, hashlib, json, os, random, shutil, tempfile, time
+import contextlib, errno, functools, hashlib, json, os, random, shutil, sys, tempfile, time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import numpy as np
 import torch
+
+# jsonschema, under nbformat and papermill, imports rfc3987_syntax where it is installed (jupyter-events pulls it in) for
+# one string format, "iri", and that import compiles 39 grammars: 3-6 s of every process that reads a notebook (each book,
+# each of its workers, each `capbook docs`). No notebook schema checks an "iri" string: a capbook process goes without it.
+sys.modules.setdefault("rfc3987_syntax", None)
 
 # %% auto 0
 __all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'Deferred', 'CapbookError', 'save_traceback', 'error_line', 'project_root',

@@ -155,3 +155,15 @@ def test_no_table_row_became_a_heading():
              for c in nbformat.read(nb, as_version=4).cells if c.cell_type == "markdown"
              for m in re.finditer(r"^#+ \|.*$", c.source, re.M)]
     assert not found, found
+
+
+def test_a_capbook_process_reads_notebooks_without_rfc3987_syntax():
+    "capbook.core keeps jsonschema from importing rfc3987_syntax (39 grammars compiled at import, for an 'iri' string format no notebook schema has): in a process that imported it, papermill and nbformat load without it and still validate a notebook, and a malformed one still fails validation."
+    code = ("import sys, capbook.core, papermill, nbformat\n"
+            "assert sys.modules.get('rfc3987_syntax') is None, 'rfc3987_syntax was imported'\n"
+            "nb = nbformat.read('nbs/01_dataset.ipynb', as_version=4); nbformat.validate(nb)\n"
+            "nb.cells[0]['cell_type'] = 'nonsense'\n"
+            "try: nbformat.validate(nb)\n"
+            "except nbformat.ValidationError: print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
