@@ -1,7 +1,8 @@
 """Shared fixtures: one temporary capbook home per test process, and the smoke-profile data prepared once per test run.
 
 `make test` runs the suite on both cores (pytest-xdist, `-n 2 --dist loadgroup`): each worker has its own home, and
-both open one copy of the smoke data, built by whichever worker asks first with one intra-op thread, as a
+both open one copy of the smoke data, kept between test runs for the code that builds it (`_smoke_data_folder`) and
+built, where missing, by whichever worker asks first with one intra-op thread, as a
 `capbook book -j 2` worker's kernel builds it, so that its bits are the ones any book on this machine builds: the kill
 test compares a book that builds its own data with the book fixture's, bit for bit. Tests that share a module-scoped book run in one worker
 (`pytest.mark.xdist_group`)."""
@@ -56,15 +57,43 @@ def _exclusive(lock: Path):
         yield
 
 
+def _smoke_data_folder() -> Path:
+    """Where this machine keeps the smoke data between test runs (`CAPBOOK_TEST_CACHE`, else ~/.cache/capbook/tests): one
+    folder per content of what decides its bits. `prepare` opens what a folder holds by the data's parameters alone (a
+    generated shapes set is never made again), so the folder's name carries the rest: the sources of `capbook.prepare`
+    and of every capbook module it imports (read by `test_rooms.imports`), torch's version, the CPU and the instruction
+    sets the environment lets torch, oneDNN and MKL use. A changed builder or another kind of CPU builds afresh; folders
+    unused for a week are removed."""
+    import hashlib, platform, shutil, time
+    from importlib.metadata import version
+    from test_rooms import PKG, imports
+    edges, seen, todo = imports(), set(), ["prepare"]
+    while todo:
+        m = todo.pop()
+        if m not in seen: seen.add(m); todo += edges[m]
+    cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0] if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = "\n".join(l for l in cpu.splitlines() if l.split(":")[0].strip() in ("vendor_id", "model name", "flags"))
+    h = hashlib.sha256()
+    for part in [*(f"{m}\n{(PKG / f'{m}.py').read_text()}" for m in sorted(seen)), version("torch"), platform.python_version(), cpu,
+                 *(f"{k}={os.environ.get(k, '')}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"))]:
+        h.update(part.encode() + b"\0")
+    home = Path(os.environ.get("CAPBOOK_TEST_CACHE") or Path.home() / ".cache" / "capbook" / "tests")
+    home.mkdir(parents=True, exist_ok=True)
+    for old in home.glob("smoke-data-*"):
+        if old.is_dir() and time.time() - old.stat().st_mtime > 7 * 86400: shutil.rmtree(old, ignore_errors=True)
+    return home / f"smoke-data-{h.hexdigest()[:16]}"
+
+
 def _build_smoke_data(shared: Path) -> Path:
-    "Build the run's smoke data folder unless a process of this run has (one at a time, under a lock); return it."
-    data, done = shared / "smoke-data", shared / "smoke-data.built"
-    with _exclusive(shared / "smoke-data.lock"):
+    "Open (building what is missing) this machine's smoke data folder for this code, once per test run, one process at a time under a lock (held across test runs too); return it."
+    data, done = _smoke_data_folder(), shared / "smoke-data.built"
+    with _exclusive(shared / "smoke-data.lock"), _exclusive(data.with_name(data.name + ".lock")):
         if not done.exists():
             env = {**os.environ, "CAPBOOK_DATA": str(data), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             p = subprocess.run([sys.executable, "-c", "from capbook.prepare import prepare; print(prepare('shapes', 'smoke').describe())"],
                                env=env, capture_output=True, text=True, timeout=900)
             assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            if data.exists(): os.utime(data)     # in use: kept from the week's sweep
             done.write_text(p.stdout)
     return data
 
