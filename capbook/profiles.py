@@ -13,9 +13,10 @@ from .core import CapbookError, check_choice, check_float, check_int, cpu_precis
 # %% auto 0
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_PRECISION', 'PROFILE_LR', 'BUDGET', 'LADDER', 'RISING', 'CHAPTERS',
            'SEEDS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS', 'check_profile', 'out_dir',
-           'run_precision', 'protocol_epochs', 'ladder_twin', 'RunConfig', 'read_params', 'parameters_source',
-           'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams', 'epochs_trained', 'row_epochs',
-           'late_gain', 'curve_end', 'scst_budget', 'scst_arms', 'decoding', 'train_config', 'train_procs']
+           'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin', 'RunConfig', 'read_params',
+           'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams', 'epochs_trained',
+           'row_epochs', 'late_gain', 'curve_end', 'scst_budget', 'scst_arms', 'decoding', 'train_config',
+           'train_procs']
 
 # %% ../nbs/00la_profiles.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -52,11 +53,14 @@ PROFILE_PRECISION = {"smoke": "fp32"}   # a profile's CPU arithmetic where a run
                                         # fp32 trains 1.3-1.7x faster at smoke sizes on an AVX-512-bf16 CPU), and in fp32 its runs do
                                         # the same arithmetic on every kind of CPU
 
+def profile_precision(profile: str, precision: str = "auto", device: Any = "auto") -> str:
+    "`precision` as a run of `profile` on `device` asks for it: for 'auto' on the CPU the profile's own (`PROFILE_PRECISION`) where it has one, else as given ('auto' stays for `fit` to resolve)."
+    if precision == "auto" and profile in PROFILE_PRECISION and get_device(device).type == "cpu": return PROFILE_PRECISION[profile]
+    return precision
+
 def run_precision(profile: str, precision: str = "auto", device: Any = "auto") -> str:
-    "The arithmetic a run of `profile` trains in on `device`: `precision` as given, or for 'auto' on the CPU its profile's own (`PROFILE_PRECISION`), else the device's (`cpu_precision`: bf16 on a GPU and where the CPU has bfloat16 kernels)."
-    dev = get_device(device)
-    if precision == "auto" and dev.type == "cpu" and profile in PROFILE_PRECISION: return PROFILE_PRECISION[profile]
-    return cpu_precision(precision, dev)
+    "The arithmetic a run of `profile` trains in on `device`: `profile_precision`, its 'auto' resolved as `fit` resolves it (`cpu_precision`: bf16 on a GPU and where the CPU has bfloat16 kernels, else fp32)."
+    return cpu_precision(profile_precision(profile, precision, device), get_device(device))
 
 PROFILE_LR = {"smoke": 1e-3}    # a profile's learning rate where the chapter and the run set none (else TrainConfig's 4e-4):
                                 # the smoke book trains one epoch, and at 1e-3 its models learn what two epochs at 4e-4 did
@@ -269,8 +273,7 @@ def train_config(ch: Chapter, p: Any, name: str, max_len: int) -> Any:
     from capbook.models import spec
     from capbook.train import TrainConfig
     named = {f.name: getattr(p, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(p, f.name)}   # lr, seed, ...
-    if named.get("precision") == "auto" and p.profile in PROFILE_PRECISION and get_device(p.device).type == "cpu":
-        named["precision"] = PROFILE_PRECISION[p.profile]     # the profile's own CPU arithmetic; elsewhere 'auto' stays for `fit` to resolve
+    if "precision" in named: named["precision"] = profile_precision(p.profile, named["precision"], p.device)
     recipe = {**PROFILE_TRAIN.get(p.profile, {}), **RECIPES[getattr(p, "recipe", "protocol")]}
     epochs = ch.epochs[p.profile]
     epochs = recipe.get("epochs", epochs) if p.profile == "default" else epochs
