@@ -12,6 +12,7 @@ from .core import (CapbookError, atomic_write, check_choice, check_int, cpu_name
 from .profiles import check_profile, out_dir, chapters, parameters_source
 from .plan import Step, nbs_dir, notebooks, plan, upstream_of
 from .results import plan_keys
+from .train import STEP_KEY
 
 # %% auto 0
 __all__ = ['SCST', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules',
@@ -319,11 +320,13 @@ _WARM: dict = {}        # this process's kernel, reused by the notebooks it runs
 # Run in the kernel before each notebook: the state a fresh kernel would have, without importing torch again. The environment and working folder as at the kernel's start, no figure open, torch's generator at its
 # start-up seed (c10's default, 67280421310721; Python's and numpy's generators start from the OS's entropy anyway),
 # then IPython's own reset: every name the last notebook defined, its input history (which `read_params` reads) and
-# the execution counter (so the executed copy counts from 1).
+# the execution counter (so the executed copy counts from 1). The one thing added to the environment is the step's key
+# (`capbook.train.STEP_KEY`): a training run of the step keeps it in its checkpoint, and an unfinished run resumes under
+# the same key, whatever else in the package changed since (`00i_train`, Checkpoints and exact resume).
 _RESET = """\
 import gc, os, sys
 sys.__dict__.setdefault("_capbook_env", dict(os.environ))
-os.environ.clear(); os.environ.update(sys._capbook_env); os.chdir({cwd!r})
+os.environ.clear(); os.environ.update(sys._capbook_env); os.environ.update({env!r}); os.chdir({cwd!r})
 if "matplotlib.pyplot" in sys.modules: sys.modules["matplotlib.pyplot"].close("all")
 if "torch" in sys.modules: sys.modules["torch"].manual_seed(67280421310721)
 for m in [m for m in sys.modules if m == "capbook" or m.startswith("capbook.")]: del sys.modules[m]
@@ -339,8 +342,8 @@ def _shutdown_warm() -> None:
         try: run_sync(km.shutdown_kernel)(now=True)
         except Exception: pass                      # already gone (killed): nothing to stop
 
-def warm_kernel(cwd: Path):
-    "This process's kernel for the next notebook: the one the last notebook ran in, reset to a fresh kernel's state, if it is alive and was started with the same environment, folder and package code; else a new one. A kernel start and the import of torch are then paid once per process instead of once per notebook."
+def warm_kernel(cwd: Path, step_key: str | None = None):
+    "This process's kernel for the next notebook: the one the last notebook ran in, reset to a fresh kernel's state, if it is alive and was started with the same environment, folder and package code; else a new one. A kernel start and the import of torch are then paid once per process instead of once per notebook. `step_key`: the key of the book step it will run, set in its environment (`STEP_KEY`)."
     from jupyter_client import BlockingKernelClient
     from jupyter_core.utils import run_sync
     key = stable_hash({"env": dict(os.environ), "cwd": str(cwd), "code": package_hash()}, 16)
@@ -355,11 +358,12 @@ def warm_kernel(cwd: Path):
     kc.load_connection_info(km.get_connection_info()); kc.start_channels()
     try:
         kc.wait_for_ready(timeout=120)
-        reply = kc.execute_interactive(_RESET.format(cwd=str(cwd)), timeout=120, output_hook=lambda msg: None)
+        env = {STEP_KEY: step_key} if step_key else {}
+        reply = kc.execute_interactive(_RESET.format(cwd=str(cwd), env=env), timeout=120, output_hook=lambda msg: None)
     except (RuntimeError, TimeoutError): reply = None
     finally: kc.stop_channels()
     if not reply or reply["content"]["status"] != "ok":            # a kernel that cannot be reset is not reused
-        _shutdown_warm(); return warm_kernel(cwd)
+        _shutdown_warm(); return warm_kernel(cwd, step_key)
     return km
 
 def _published(f: Path) -> bool:
@@ -390,7 +394,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
     t0 = time.time()
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
-                            kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent))
+                            kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent, key))
     except pm.PapermillExecutionError as e:
         _shutdown_warm()                          # a failed notebook's kernel is not reused
         raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "

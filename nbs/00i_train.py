@@ -232,7 +232,12 @@ def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dic
 # is a tensor, number, string or container of those, so they load with `torch.load(weights_only=True)`. A checkpoint
 # also records the package hash of the code that wrote it: a run restarted after capbook's code changed does not
 # resume from it (its numbers would come from other code) but moves the old folder aside as `ckpt.code-<hash>` and
-# trains from scratch, so regenerating the book always measures the current code and nothing computed is lost. The
+# trains from scratch, so regenerating the book always measures the current code and nothing computed is lost. A
+# book's step is the exception, and the reason is the book's own rule for what is current: a finished step is kept
+# while its key (`capbook.results.Keys`: the behaviour of the code it runs, its parameters, its data) is unchanged,
+# whatever else in the package moved. The book hands that key to the step's kernel (`STEP_KEY`), the checkpoint keeps
+# it, and an unfinished step resumes under the same key — an edit elsewhere in the package no longer throws away hours
+# of a run the book would have kept had it finished. A run by hand has no step key and keeps the package's rule. The
 # same holds for the data: `fit` keeps the data's fingerprint (`Prepared.fingerprint`: image contents, captions,
 # splits, encoder weights, vocabulary) in the checkpoint's meta, and a checkpoint trained on other data is moved aside
 # as `ckpt.data-<fingerprint>` — changed captions with the same vocabulary would otherwise resume, or report, the old
@@ -259,10 +264,19 @@ def _recipe(cfg: dict, meta: dict | None) -> dict:
     return {"model": (meta or {}).get("model"), "hparams": (meta or {}).get("hparams"),
             "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
-def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1) -> tuple[str, str] | None:
-    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None."
+STEP_KEY = "CAPBOOK_STEP_KEY"   # environment: the key of the book step this process runs (`capbook.book.run_step`), set in its kernel
+
+def book_step_key() -> str | None:
+    "The key of the book step this process runs (`STEP_KEY`), or None outside a book."
+    return os.environ.get(STEP_KEY) or None
+
+def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1,
+                   step: str | None = None) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to; a checkpoint written under the same key resumes whatever else in the package changed."
     if ck is None: return None
-    if ck.get("code") != code: return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code})"
+    same_step = step is not None and ck.get("step_key") == step
+    if ck.get("code") != code and not same_step:
+        return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code}{f'; book step {step}' if step else ''})"
     # DDP's batch is every process's batch: an unfinished run goes on only with as many processes as it trained with; a
     # finished one (nothing left to train) is read by any (the book's kernel reads the training torchrun finished)
     was_world = ck.get("world_size", 1)
@@ -507,7 +521,8 @@ class _Run:
         self.net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.avg = WeightAverage(model, cfg.ema) if cfg.ema else None
-        self.code, fp, ck = package_hash(), getattr(data, "fingerprint", None), load_torch(self.last) if self.last.exists() else None
+        self.code, self.step_key, fp = package_hash(), book_step_key(), getattr(data, "fingerprint", None)
+        ck = load_torch(self.last) if self.last.exists() else None
         # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
         # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
         was = ((ck or {}).get("config") or {}).get("precision")
@@ -517,7 +532,7 @@ class _Run:
         self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
         if fp: meta = {**(meta or {}), "data": fp}
         self.meta = meta
-        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world)
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key)
         if why:
             stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
             if world > 1: dist.barrier()
@@ -536,7 +551,8 @@ class _Run:
             r.resumed_from, r.world_size = (self.epoch, self.skip), ck.get("world_size", 1)
             _set_rng_state(ck["rng"])
             if ck.get("finished"): self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
-            log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: same code ({self.code}), same data ({fp or 'not fingerprinted'}), "
+            same = f"same code ({self.code})" if ck.get("code") == self.code else f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})"
+            log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: {same}, same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
             shutil.rmtree(ckpt_dir / "tb")             # the curves of a run killed before its first checkpoint: nothing resumes them
@@ -560,7 +576,7 @@ class _Run:
                                "epoch_batches": self.n, "bad_evals": self.bad, "decays": self.decays, "history": r.history,
                                "best_epoch": r.best_epoch, "best_at": r.best_at, "best_score": r.best_score, "train_seconds": r.train_seconds,
                                "val_seconds": r.val_seconds, "captions": r.captions, "val_captions": self.val_caps, "rng": _rng_state(),
-                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code,
+                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key,
                                "world_size": self.world, "finished": finished})
         self.finished = finished
 
@@ -819,6 +835,31 @@ fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16)
     TrainConfig(**{**asdict(_cfg), "epochs": 1, "log_every": 1, "lr": 5e-3}), _d1 / "ckpt", log=_logs.append)
 assert "was trained with other parameters (lr)" in _logs[0] and any(p.name.startswith("ckpt.recipe-") for p in _d1.iterdir())
 print(_logs[0])
+
+# %% [markdown]
+# Inside a book the step's key stands in for the package's hash. A run finished (or killed) under step key `a`, whose
+# checkpoint an edit elsewhere in the package has since made "other code", resumes while the book still gives its step
+# key `a`; under another key it is moved aside and trained anew:
+
+# %%
+_d2, _m = Path(tempfile.mkdtemp()), lambda: build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16)
+_c1 = TrainConfig(**{**asdict(_cfg), "epochs": 1})
+try:
+    os.environ[STEP_KEY] = "a"
+    fit(_m(), _prep, _c1, _d2 / "ckpt", log=lambda s: None)
+    _ck = load_torch(_d2 / "ckpt" / "last.pt")
+    assert _ck["step_key"] == "a"
+    save_torch(_d2 / "ckpt" / "last.pt", {**_ck, "code": "0ldc0de"})           # as if written before an edit elsewhere
+    _logs = []
+    assert fit(_m(), _prep, _c1, _d2 / "ckpt", log=_logs.append).resumed_from is not None
+    print(next(l for l in _logs if l.startswith("resumed")))
+    save_torch(_d2 / "ckpt" / "last.pt", {**load_torch(_d2 / "ckpt" / "last.pt"), "code": "0ldc0de"})
+    os.environ[STEP_KEY] = "b"                                                 # the step's key moved: its code did
+    _logs = []
+    assert fit(_m(), _prep, _c1, _d2 / "ckpt", log=_logs.append).resumed_from is None and (_d2 / "ckpt.code-0ldc0de").exists()
+    print(_logs[0])
+finally:
+    os.environ.pop(STEP_KEY, None)
 
 # %% [markdown]
 # A step budget (`max_steps`) ends training wherever it falls, with a validation there:

@@ -72,6 +72,20 @@ def test_unchanged_book_is_skipped(book):
     assert "ran in" not in p.stdout and p.stdout.count("unchanged, skipped") >= 3
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_every_training_run_of_the_book_keeps_its_steps_key_for_resume(book):
+    "The book hands each step's key to its kernel, and every checkpoint its runs write keeps it: an unfinished run resumes under that key after an edit elsewhere in the package (`00i_train`)."
+    import torch
+    home, _ = book
+    runs = home / "runs" / "smoke"
+    lasts = sorted(runs.glob("*/ckpt*/last.pt"))
+    assert len(lasts) >= 10
+    for last in lasts:
+        key = json.loads((last.parent.parent / "done.json").read_text())["key"]
+        assert key and torch.load(last, map_location="cpu", weights_only=True)["step_key"] == key, last
+
+
 @pytest.fixture(scope="module")
 def site_pages(book, site):
     "Every page of the fixture's site, checked in Chromium as a reader meets it (`sitecheck.check_site`: each page loaded once), {page: its DOM}."
@@ -159,7 +173,7 @@ def test_an_edit_made_while_a_step_runs_is_not_credited_to_it(home, monkeypatch)
     monkeypatch.setattr(results, "notebook_code", lambda path: {"cells": code[0], "layout": ""})
     monkeypatch.setattr(results.Keys, "shared", property(lambda self: {}))       # the fingerprints: not what this test is about
     monkeypatch.setattr(results.Keys, "all_models", lambda self: "models")
-    monkeypatch.setattr(book, "warm_kernel", lambda cwd: None); monkeypatch.setattr(book, "kernel_manager", lambda: None)
+    monkeypatch.setattr(book, "warm_kernel", lambda cwd, step_key=None: None); monkeypatch.setattr(book, "kernel_manager", lambda: None)
     def execute(src, out, **kw):
         Path(out).write_text(Path(src).read_text()); code[0] = "v2"        # someone edits the notebook meanwhile
     monkeypatch.setattr(pm, "execute_notebook", execute)

@@ -141,6 +141,22 @@ def test_checkpoint_of_other_code_is_moved_aside_not_resumed(tiny, tmp_path):
     assert load_torch(tmp_path / "ckpt.code-0ldc0de" / "last.pt")["code"] == "0ldc0de"   # nothing lost
 
 
+def test_a_book_steps_checkpoint_resumes_under_its_key_after_an_edit_elsewhere(tiny, tmp_path, monkeypatch):
+    "A book step's unfinished run is kept, like its finished one, while the step's key is unchanged; a run by hand (no key) keeps the package's rule."
+    from capbook.train import STEP_KEY
+    monkeypatch.setenv(STEP_KEY, "k1")
+    m, cfg = one_epoch(tiny, tmp_path / "ckpt", batch_size=4)
+    stale = lambda: save_torch(tmp_path / "ckpt" / "last.pt", {**load_torch(tmp_path / "ckpt" / "last.pt"), "code": "0ldc0de"})
+    stale()
+    logs = []
+    res = fit(m, tiny, cfg, tmp_path / "ckpt", log=logs.append)
+    assert res.resumed_from is not None and any("same book step (k1; code 0ldc0de" in s for s in logs)
+    stale(); monkeypatch.delenv(STEP_KEY)                                        # by hand: the package's hash decides
+    res = fit(m, tiny, cfg, tmp_path / "ckpt", log=lambda s: None)
+    assert res.resumed_from is None and (tmp_path / "ckpt.code-0ldc0de").exists()
+    assert load_torch(tmp_path / "ckpt" / "last.pt")["step_key"] is None
+
+
 @pytest.mark.slow
 def test_a_stage_validates_its_start_for_the_history_and_keeps_its_own_best(smoke, tmp_path):
     "The starting (cross-entropy) weights are validated first, as epoch -1, and never kept: even a stage that wrecks the model returns its own weights."
