@@ -86,33 +86,41 @@ def _meteor_close(locked: bool = False) -> None:
 
 atexit.register(_meteor_close)
 
+def _meteor_at(addr: str | None, gts: dict, res: dict) -> float | None:
+    "METEOR through the service at `addr` ('socket path|authkey', `meteor_service`), or None where none serves (no address, the service gone, or its scoring failed)."
+    from multiprocessing.connection import Client
+    if not addr: return None
+    path, key = addr.rsplit("|", 1)
+    try:
+        with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
+            c.send((gts, res)); ok, v = c.recv()
+        return v if ok else None
+    except (OSError, EOFError): return None
+
 def meteor_score(gts: dict, res: dict) -> float:
     "METEOR 1.5 of tokenized candidates {id: [str]} against references {id: [str]}: through the book's shared METEOR process when one serves (`meteor_service`), else through a Java process of its own. The same score either way."
     import os
-    from multiprocessing.connection import Client
-    if (addr := os.environ.get(METEOR_ENV)):
-        path, key = addr.rsplit("|", 1)
-        try:
-            with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
-                c.send((gts, res)); ok, v = c.recv()
-            if ok: return v
-        except (OSError, EOFError): pass          # the service is gone: score here
-    return _meteor_here(gts, res)
+    v = _meteor_at(os.environ.get(METEOR_ENV), gts, res)
+    return _meteor_here(gts, res) if v is None else v       # none serves, or it has gone: score here
 
 @contextlib.contextmanager
 def meteor_service():
-    "Serve one METEOR process to every run started inside the block (children inherit `$CAPBOOK_METEOR`), so its tables load once per book instead of once per run. Yields the service's counters."
+    "Serve one METEOR process to every run started inside the block (children inherit `$CAPBOOK_METEOR`), so its tables load once per book instead of once per run. A service opened where one already serves (a book started by a process that has one: the test suite's) passes its requests on to that one, and scores itself only if it has gone. Yields the service's counters."
     import os, secrets, tempfile
     from multiprocessing.connection import Client, Listener
     d = tempfile.mkdtemp(prefix="capbook-meteor-")      # private (0700): only this user reaches the socket
-    key, state = secrets.token_bytes(16), {"served": 0}
+    key, state, outer = secrets.token_bytes(16), {"served": 0}, os.environ.get(METEOR_ENV)
     listener = Listener(os.path.join(d, "meteor.sock"), family="AF_UNIX", authkey=key)
+
+    def score(gts, res):
+        v = _meteor_at(outer, gts, res)
+        return _meteor_here(gts, res) if v is None else v
 
     def serve(conn):
         with conn:
             try:
                 gts, res = conn.recv()
-                try: reply = (True, _meteor_here(gts, res)); state["served"] += 1
+                try: reply = (True, score(gts, res)); state["served"] += 1
                 except Exception as e: reply = (False, f"{e.__class__.__name__}: {e}")   # the run then tries its own
                 conn.send(reply)
             except (OSError, EOFError): pass
@@ -126,12 +134,11 @@ def meteor_service():
             threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    old = os.environ.get(METEOR_ENV)
     os.environ[METEOR_ENV] = f"{listener.address}|{key.hex()}"
     try: yield state
     finally:
-        if old is None: os.environ.pop(METEOR_ENV, None)
-        else: os.environ[METEOR_ENV] = old
+        if outer is None: os.environ.pop(METEOR_ENV, None)
+        else: os.environ[METEOR_ENV] = outer
         state["closing"] = True                   # wake the accepting thread (closing a socket does not), then close
         with contextlib.suppress(Exception): Client(listener.address, family="AF_UNIX", authkey=key).close()
         listener.close()

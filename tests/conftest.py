@@ -108,6 +108,14 @@ def _smoke_data_early(request, shared_tmp):
         threading.Thread(target=build, daemon=True).start()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_meteor_process():
+    "One METEOR (Java) process for each test worker: every book, key computation and run it starts (their kernels and subprocesses inherit `$CAPBOOK_METEOR`) scores through it instead of starting Java again, about 10 s of CPU each (`meteor_service`: a book's own service passes requests on). The same scores either way (`test_metrics`); a test that needs a process of its own removes the variable."
+    from capbook.metrics import meteor_service
+    with meteor_service():
+        yield
+
+
 @pytest.fixture(scope="session")
 def smoke_data(shared_tmp) -> Path:
     "The smoke data folder (CAPBOOK_DATA) of this test run, built once, in a process with one intra-op thread as a `capbook book -j 2` worker's kernel has: the bits every book on this machine builds (a failed build in the background is built again here, and fails here)."

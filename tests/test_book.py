@@ -701,10 +701,11 @@ TWO_STEPS = ["02_show_attend_tell-none", "06_baselines-nic"]         # two of th
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
-def test_a_killed_meteor_process_is_replaced_and_scores_stay_exact(book, smoke_data, tmp_path):
+def test_a_killed_meteor_process_is_replaced_and_scores_stay_exact(book, smoke_data, tmp_path, monkeypatch):
     "The book's shared METEOR (Java) process SIGKILLed while runs score: the runs score through a fresh one, the book finishes, and every METEOR equals that of the same runs in the book fixture's uninterrupted book (same data)."
     import os, signal
     import psutil
+    monkeypatch.delenv("CAPBOOK_METEOR", raising=False)                # the book's own Java process, not the test worker's
     p = _start_book(tmp_path / "killed", tmp_path / "book.log", "-j", "2", "--no-docs", "--only", *TWO_STEPS, data=smoke_data)
     me = psutil.Process(p.pid)
     java = _wait_for(lambda: next((c for c in me.children(recursive=True) if "meteor" in _cmd(c).lower()), None),

@@ -229,6 +229,7 @@ def test_one_tokenizer_call_gives_the_tokens_of_two(monkeypatch):
 def test_the_shared_meteor_process_scores_as_a_runs_own(monkeypatch):
     import os
     import multiprocessing as mp
+    monkeypatch.delenv(M.METEOR_ENV, raising=False)                  # not the test session's service (conftest)
     g, r, _ = M.tokenized(GTS | {"c": ["a small red circle", "a red circle on the left"]}, RES | {"c": "a large red circle"})
     M._meteor_close()
     fresh = M.meteor_score(g, r)                                   # a Java process started for this call
@@ -240,5 +241,14 @@ def test_the_shared_meteor_process_scores_as_a_runs_own(monkeypatch):
             shared = pool.starmap(M.meteor_score, [(g, r), (g, r)])
         assert shared == [fresh, fresh] and svc["served"] == 2
     assert M.METEOR_ENV not in os.environ
+    with M.meteor_service() as outer:                              # a book started where one already serves: passed on
+        with M.meteor_service() as inner:
+            with mp.get_context("spawn").Pool(1) as pool:
+                assert pool.starmap(M.meteor_score, [(g, r)]) == [fresh]
+        assert inner["served"] == 1 and outer["served"] == 1
     monkeypatch.setenv(M.METEOR_ENV, "/nonexistent/meteor.sock|00")   # a service that has gone: the run scores itself
     assert M.meteor_score(g, r) == fresh
+    with M.meteor_service() as svc:                                # and so does a service whose outer one has gone
+        with mp.get_context("spawn").Pool(1) as pool:
+            assert pool.starmap(M.meteor_score, [(g, r)]) == [fresh]
+        assert svc["served"] == 1
