@@ -108,14 +108,14 @@ def train_batches(s: dict) -> Any:
         yield from s["prep"].train.batches(cfg.batch_size, epoch, cfg.seed, order=cfg.batch_order, max_words=cfg.max_words)
 
 def train_speed(s: dict, batches: int = 12, rounds: int = 3, warmup: int = 3) -> float:
-    "Captions per second of the trainer's own step on the family's batches: the same `batches` batches timed `rounds` times, the fastest round kept (a busy spell on the machine only slows a round down)."
+    "Captions per second of the trainer's own step on the family's batches: the same `batches` batches timed `rounds` times, the fastest round kept (a busy spell on the machine only slows a round down), after `warmup` steps (at most `batches`)."
     from capbook.train import train_step
     model, cfg, it = s["model"], s["cfg"], train_batches(s)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     model.train(); s["objective"].train()
     prec = cpu_precision(cfg.precision, s["device"])
     step = lambda b: train_step(model, model, s["objective"], opt, b, s["device"], cfg.clip, precision=prec)
-    for _ in range(warmup): step(next(it))
+    for _ in range(min(warmup, batches)): step(next(it))       # no more warm-up than the batches timed (a quick look: `--batches 1`)
     work, best = [next(it) for _ in range(batches)], float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -480,7 +480,7 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
         train = train_speed(s, batches)
         trained = trained_weights(fam, s["model"], profile)
         dec = decode_speed(s)
-        prof = step_profile(s) if profile_ops else {}
+        prof = step_profile(s, min(batches, 4)) if profile_ops else {}
         if compare: prof["alternatives"] = alternatives(s)
         if stacked: prof |= {"stacked": stacked, "stacked_train_captions_per_s": round(stacked_speed(s, stacked, batches), 1)}
         out["families"][fam.model] = row = {
@@ -569,7 +569,7 @@ for label, name, over in specs:
     fam = families(profile, [name])[0]
     fam = dataclasses.replace(fam, params=dataclasses.replace(fam.params, **over))
     s = setup(fam)
-    out[label] = [train_speed(s, batches), decode_speed(s), step_profile(s)["shares"]]
+    out[label] = [train_speed(s, batches), decode_speed(s), step_profile(s, min(batches, 4))["shares"]]
 print(json.dumps(out))
 """
 
