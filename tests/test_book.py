@@ -151,6 +151,7 @@ def test_step_record_prefers_book_run_then_exact_hand_run(home):
     assert step_record("paper", step)["finished"] == "2026-03-01 00:00:00"   # widths given = the profile's widths left None
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_a_rerun_step_keeps_no_figure_or_table_of_the_last_execution(home, monkeypatch):
     "A figure the new execution does not draw (a weak model may give it nothing to show) must not be published from the old one."
     from capbook import results
@@ -197,6 +198,7 @@ def test_side_by_side_failure_keeps_the_other_run(home):
     assert (runs_dir() / "smoke" / "00_core" / "done.json").exists()
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
     "`-j 2`: a worker process killed under a step (out of memory) ends the book with one line naming the step, not a traceback."
     import capbook.book as book
@@ -215,6 +217,7 @@ def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
     assert msg.split(":")[0] in ("00_core", "00a_shapes")
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_papermill_invalid_parameter_is_one_line(home, tmp_path):
     p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "02_show_attend_tell.ipynb"),
                         str(tmp_path / "out.ipynb"), "-p", "profile", "huge"], capture_output=True, text=True, timeout=300)
@@ -364,6 +367,7 @@ def test_spca_invalid_parameters_are_one_line(home, tmp_path, param, value, mess
     assert sorted((home / "runs" / "smoke").glob("adhoc/*")) == before    # stopped before any work: no run folder
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_misspelt_papermill_parameter_stops_with_one_line(home, tmp_path):
     "papermill only warns about `-p epoch 5`; the chapter stops before training, naming the unknown parameter."
     p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "03_spca.ipynb"),

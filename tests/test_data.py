@@ -146,6 +146,7 @@ def test_vocab():
 
 # --- feature store -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_shared_builders_run_one_at_a_time(tmp_path):
     "Two processes (two side-by-side book runs) calling a guarded builder: the second starts after the first ends."
     import subprocess, sys, textwrap

@@ -309,6 +309,7 @@ def test_machine_paths_are_replaced_once_and_only_as_whole_paths():
     assert {a: without_machine_paths(a) for a in other} == other
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_a_kernel_that_loads_the_model_registry_imports_no_notebook_reader():
     "Every chapter's kernel loads the registry (`capbook.profiles.chapters`, which imports every capbook module, this one too) without reading a notebook: nbformat and jsonschema, whose format checker compiles its grammars as it is imported (a second), stay unimported until a function of `capbook.docs` or `capbook.copies` reads one."
     import subprocess

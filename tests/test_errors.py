@@ -24,6 +24,7 @@ def cli(*args, home=None, timeout=600):
     return subprocess.run([str(BIN / "capbook"), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device='cuda' is valid on a machine with a GPU")
 def test_cuda_without_a_gpu_is_one_line_in_the_notebook(home):
     with pytest.raises(CapbookError) as e:

@@ -157,6 +157,7 @@ def test_no_table_row_became_a_heading():
     assert not found, found
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_a_capbook_process_reads_notebooks_without_rfc3987_syntax():
     "capbook.core keeps jsonschema from importing rfc3987_syntax (39 grammars compiled at import, for an 'iri' string format no notebook schema has): in a process that imported it, papermill and nbformat load without it and still validate a notebook, and a malformed one still fails validation."
     code = ("import sys, capbook.core, papermill, nbformat\n"

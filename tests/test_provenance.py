@@ -105,6 +105,7 @@ def test_image_deleted_after_its_features_were_cached(photos):
     assert str(e.value).startswith(f"{root / 'images' / 'button.jpg'}: image not found (1 of 10 images")
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_figures_show_what_the_encoder_saw(photos, tmp_path):
     from capbook.viz import as_seen, attention_figure
     root, _ = photos

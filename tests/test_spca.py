@@ -300,6 +300,7 @@ def test_2d_decoding_with_distinct_word_maps_equals_plain():
         assert abs(f.logprob - p.logprob) < 1e-4 and torch.allclose(f.alpha, p.alpha, atol=1e-5)
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_a_readers_kernel_run_is_placed_among_the_books_rows(monkeypatch):
     "`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5` ends with where its score falls against the book's published rows that differ from it in one parameter (3x3 with its seeds' interval, 5x5 itself); a run on other data gets no such lines."
     import dataclasses

@@ -78,6 +78,7 @@ def test_bench_times_a_family_as_the_book_builds_it(smoke):
     assert op_kind("aten::mm") == "matrix products" and op_kind("aten::uniform_") == "random draws"
 
 
+@pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's
 def test_bench_against_an_earlier_commit_times_both_codes_in_alternating_processes(smoke):
     "`capbook bench --against REV`: each round times the family under REV's code (a temporary worktree) and under this code, each in a fresh process that imports its own tree; a bad commit or family is one line."
     from capbook.bench import versus, family_spec
