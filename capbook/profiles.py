@@ -11,12 +11,12 @@ from typing import Any, Callable, Mapping
 from .core import CapbookError, check_choice, check_float, check_int, cpu_precision, get_device, project_root, runs_dir
 
 # %% auto 0
-__all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_PRECISION', 'PROFILE_LR', 'BUDGET', 'LADDER', 'RISING', 'CHAPTERS',
-           'SEEDS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS', 'check_profile', 'out_dir',
-           'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin', 'RunConfig', 'read_params',
-           'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams', 'epochs_trained',
-           'row_epochs', 'late_gain', 'curve_end', 'scst_budget', 'scst_arms', 'decoding', 'train_config',
-           'train_procs']
+__all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_SCST', 'PROFILE_PRECISION', 'PROFILE_LR', 'BUDGET', 'LADDER',
+           'RISING', 'CHAPTERS', 'SEEDS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS', 'check_profile',
+           'out_dir', 'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin', 'RunConfig',
+           'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
+           'epochs_trained', 'row_epochs', 'late_gain', 'curve_end', 'scst_budget', 'scst_arms', 'decoding',
+           'train_config', 'train_procs']
 
 # %% ../nbs/00la_profiles.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -47,6 +47,9 @@ RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe
 }
 
 PROFILE_TRAIN = {"smoke": {"schedule": "step", "lr_step": 1000}}   # the smoke profile's one epoch is no budget to anneal over: a constant rate
+PROFILE_SCST = {"smoke": {"max_steps": 8}}   # a profile's self-critical stage besides the protocol's: the smoke book checks that a stage
+                                            # trains, validates, records and draws, not what it learns, and 8 of its epoch's 24 steps
+                                            # do that (a third of the smoke book's self-critical minutes); the other profiles train every epoch
 
 PROFILE_PRECISION = {"smoke": "fp32"}   # a profile's CPU arithmetic where a run leaves precision 'auto' (else the CPU's, `cpu_precision`):
                                         # the smoke profile's matrices are too small for bfloat16 to pay for autocast's casts (00r_bench:

@@ -8,7 +8,7 @@ import contextlib, dataclasses, os, time
 from pathlib import Path
 from typing import Any, Callable
 from .core import CapbookError, get_device, io_errors_as_lines, load_torch, seed_everything
-from .profiles import SCST_ARMS, SCST_WARMUP, Chapter, chapter, decoding, model_hparams, scst_arms, train_config
+from .profiles import PROFILE_SCST, SCST_ARMS, SCST_WARMUP, Chapter, chapter, decoding, model_hparams, scst_arms, train_config
 
 # %% auto 0
 __all__ = ['timed', 'self_critical', 'scst_setup', 'chapter_data', 'chapter_setup', 'scst_start', 'fit_stages',
@@ -47,7 +47,8 @@ def scst_setup(prep, p: Any, cfg: Any, baseline: str | None = None) -> tuple[Any
     # the protocol's rule: the whole budget trained, no early stop on a plateau a longer run climbs out of
     scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=SCST_WARMUP, lr_gamma=1.0,
                                metric="CIDEr", patience=0, val_beam=1, batch_order="image", max_words=0,
-                               validate_start=True, label_smoothing=0.0, ss_start=-1)   # cross-entropy's options: self-critical training samples its own captions
+                               validate_start=True, label_smoothing=0.0, ss_start=-1,   # cross-entropy's options: self-critical training samples its own captions
+                               **PROFILE_SCST.get(getattr(p, "profile", None), {}))     # the smoke profile's short stage
     objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=baseline or SCST_ARMS[p.scst_baseline][0],
                              cache=data_dir() / "cider")
     return scfg, objective
