@@ -89,9 +89,10 @@ RECIPES = {   # TrainConfig over the protocol (its defaults) for a run's `recipe
 }
 
 PROFILE_TRAIN = {"smoke": {"schedule": "step", "lr_step": 1000}}   # the smoke profile's one epoch is no budget to anneal over: a constant rate
-PROFILE_SCST = {"smoke": {"max_steps": 8}}   # a profile's self-critical stage besides the protocol's: the smoke book checks that a stage
-                                            # trains, validates, records and draws, not what it learns, and 8 of its epoch's 24 steps
-                                            # do that (a third of the smoke book's self-critical minutes); the other profiles train every epoch
+PROFILE_SCST = {"smoke": {"max_steps": 12}}  # a profile's self-critical stage besides the protocol's: the smoke book checks that a stage
+                                            # trains, validates, records, logs its reward curves and draws, not what it learns, and half
+                                            # its epoch does that (12 of 24 steps: to the mid-epoch validation, past one `log_every`
+                                            # window of curves); the other profiles train every epoch
 
 PROFILE_PRECISION = {"smoke": "fp32"}   # a profile's CPU arithmetic where a run leaves precision 'auto' (else the CPU's, `cpu_precision`):
                                         # the smoke profile's matrices are too small for bfloat16 to pay for autocast's casts (00r_bench:
