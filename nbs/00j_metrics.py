@@ -123,22 +123,22 @@ def _meteor_close(locked: bool = False) -> None:
 
 atexit.register(_meteor_close)
 
-def _meteor_at(addr: str | None, gts: dict, res: dict) -> float | None:
-    "METEOR through the service at `addr` ('socket path|authkey', `meteor_service`), or None where none serves (no address, the service gone, or its scoring failed)."
+def _meteor_at(addr: str | None, gts: dict, res: dict) -> float:
+    "METEOR through the service at `addr` ('socket path|authkey', `meteor_service`), else, where none serves (no address, the service gone, or its scoring failed), through this process's own (`_meteor_here`)."
     from multiprocessing.connection import Client
-    if not addr: return None
-    path, key = addr.rsplit("|", 1)
-    try:
-        with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
-            c.send((gts, res)); ok, v = c.recv()
-        return v if ok else None
-    except (OSError, EOFError): return None
+    if addr:
+        path, key = addr.rsplit("|", 1)
+        try:
+            with Client(path, family="AF_UNIX", authkey=bytes.fromhex(key)) as c:
+                c.send((gts, res)); ok, v = c.recv()
+            if ok: return v
+        except (OSError, EOFError): pass          # the service is gone: score here
+    return _meteor_here(gts, res)
 
 def meteor_score(gts: dict, res: dict) -> float:
     "METEOR 1.5 of tokenized candidates {id: [str]} against references {id: [str]}: through the book's shared METEOR process when one serves (`meteor_service`), else through a Java process of its own. The same score either way."
     import os
-    v = _meteor_at(os.environ.get(METEOR_ENV), gts, res)
-    return _meteor_here(gts, res) if v is None else v       # none serves, or it has gone: score here
+    return _meteor_at(os.environ.get(METEOR_ENV), gts, res)
 
 @contextlib.contextmanager
 def meteor_service():
@@ -149,15 +149,11 @@ def meteor_service():
     key, state, outer = secrets.token_bytes(16), {"served": 0}, os.environ.get(METEOR_ENV)
     listener = Listener(os.path.join(d, "meteor.sock"), family="AF_UNIX", authkey=key)
 
-    def score(gts, res):
-        v = _meteor_at(outer, gts, res)
-        return _meteor_here(gts, res) if v is None else v
-
     def serve(conn):
         with conn:
             try:
                 gts, res = conn.recv()
-                try: reply = (True, score(gts, res)); state["served"] += 1
+                try: reply = (True, _meteor_at(outer, gts, res)); state["served"] += 1
                 except Exception as e: reply = (False, f"{e.__class__.__name__}: {e}")   # the run then tries its own
                 conn.send(reply)
             except (OSError, EOFError): pass
