@@ -4,7 +4,6 @@ from urllib.error import URLError
 import numpy as np
 import pytest
 import torch
-import torchvision
 from PIL import Image
 from capbook.core import CapbookError, file_digest
 from capbook import data as D, encoders as E, shapes as S
@@ -140,6 +139,7 @@ def test_imagenet_weights_unavailable(tmp_path, monkeypatch):
 def test_weights_files(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("no download expected"))
+    import torchvision                                  # here: both test workers collect this module, one runs the backbones
     src = E.build_backbone("vgg11", weights="random", seed=1)
     sd = {f"features.{k}": v for k, v in src.trunk.state_dict().items()}
     name = Path(torchvision.models.get_weight(E.BACKBONES["vgg11"].weights).url).name

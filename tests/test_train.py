@@ -12,7 +12,7 @@ from capbook.train import TrainConfig, fit
 BIN = Path(sys.executable).parent
 
 
-def train_cmd(run_dir, epochs=3, extra=()):
+def train_cmd(run_dir, epochs=2, extra=()):
     return [str(BIN / "capbook"), "train", "--profile", "smoke", "--run-dir", str(run_dir), "--epochs", str(epochs),
             "--ckpt-every", "7", *extra]
 
