@@ -428,7 +428,7 @@ def current(profile: str = "default", folder: Path | None = None) -> list[dict]:
     from capbook.copies import copy_current
     folder = Path(folder or out_dir(profile))
     m = load_json(folder / MANIFEST) if (folder / MANIFEST).exists() else {"files": {}, "steps": {}}
-    K = plan_keys(profile, made=False, fresh=True)
+    K = plan_keys(profile, made=False)            # this machine's fingerprints of today's package where it has them (as the book's)
     steps, rows = {s.name: s for s in K.steps}, []
     weights = encoder_weights(profile, 0) if profile != "paper" else None
     for f in published_files(folder):

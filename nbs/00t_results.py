@@ -557,8 +557,9 @@ labels_probe(), rows_probe(), show_probe()[:80]
 #
 # `capbook book` publishes each step's tables, figures and reader's copy to `figures/` and writes there the book's
 # **manifest**, `book.json`: which step made each file, the file's content hash, every step's key as it ran, and the
-# encoder weights the runs read. `current` recomputes today's keys (seconds, nothing trained) and says of every item
-# whether it is what today's code makes: *current*; *stale* (its step's key has changed: rerun it with `capbook book
+# encoder weights the runs read. `current` computes today's keys (from this machine's fingerprints of today's package
+# where it has them, `fingerprint_cache`, as the book does: seconds; else about a minute of probes) and says of every
+# item whether it is what today's code makes: *current*; *stale* (its step's key has changed: rerun it with `capbook book
 # --only <step>`); *edited* (changed by hand after publishing); *shows old text* (a reader's copy whose prose or
 # exported definitions have since changed in a way no number sees — a paragraph or a docstring, say: `capbook book`
 # refreshes the copy without rerunning anything); *unknown* (no step of today's book made it). `tests/test_book.py` fails on any item that is
@@ -604,7 +605,7 @@ def current(profile: str = "default", folder: Path | None = None) -> list[dict]:
     from capbook.copies import copy_current
     folder = Path(folder or out_dir(profile))
     m = load_json(folder / MANIFEST) if (folder / MANIFEST).exists() else {"files": {}, "steps": {}}
-    K = plan_keys(profile, made=False, fresh=True)
+    K = plan_keys(profile, made=False)            # this machine's fingerprints of today's package where it has them (as the book's)
     steps, rows = {s.name: s for s in K.steps}, []
     weights = encoder_weights(profile, 0) if profile != "paper" else None
     for f in published_files(folder):
