@@ -37,9 +37,11 @@ def _shared(K) -> dict:
     return {k: v for k, v in K._probes.items() if k.startswith("shared ")}
 
 
-def _keys(base_keyring, keep_shared=True):
+def _keys(base_keyring, keep_shared=True, keep_probes=False):
+    "Every key of the plan computed again: the models' probes afresh unless `keep_probes`, the shared ones afresh unless `keep_shared`."
     K = plan_keys(PROFILE, made=False, fresh=True)
     if keep_shared: K._probes.update(_shared(base_keyring))
+    if keep_probes: K._probes.update(base_keyring._probes)
     return {s.name: K.get(s) for s in K.steps}
 
 
@@ -108,9 +110,7 @@ def test_a_longer_budget_changes_exactly_the_steps_that_train_at_it(base, monkey
     K, keys = base
     ssa = chapters()["04_spatial_self_attention"]
     monkeypatch.setattr(ssa, "epochs", {**ssa.epochs, PROFILE: 2})
-    K2 = plan_keys(PROFILE, made=False, fresh=True)
-    K2._probes.update(K._probes)
-    now = {s.name: K2.get(s) for s in K2.steps}
+    now = _keys(K, keep_probes=True)
     runs = {s.name for s in K.steps if s.notebook == "04_spatial_self_attention"}
     assert runs and {n for n in keys if now[n] != keys[n]} == _downstream(K, runs)
     assert R.budget(next(s for s in K.steps if s.name in runs)) == {"epochs": 2}
