@@ -12,19 +12,32 @@ BIN := $(VENV)/bin
 PROFILE ?= default
 JOBS ?= 2
 STAMP := $(VENV)/.capbook-installed
+# Python writes each module's bytecode the first time a process imports it, in every command below, where an
+# environment that sets PYTHONDONTWRITEBYTECODE would have every process compile its imports from source again.
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: book docs test test-fast soak lint hooks venv browser sync gpu-check
+.PHONY: book docs test test-fast soak lint hooks venv lock browser sync gpu-check
 
 venv: $(STAMP)
 
-# pip byte-compiles every installed file one after another (most of a 3-minute install); compileall does it on
-# every core afterwards (a few files of some packages are not valid Python 3, hence the || true).
-$(STAMP): pyproject.toml
+# Installed from requirements.lock (today's versions of every package, `make lock` to move them) by uv, from the
+# indexes pip is configured with (tools/pip_indexes.py): about 25 s where pip's resolver and serial unpacking took 2-3
+# minutes. Without uv (none to be had), pip installs the same pins.
+LOCK := $(wildcard requirements.lock)
+UV_FROM_PIP = $$($(BIN)/python tools/pip_indexes.py) --index-strategy unsafe-best-match
+
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -e '.[test]'
-	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null 2>&1 || true
+	@$(BIN)/pip install -q 'uv==0.13.9' > /dev/null 2>&1 || true
+	@if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install -q --python $(BIN)/python $(UV_FROM_PIP) $(if $(LOCK),-c $(LOCK)) -e '.[test]'; \
+	 else $(BIN)/pip install -q $(if $(LOCK),-c $(LOCK)) -e '.[test]'; fi
 	@$(BIN)/python -c 'from capbook.book import write_kernel_config; write_kernel_config()'   # no plain-TCP warning in the reader's papermill runs
 	@touch $@
+
+# requirements.lock from pyproject.toml's ranges, keeping every pin the ranges still allow (uv reads the old file).
+lock: venv
+	$(BIN)/uv pip compile pyproject.toml --extra test --python $(BIN)/python $(UV_FROM_PIP) --no-emit-find-links \
+	  --no-emit-index-url --custom-compile-command 'make lock' -o requirements.lock
 
 # Headless Chromium for the docs-site test (Debian package; needs root or sudo).
 browser:
@@ -38,7 +51,7 @@ book: venv
 docs: venv
 	$(BIN)/capbook docs --open
 
-LINTED := capbook nbs/*.py tests
+LINTED := capbook nbs/*.py tests tools
 
 lint: venv
 	$(BIN)/ruff check $(LINTED)
