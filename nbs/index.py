@@ -30,7 +30,7 @@
 # ## Quick start
 #
 # You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (it installs
-# Debian's). Each command first makes `.venv/` (about 3 minutes, once).
+# Debian's). Each command first makes `.venv/` once (about a minute; more where torch must be downloaded).
 #
 # ```bash
 # make docs                 # the published book's site, built in runs/default/site/ (no training)
