@@ -22,15 +22,15 @@ venv: $(STAMP)
 
 # Installed from requirements.lock (today's versions of every package, `make lock` to move them) by uv, from the
 # indexes pip is configured with (tools/pip_indexes.py): about 25 s where pip's resolver and serial unpacking took 2-3
-# minutes. Without uv (none to be had), pip installs the same pins.
+# minutes. Where uv cannot be had or fails (a proxy that only pip is set up for), pip installs the same pins.
 LOCK := $(wildcard requirements.lock)
 UV_FROM_PIP = $$($(BIN)/python tools/pip_indexes.py) --index-strategy unsafe-best-match
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install -q 'uv==0.13.9' > /dev/null 2>&1 || true
-	@if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install -q --python $(BIN)/python $(UV_FROM_PIP) $(if $(LOCK),-c $(LOCK)) -e '.[test]'; \
-	 else $(BIN)/pip install -q $(if $(LOCK),-c $(LOCK)) -e '.[test]'; fi
+	@{ test -x $(BIN)/uv && $(BIN)/uv pip install -q --python $(BIN)/python $(UV_FROM_PIP) $(if $(LOCK),-c $(LOCK)) -e '.[test]'; } \
+	 || $(BIN)/pip install -q $(if $(LOCK),-c $(LOCK)) -e '.[test]'
 	@$(BIN)/python -c 'from capbook.book import write_kernel_config; write_kernel_config()'   # no plain-TCP warning in the reader's papermill runs
 	@touch $@
 
