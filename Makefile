@@ -26,12 +26,18 @@ venv: $(STAMP)
 LOCK := $(wildcard requirements.lock)
 UV_FROM_PIP = $$($(BIN)/python tools/pip_indexes.py) --index-strategy unsafe-best-match
 
+# Each module's bytecode is written when a process first imports it (above); the package and the libraries the test
+# workers, kernels and site builds load are imported once when the venv is made, so that the first test run's workers
+# and kernels do not all compile the same modules at once (about 15 s of CPU, once).
+WARM := pytest xdist papermill ipykernel matplotlib.pyplot scipy.stats sphinx myst_nb jupyter_book
+
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install -q 'uv==0.13.9' > /dev/null 2>&1 || true
 	@{ test -x $(BIN)/uv && $(BIN)/uv pip install -q --python $(BIN)/python $(UV_FROM_PIP) $(if $(LOCK),-c $(LOCK)) -e '.[test]'; } \
 	 || $(BIN)/pip install -q $(if $(LOCK),-c $(LOCK)) -e '.[test]'
 	@$(BIN)/python -c 'from capbook.book import write_kernel_config; write_kernel_config()'   # no plain-TCP warning in the reader's papermill runs
+	@$(BIN)/python -c 'import importlib, pkgutil, capbook; [importlib.import_module(m) for m in [f"capbook.{i.name}" for i in pkgutil.iter_modules(capbook.__path__)] + "$(WARM)".split()]'
 	@touch $@
 
 # requirements.lock from pyproject.toml's ranges, keeping every pin the ranges still allow (uv reads the old file).
