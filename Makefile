@@ -36,8 +36,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	@$(BIN)/pip install -q 'uv==0.13.9' > /dev/null 2>&1 || true
 	@{ test -x $(BIN)/uv && $(BIN)/uv pip install -q --python $(BIN)/python $(UV_FROM_PIP) $(if $(LOCK),-c $(LOCK)) -e '.[test]'; } \
 	 || $(BIN)/pip install -q $(if $(LOCK),-c $(LOCK)) -e '.[test]'
-	@$(BIN)/python -c 'from capbook.book import write_kernel_config; write_kernel_config()'   # no plain-TCP warning in the reader's papermill runs
-	@$(BIN)/python -c 'import importlib, pkgutil, capbook; [importlib.import_module(m) for m in [f"capbook.{i.name}" for i in pkgutil.iter_modules(capbook.__path__)] + "$(WARM)".split()]'
+	@# one process: the imports above, then the kernel config (no plain-TCP warning in the reader's papermill runs)
+	@$(BIN)/python -c 'import importlib, pkgutil, capbook; [importlib.import_module(m) for m in [f"capbook.{i.name}" for i in pkgutil.iter_modules(capbook.__path__)] + "$(WARM)".split()]; capbook.book.write_kernel_config()'
 	@touch $@
 
 # requirements.lock from pyproject.toml's ranges, keeping every pin the ranges still allow (uv reads the old file).
