@@ -438,8 +438,9 @@ if "matplotlib.pyplot" in sys.modules: sys.modules["matplotlib.pyplot"].close("a
 if "torch" in sys.modules: sys.modules["torch"].manual_seed(67280421310721)
 for m in [m for m in sys.modules if m == "capbook" or m.startswith("capbook.")]: del sys.modules[m]
 get_ipython().reset(new_session=True)
-gc.collect()
-if "torch" in sys.modules and not sys.__dict__.get("_capbook_frozen"): gc.freeze(); sys._capbook_frozen = True
+__import__("gc").collect()                                # (the reset removed this cell's own names)
+if "torch" in __import__("sys").modules and not hasattr(__import__("sys"), "_capbook_frozen"):
+    __import__("gc").freeze(); __import__("sys")._capbook_frozen = True
 """
 
 def _shutdown_warm() -> None:
@@ -457,7 +458,7 @@ def warm_kernel(cwd: Path, step_key: str | None = None):
     key = stable_hash({"env": dict(os.environ), "cwd": str(cwd), "code": package_hash()}, 16)
     km = _WARM.get("km")
     if km is not None and (_WARM.get("key") != key or not run_sync(km.is_alive)()): _shutdown_warm(); km = None
-    if km is None:
+    if fresh := km is None:
         km = kernel_manager()(kernel_name="python3")
         run_sync(km.start_kernel)(cwd=str(cwd))
         if not _WARM.get("exit_hook"): atexit.register(_shutdown_warm); _WARM["exit_hook"] = True
@@ -470,8 +471,12 @@ def warm_kernel(cwd: Path, step_key: str | None = None):
         reply = kc.execute_interactive(_RESET.format(cwd=str(cwd), env=env), timeout=120, output_hook=lambda msg: None)
     except (RuntimeError, TimeoutError): reply = None
     finally: kc.stop_channels()
-    if not reply or reply["content"]["status"] != "ok":            # a kernel that cannot be reset is not reused
-        _shutdown_warm(); return warm_kernel(cwd, step_key)
+    if not reply or reply["content"]["status"] != "ok":            # a kernel that cannot be reset is not reused ...
+        _shutdown_warm()
+        if fresh:                                                 # ... and a fresh one that cannot is no kernel to run in
+            why = f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}" if reply else "no answer"
+            raise CapbookError(f"a fresh Jupyter kernel could not be prepared for a notebook ({why})")
+        return warm_kernel(cwd, step_key)
     return km
 
 def _published(f: Path) -> bool:

@@ -487,6 +487,23 @@ def test_a_reused_kernel_gives_a_fresh_kernels_results(home):
     nb0 = nbformat.read(out, 4)
     assert [c.get("outputs") and c.outputs[0].get("output_type") for c in nb0.cells if c.cell_type == "code"][:3] == \
            [c.get("outputs") and c.outputs[0].get("output_type") for c in nbformat.read(out2, 4).cells if c.cell_type == "code"][:3]
+    from jupyter_client import BlockingKernelClient
+    kc, said = BlockingKernelClient(), []
+    kc.load_connection_info(km.get_connection_info()); kc.start_channels()
+    try: kc.execute_interactive("import gc; print(gc.get_freeze_count())", timeout=60,
+                                output_hook=lambda m: said.append(m["content"]["text"]) if m["msg_type"] == "stream" else None)
+    finally: kc.stop_channels()
+    assert int("".join(said)) > 100_000            # the libraries' objects set aside from the collector, once, at a reset
+
+
+def test_a_kernel_that_cannot_be_prepared_stops_in_one_line(monkeypatch, tmp_path):
+    "A fresh kernel whose reset fails is no kernel to run a notebook in: one line with the reason, not a new kernel after another."
+    from capbook import book
+    book._shutdown_warm()
+    monkeypatch.setattr(book, "_RESET", "raise ValueError('cannot reset')")
+    with pytest.raises(CapbookError, match=r"^a fresh Jupyter kernel could not be prepared for a notebook \(ValueError: cannot reset\)$"):
+        book.warm_kernel(tmp_path)
+    assert "km" not in book._WARM
 
 
 def test_only_selects_chapters_steps_and_patterns():
