@@ -495,7 +495,7 @@ def bench(profile: str = "default", only: list[str] | None = None, batches: int 
             f"{'' if trained else ' (untrained weights)'}{where}  [{fam.step.name}, {time.perf_counter() - t0:.0f} s]")
     if tutorial and (not only or "sat_soft" in only):
         s = setup(next(f for f in families(profile, ["sat_soft"])), dev)
-        ours, ref = tutorial_speed(s, batches=5 * batches)
+        ours, ref = tutorial_speed(s, batches=5 * batches, rounds=6 if batches >= 4 else 2)   # a quick look (`--batches 1`): two rounds
         cider_ms, coco_ms = cider_bench(s["prep"])
         out |= {"sat_soft_train_captions_per_s": round(ours, 1), "tutorial_train_captions_per_s": round(ref, 1),
                 "train_vs_tutorial": round(ours / ref, 2), "cider_d_batch_ms": round(cider_ms, 2),
