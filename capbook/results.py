@@ -346,9 +346,14 @@ class Keys:
             with _probing(): self._keep(f"helper {name}", stable_hash(HELPER_PROBES[name](), 16))
         return self._probes[f"helper {name}"]
 
+    @staticmethod
+    def row(step) -> str:
+        "The name under which a chapter step's probe is kept: its notebook and parameters, the seed aside (its seeds share it)."
+        return stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
+
     def probe(self, step) -> str:
         "The hash of a chapter step's probe, shared by its seeds."
-        row = stable_hash({k: v for k, v in step.params.items() if k not in ("seed", "run_dir")} | {"nb": step.notebook}, 16)
+        row = self.row(step)
         if row not in self._probes:
             try: fp = probe(step)
             except CapbookError as e: fp = f"invalid: {e}"    # a run with a bad parameter: its notebook stops on it, in one line

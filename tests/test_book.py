@@ -970,10 +970,10 @@ def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slur
     line = next(l for l in out.splitlines() if f"SLURM job {job}" in l)
     assert f"{step}: SLURM job {job} ended CANCELLED" in line, line
     assert (log := re.search(r"log: (\S+)", line)) and Path(log[1]).exists(), line
-    job_log, t0 = Path(log[1]).with_suffix(".out"), time.time()
-    while Path(job_log).read_text().count("signal SIGTERM: the job ends here") < 2 and time.time() - t0 < 30:
+    log_path, t0 = Path(log[1]).with_suffix(".out"), time.time()
+    while log_path.read_text().count("signal SIGTERM: the job ends here") < 2 and time.time() - t0 < 30:
         time.sleep(0.2)                                               # the job may still be writing as the queue reports it ended
-    job_log = job_log.read_text()
+    job_log = log_path.read_text()
     assert job_log.count("Starting with JobEnvironment") == 2 and job_log.count("signal SIGTERM: the job ends here") == 2, job_log
     assert not (runs / "done.json").exists()
     p = _slurm_book(env, f"={step}", ctrl_c=True)                     # Ctrl-C on the book cancels its jobs

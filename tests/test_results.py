@@ -37,11 +37,11 @@ def _shared(K) -> dict:
     return {k: v for k, v in K._probes.items() if k.startswith("shared ")}
 
 
-def _keys(base_keyring, keep_shared=True, keep_probes=False):
-    "Every key of the plan computed again: the models' probes afresh unless `keep_probes`, the shared ones afresh unless `keep_shared`."
+def _keys(base_keyring, keep_shared=True, keep_probes=False, recompute=frozenset()):
+    "Every key of the plan computed again: the models' probes afresh unless `keep_probes` (then all but the rows named in `recompute`), the shared ones afresh unless `keep_shared`."
     K = plan_keys(PROFILE, made=False, fresh=True)
     if keep_shared: K._probes.update(_shared(base_keyring))
-    if keep_probes: K._probes.update(base_keyring._probes)
+    if keep_probes: K._probes.update({k: v for k, v in base_keyring._probes.items() if not k.startswith("shared ") and k not in recompute})
     return {s.name: K.get(s) for s in K.steps}
 
 
@@ -53,8 +53,7 @@ def _downstream(K, names: set) -> set:
 def test_keys_are_the_same_on_a_second_computation_another_thread_count_and_a_refactor(base, monkeypatch):
     "A model's code rewritten without changing a number (its forward wrapped, its docstring and the package's source changed), its runs' probes and the shared ones computed again from scratch with the other thread count: each key as it was. Comments and docstrings in a notebook's cells leave its code's key as it was too. (Every other probe's second computation from scratch is `test_a_numeric_change_to_one_family_changes_exactly_the_steps_that_train_it`'s; every probe's at another thread count and instruction set, the default plan's, is `test_every_key_is_the_same_with_the_cpus_vector_instructions_lowered`'s.)"
     K, keys = base
-    row = lambda s: R.stable_hash({k: v for k, v in s.params.items() if k not in ("seed", "run_dir")} | {"nb": s.notebook}, 16)   # `Keys.probe`'s
-    rewritten = {row(s) for s in K.steps if s.notebook in chapters() and R.resolved(s)[2] == "sat_soft"}
+    rewritten = {K.row(s) for s in K.steps if s.notebook in chapters() and R.resolved(s)[2] == "sat_soft"}
     assert rewritten and rewritten <= set(K._probes)                  # named as the keyring names them: left out below, so computed again
     spec = REGISTRY["sat_soft"]
     cls = type(spec.factory(__import__("capbook.models", fromlist=["make_config"]).make_config("sat_soft"), vocab_size=5, feat_dim=4, grid=(2, 2)))
@@ -64,10 +63,7 @@ def test_keys_are_the_same_on_a_second_computation_another_thread_count_and_a_re
     monkeypatch.setattr("capbook.core.package_hash", lambda: "a-different-source")
     threads = torch.get_num_threads()
     torch.set_num_threads(2 if threads == 1 else 1)
-    try:
-        K2 = plan_keys(PROFILE, made=False, fresh=True)
-        K2._probes.update({k: v for k, v in K._probes.items() if not k.startswith("shared ") and k not in rewritten})
-        again = {s.name: K2.get(s) for s in K2.steps}
+    try: again = _keys(K, keep_shared=False, keep_probes=True, recompute=rewritten)
     finally: torch.set_num_threads(threads)
     assert again == keys
     nb = json.loads((nbs_dir() / "03_spca.ipynb").read_text())
