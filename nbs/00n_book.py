@@ -484,10 +484,29 @@ def _published(f: Path) -> bool:
     return f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))
 
 def unchanged(step: Step, profile: str, key: str) -> Path | None:
-    "The executed notebook of `step` if its last execution finished under `key` (its results are current), else None."
+    "The executed notebook of `step` if its last execution finished under `key` (its results are current); where the step has no run here at all, what the checkout's published book keeps of it if that book made it under `key` (`published_stand_in`); else None."
     d = runs_dir() / profile / step.name
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
-    return out if done.exists() and out.exists() and load_json(done).get("key") == key else None
+    if done.exists(): return out if out.exists() and load_json(done).get("key") == key else None
+    return None if (d / "record.json").exists() else published_stand_in(step, profile, key)
+
+def published_stand_in(step: Step, profile: str, key: str) -> Path | None:
+    "What stands in for a step that has no run folder: its reader's copy (a tagged run: its record) in the book the checkout ships, where that book made it under `key` and keeps every file it made as it made it (the manifest's hashes; a chapter run's record among them); else None. Only the checkout's own book stands in (`figures/`, the default profile's): a clone has it without the runs, and it is what the currency test holds current; a profile published inside its run folders has none (a run folder deleted beside its published copy was deleted to be made again)."
+    from capbook.records import MANIFEST, RECORDS
+    from capbook.results import encoder_weights, file_sha
+    folder = out_dir(profile)
+    if folder.is_relative_to(runs_dir()) or not (folder / MANIFEST).exists(): return None
+    m = load_json(folder / MANIFEST, "published book's manifest")
+    if m.get("steps", {}).get(step.name) != key or m.get("encoder") != encoder_weights(profile, 0): return None
+    made = [f for f, e in m.get("files", {}).items() if e["step"] == step.name]
+    if not all((folder / f).is_file() and file_sha(folder / f) == m["files"][f]["sha256"] for f in made): return None
+    record, copy = f"{RECORDS}/{step.name}.json.gz", f"notebooks/{step.notebook}.ipynb"
+    if step.params and step.notebook in chapters() and record not in made: return None   # the tables chapters read it
+    return folder / (copy if copy in made else record if record in made else MANIFEST)
+
+def skipped_line(step: Step, kept: Path) -> str:
+    "The book's line for a step `unchanged` found current: run here, or stood in for by the published book."
+    return f"  {step.name}: unchanged, skipped" + ("" if kept.is_relative_to(runs_dir()) else " (no run here: the published book's results stand in)")
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it); return (executed notebook path, whether it ran)."
@@ -498,7 +517,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
     if key is None: key = plan_keys(profile).get(step)
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
     if not force and (kept := unchanged(step, profile, key)):
-        log(f"  {step.name}: unchanged, skipped"); return kept, False
+        log(skipped_line(step, kept)); return kept, False
     d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
     for f in filter(_published, d.glob("*")):
         f.unlink()                                # what the last execution drew: this one must draw its own or none
@@ -567,11 +586,13 @@ def machines_line(times) -> str:
             + ". Each step's minutes are as it last ran, on the machine its row names.")
 
 def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
-    "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay."
+    "Copy the tables (`table_*.md`, `table_*.csv`) and figures (`*.png`) of every untagged run to the profile's output folder, keep the reader's copies of the executed notebooks in its `notebooks/`, and write the book's manifest (`capbook.results.write_manifest`: which step made each file, and every step's key); `partial`: `steps` are part of the plan, the other chapters' copies and entries stay. A step with no finished run here (the published book stood in for it, `unchanged`) is left as published, as under `partial`."
     from capbook.copies import keep_notebooks
     from capbook.results import BOOK_STEP, write_manifest
     from capbook.records import publish_records
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
+    here = [s for s in steps if (runs_dir() / profile / s.name / "done.json").exists()]
+    partial, steps = partial or len(here) < len(steps), here   # a step the published book stood in for keeps its files and entries
     untagged, made_by = [s for s in steps if not s.tag], {}    # ablation runs reach the book through assembly notebooks
     for s in untagged:
         for f in filter(_published, (runs_dir() / profile / s.name).glob("*")):
@@ -685,7 +706,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                 while skip := [(s, kept) for s in ready() if not force and (kept := unchanged(s, profile, keyring.get(s)))]:
                     for s, kept in skip:              # unchanged: skipped here, no worker starts for it
                         waiting.remove(s); outs[s.name], keys[s.name] = kept, True
-                        log(f"  {s.name}: unchanged, skipped"); bar.update(1)
+                        log(skipped_line(s, kept)); bar.update(1)
                 for s in ready()[:jobs - len(running)]:
                     waiting.remove(s)
                     try: running[submit(s)] = s

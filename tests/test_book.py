@@ -74,6 +74,51 @@ def test_unchanged_book_is_skipped(book):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
+def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book, tmp_path, monkeypatch):
+    "A clone has the checkout's published book but none of its runs: a step that book made under today's key is not run again (its reader's copy or record stands in, and publishing leaves its files and entries as they were); another key, a published file edited since, a missing record or a run here of another key, and it is not current; a profile published inside its run folders has no stand-in."
+    import shutil
+    import capbook.book as B
+    from capbook.core import runs_dir, save_json
+    from capbook.results import plan_keys
+    home, _ = book
+    shipped = tmp_path / "figures"                                # the default profile's book sits in the checkout, outside its runs
+    shutil.copytree(home / "runs" / "smoke" / "figures", shipped)
+    monkeypatch.setattr(B, "out_dir", lambda profile: shipped)
+    names, aside = ("01_dataset", "02_show_attend_tell-none", "02a_soft_vs_hard"), tmp_path / "aside"
+    for n in names: shutil.move(runs_dir() / "smoke" / n, aside / n)
+    try:
+        K = plan_keys("smoke")
+        steps, lines = [s for s in K.steps if s.name in names], []
+        outs = B.run_plan("smoke", steps, log=lines.append)
+        assert sorted(l for l in lines if "(no run here: the published book's results stand in)" in l) == [f"  {n}: unchanged, skipped (no run here: the published book's results stand in)" for n in names], lines
+        assert outs == {"01_dataset": shipped / "notebooks" / "01_dataset.ipynb", "02_show_attend_tell-none": shipped / "records" / "02_show_attend_tell-none.json.gz",
+                        "02a_soft_vs_hard": shipped / "notebooks" / "02a_soft_vs_hard.ipynb"}
+        before = json.loads((shipped / "book.json").read_text())
+        B.publish("smoke", steps)                                  # a whole book's publishing, where all three stood in
+        after = json.loads((shipped / "book.json").read_text())
+        own = lambda m: {f: e for f, e in m["files"].items() if e["step"] in names}
+        assert after["steps"] == before["steps"] and own(after) == own(before) and len(own(before)) >= 8
+        tables, run = next(s for s in steps if s.name == "02a_soft_vs_hard"), next(s for s in steps if s.name == "02_show_attend_tell-none")
+        assert B.unchanged(tables, "smoke", "another key") is None
+        (runs_dir() / "smoke" / run.name).mkdir()
+        save_json(runs_dir() / "smoke" / run.name / "done.json", {"key": "another key"})
+        assert B.unchanged(run, "smoke", K.get(run)) is None, "a run here of another key is rerun, not stood in for"
+        shutil.rmtree(runs_dir() / "smoke" / run.name)
+        (shipped / "records" / f"{run.name}.json.gz").unlink()
+        assert B.unchanged(run, "smoke", K.get(run)) is None, "a chapter run without its record"
+        edited = next(shipped / f for f, e in own(before).items() if e["step"] == tables.name and f.startswith("table_") and f.endswith(".md"))
+        assert B.unchanged(tables, "smoke", K.get(tables)) is not None
+        edited.write_text(edited.read_text() + "\n")
+        assert B.unchanged(tables, "smoke", K.get(tables)) is None, f"{edited.name} edited since it was published"
+        monkeypatch.undo()
+        assert B.unchanged(steps[0], "smoke", K.get(steps[0])) is None, "the smoke book's own folder stands in for nothing"
+    finally:
+        for n in names:
+            shutil.rmtree(runs_dir() / "smoke" / n, ignore_errors=True); shutil.move(aside / n, runs_dir() / "smoke" / n)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
 def test_every_training_run_of_the_book_keeps_its_steps_key_for_resume(book):
     "The book hands each step's key to its kernel, and every checkpoint its runs write keeps it: an unfinished run resumes under that key after an edit elsewhere in the package (`00i_train`)."
     import torch
