@@ -52,7 +52,7 @@ browser:
 	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq chromium >/dev/null; }
 
 book: venv
-	$(BIN)/capbook book --profile $(PROFILE) -j $(JOBS) $(if $(ONLY),--only $(ONLY))
+	$(BIN)/capbook book --profile $(PROFILE) -j $(JOBS) $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force)
 
 docs: venv
 	$(BIN)/capbook docs --open

@@ -43,6 +43,8 @@
 # <!-- booktime -->
 # <!-- /booktime -->
 #
+# `make book` runs only what the published book in `figures/` does not already hold under today's code: on a fresh
+# clone, a step whose published results are current is not trained again (`make book FORCE=1` runs every step).
 # Part of the book: `make book ONLY="03_spca*"`; in Python: `import capbook`.
 #
 # <!-- onechapter -->
