@@ -30,7 +30,7 @@
 # ## Quick start
 #
 # You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (it installs
-# Debian's). Each command first makes `.venv/` once (about a minute; more where torch must be downloaded).
+# Debian's). Each command first makes `.venv/` once (a minute or more).
 #
 # ```bash
 # make docs                 # the published book's site, built in runs/default/site/ (no training)
@@ -43,17 +43,12 @@
 # <!-- booktime -->
 # <!-- /booktime -->
 #
-# `make book` runs only what the published book in `figures/` does not already hold under today's code: on a fresh
-# clone, a step whose published results are current is not trained again (`make book FORCE=1` runs every step).
-# Part of the book: `make book ONLY="03_spca*"`; in Python: `import capbook`.
+# `make book` trains only what `figures/` lacks under today's code (`FORCE=1`: every step); part of the book:
+# `make book ONLY="03_spca*"`; each step a SLURM job: `.venv/bin/capbook book --executor slurm --executor-config
+# slurm.yaml` ([set-up](00nb_cluster.ipynb)); in Python: `import capbook`.
 #
 # <!-- onechapter -->
 # <!-- /onechapter -->
-#
-# ### On a cluster
-#
-# `.venv/bin/capbook book --executor slurm --executor-config slurm.yaml`: each step a SLURM job (submitit), with
-# `.venv/`, `CAPBOOK_HOME` and `CAPBOOK_DATA` on a shared filesystem ([the config's fields](00nb_cluster.ipynb)).
 #
 # ## The chapters
 #
@@ -86,5 +81,5 @@
 # - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb) (kills, full disks, contributing), [one chapter](00m_runner.ipynb) (parameters, checkpoints).
 # - [Your own images](00q_caption.ipynb) (`capbook caption`), [scoring](00j_metrics.ipynb) (`capbook score`), [the package](00f_models.ipynb): a new model is a module and a registry entry. History: `CHANGELOG.md`.
 #
-# The papers' words are quoted with their section or equation, capbook's own remarks marked *capbook:*; each equation
-# is a comment above the line that computes it, with tensor shapes.
+# The papers' words are quoted with their section or equation, capbook's remarks marked *capbook:*; each equation is
+# a comment above the line computing it, with tensor shapes.
