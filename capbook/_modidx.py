@@ -955,4 +955,5 @@ d = { 'settings': { 'branch': 'main',
                              'capbook.viz.show_table': ('viz.html#show_table', 'capbook/viz.py'),
                              'capbook.viz.smooth_attention': ('viz.html#smooth_attention', 'capbook/viz.py'),
                              'capbook.viz.soft_hard_figure': ('viz.html#soft_hard_figure', 'capbook/viz.py'),
-                             'capbook.viz.stage_tables': ('viz.html#stage_tables', 'capbook/viz.py')}}}
+                             'capbook.viz.stage_tables': ('viz.html#stage_tables', 'capbook/viz.py'),
+                             'capbook.viz.whole_counts': ('viz.html#whole_counts', 'capbook/viz.py')}}}

@@ -17,7 +17,7 @@ from .data import load_rgb
 
 # %% auto 0
 __all__ = ['KEY_COLUMNS', 'smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'attention_rows', 'label_points',
-           'soft_hard_figure', 'markdown_table', 'save_table', 'show_table', 'stage_tables']
+           'soft_hard_figure', 'whole_counts', 'markdown_table', 'save_table', 'show_table', 'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -143,13 +143,23 @@ def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None,
     return Path(path)
 
 # %% ../nbs/00k_viz.ipynb
+def whole_counts(df: pd.DataFrame) -> pd.DataFrame:
+    "`df` with each column of whole numbers that pandas made float only to hold a missing value (seeds where a paper's row has none) as integers again (pandas' `Int64`), so that 3 seeds print as 3, not 3.00."
+    out = df.copy()
+    for c in out.columns:
+        x = out[c]
+        if pd.api.types.is_float_dtype(x) and x.isna().any() and x.notna().any() and (x.dropna() % 1 == 0).all():
+            out[c] = x.astype("Int64")
+    return out
+
 def markdown_table(df: pd.DataFrame, floatfmt: str = ".1f") -> str:
-    "`df` as a Markdown table, missing values as —."
+    "`df` as a Markdown table, missing values as —, counts as whole numbers (`whole_counts`)."
+    df = whole_counts(df)
     return df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
 
 def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -> str:
-    "Write `df` to `<stem>.md` (`markdown_table`) and `<stem>.csv` atomically; return the Markdown."
-    stem = Path(path_stem)
+    "Write `df` to `<stem>.md` (`markdown_table`) and `<stem>.csv` atomically, counts as whole numbers in both; return the Markdown."
+    stem, df = Path(path_stem), whole_counts(df)
     md = markdown_table(df, floatfmt)
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))

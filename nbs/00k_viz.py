@@ -261,13 +261,23 @@ assert len(_fig.axes) == 4 and "s$ = 1" in _fig.axes[2].get_title()
 
 # %%
 #| export
+def whole_counts(df: pd.DataFrame) -> pd.DataFrame:
+    "`df` with each column of whole numbers that pandas made float only to hold a missing value (seeds where a paper's row has none) as integers again (pandas' `Int64`), so that 3 seeds print as 3, not 3.00."
+    out = df.copy()
+    for c in out.columns:
+        x = out[c]
+        if pd.api.types.is_float_dtype(x) and x.isna().any() and x.notna().any() and (x.dropna() % 1 == 0).all():
+            out[c] = x.astype("Int64")
+    return out
+
 def markdown_table(df: pd.DataFrame, floatfmt: str = ".1f") -> str:
-    "`df` as a Markdown table, missing values as —."
+    "`df` as a Markdown table, missing values as —, counts as whole numbers (`whole_counts`)."
+    df = whole_counts(df)
     return df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="—")
 
 def save_table(df: pd.DataFrame, path_stem: str | Path, floatfmt: str = ".1f") -> str:
-    "Write `df` to `<stem>.md` (`markdown_table`) and `<stem>.csv` atomically; return the Markdown."
-    stem = Path(path_stem)
+    "Write `df` to `<stem>.md` (`markdown_table`) and `<stem>.csv` atomically, counts as whole numbers in both; return the Markdown."
+    stem, df = Path(path_stem), whole_counts(df)
     md = markdown_table(df, floatfmt)
     atomic_write(stem.with_suffix(".md"), lambda t: t.write_text(md + "\n"))
     atomic_write(stem.with_suffix(".csv"), lambda t: df.to_csv(t, index=False))
@@ -327,3 +337,5 @@ assert _m.shape == (112, 112) and _m.max() == 1 and np.unravel_index(_m.argmax()
 import tempfile
 _md = save_table(pd.DataFrame({"model": ["soft", "hard"], "BLEU-4": [21.3, None]}), Path(tempfile.mkdtemp()) / "t")
 print(_md); assert "—" in _md and "21.3" in _md
+_md = markdown_table(pd.DataFrame({"model": ["paper", "capbook"], "seeds": [None, 3.0], "CIDEr": [129.3, 104.0]}), ".2f")
+assert "|       3 |" in _md and "3.00" not in _md and "104.00" in _md      # a count stays whole; a score that happens to be whole does not
