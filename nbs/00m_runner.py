@@ -191,14 +191,15 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
         xe = run.path("ckpt")
         for arm, baseline in scst_arms(p):           # each arm from the same start; the greedy baseline's last
             scst_start(model, xe)
-            with timed(phase, "test_s"):
-                rl, ev, evg = self_critical(model, prep, p, cfg, run.path(f"ckpt-{arm}"), log, start=xe / "last.pt", baseline=baseline)
+            rl, ev, evg = self_critical(model, prep, p, cfg, run.path(f"ckpt-{arm}"), log, start=xe / "last.pt", baseline=baseline)
             stages[arm] = {"metrics": measured(ev), "greedy": measured(evg), "baseline": baseline, "best_epoch": rl.best_epoch,
                            "best_at": rl.best_at, "train_s": rl.train_seconds, "val_s": rl.val_seconds, "history": rl.history,
                            "images_per_s": ev["timings"]["images_per_s"]}
             if arm != "scst": save_test_captions(run.path(f"test_captions-{arm}.pt"), ev, grid)
             phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
-            phase["test_s"] -= rl.train_seconds + rl.val_seconds   # self_critical's own time left in test: its test decodes
+            # the stage's test: its two decodes and their scoring, as timed (its training and validation may have run in
+            # an earlier process that was stopped: this process's wall time less those would go negative)
+            phase["test_s"] += sum(e["timings"].get(k, 0.0) for e in (ev, evg) for k in ("decode_s", "score_s"))
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     with timed(phase, "measure_s"): extra = ch.measure(ctx) if ch.measure else {}
     save_test_captions(run.path("test_captions.pt"), ev, grid)

@@ -170,6 +170,8 @@ def test_chapter_trains_then_self_critically_and_records_both_stages(smoke, tmp_
     assert rec["attributes"]["words"] and 0 <= rec["attributes"]["scores"]["test"]["recall"] <= 1
     assert (tmp_path / "run" / "distilling.pt").exists() and rec["figure3"]["variant"] == "GLIED"
     assert rec["metrics"] == rec["stages"]["scst"]["metrics"] and r.record["timings"]["train_s"] > rec["stages"]["xe"]["train_s"]
+    again = run_chapter("05_glied", p, log=lambda s: None).record        # run again: both stages found finished, only tested
+    assert again["metrics"] == rec["metrics"] and 0 < again["timings"]["test_s"] < again["timings"]["wall_s"], again["timings"]
     with pytest.raises(CapbookError, match="parameter scst_baseline='best' is invalid"):
         run_chapter("05_glied", GLIEDParams(profile="smoke", scst_baseline="best"), log=lambda s: None)
 
