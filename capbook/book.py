@@ -172,8 +172,7 @@ def verdict_lines(folder: Path) -> str:
         what = f" ({part})" if part else ""
         out.append(f"- [`{nb}`]({nb}.ipynb){what}, {len(df)} claims: " + "; ".join(p for p in parts if p) + ".")
     if not out: return "*No tables chapter of this book has published its verdicts yet.*"
-    return ("Holm's correction runs over each chapter's distinct tests (\"survives Holm\") and, in the all-models "
-            "chapter, over the whole book's.\n\n"
+    return ("\"survives Holm\": the verdict stands after Holm's correction over its chapter's distinct tests.\n\n"
             + "\n".join(out))
 
 def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
@@ -185,7 +184,9 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
         if step is None: continue
         part = _part(f)
         for r in pd.read_csv(f).itertuples(index=False):
-            p = f"p {r.p:.2g}; Holm: {r.Holm}" if isinstance(r.p, float) and r.p == r.p else ""
+            p = f"p {r.p:.2g}" if isinstance(r.p, float) and r.p == r.p else ""
+            if p and r.verdict in ("holds", "does not hold"):   # Holm named only where it bears on the reading
+                p += "; survives Holm's correction" if r.Holm == "survives" else "; not after Holm's correction over the chapter"
             claim = re.sub(r"([*_\[\]`])", r"\\\1", r.claim)      # as written: Soft-Attention* is no emphasis
             claim = f"{part}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
             lines.setdefault(step, []).append(f"- {claim}: **{r.verdict}**" + (f" ({p})" if p else ""))
@@ -254,16 +255,26 @@ def index_blocks(folder: Path, status: dict[str, bool] | None, site: bool = Fals
             "booktime": book_time(folder), "onechapter": one_chapter(folder), "headline": headline(folder), "figure": figure}
 
 def headline(folder: Path) -> str:
-    "What the book found, in one sentence for the first screen: how many of the papers' claims its seeds confirm, refute or cannot tell, from every `table_*_verdicts.csv` it published."
+    "What the book found, in one sentence for the first screen, from every `table_*_verdicts.csv` it published: its distinct tests (a comparison claimed in two chapters is one test, `capbook.claims.test_id`), how many the seeds confirm, refute or cannot tell, and how many of those verdicts survive Holm's correction in their chapter and over the whole book (`table_*_book_family.csv`)."
     import pandas as pd
-    v = pd.concat([pd.read_csv(f)["verdict"] for f, _ in verdict_tables(folder)] or [pd.Series([], dtype=str)])
+    tables = [pd.read_csv(f) for f, _ in verdict_tables(folder)]
+    v = pd.concat(tables) if tables else pd.DataFrame({"verdict": pd.Series([], dtype=str)})
     if not len(v): return "*No chapter has tested its paper's claims yet.*"
-    n = lambda pre: int(v.str.startswith(pre).sum())
-    one, kept = int(v.str.contains("one seed").sum()), n("kept its start")
+    if "test" not in v: v["test"] = None
+    tested = v[v["test"].notna()]
+    distinct = tested.groupby("test").agg(verdict=("verdict", "first"), Holm=("Holm", lambda h: (h == "survives").any()))
+    n = lambda pre: int(distinct["verdict"].str.startswith(pre).sum())
+    one, kept = int(v["verdict"].str.contains("one seed").sum()), int(v["verdict"].str.startswith("kept its start").sum())
     rest = [f"{one} with one seed"] * bool(one) + [f"{kept} a stage that kept its start"] * bool(kept)
-    return (f"**What it found:** of {len(v)} claims of the papers tested, the seeds confirm {n('holds')}, refute "
-            f"{n('does not hold')}, cannot tell {n('cannot tell')}" + (f" (untested: {', '.join(rest)})" if rest else "")
-            + "; each is listed below.")
+    fam = sorted(Path(folder).glob("table_*_book_family.csv"))
+    book = int((pd.read_csv(fam[0])["Holm over the book"] == "survives").sum()) if fam else None
+    again = len(tested) - len(distinct)
+    return (f"**What it found:** {len(distinct)} distinct tests of the papers' claims"
+            + (f" ({again} claimed in two chapters, counted once)" if again else "")
+            + f": the seeds confirm {n('holds')}, refute {n('does not hold')}, cannot tell {n('cannot tell')}"
+            + (f" (untested: {', '.join(rest)})" if rest else "")
+            + f"; {(h := int(distinct['Holm'].sum()))} survive{'s' * (h == 1)} Holm's correction in {'its' if h == 1 else 'their'} chapter"
+            + (f", {book} over the whole book" if book is not None else "") + ". Each is listed below.")
 
 def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:
     "README.md: the index notebook's text, its generated blocks filled from the published book (`figures/`), its links to other notebooks pointing at their executed copies (`figures/notebooks/`: a code host shows their tables and figures; the sources in `nbs/` have no outputs), or into `nbs/` where the book has none."
