@@ -16,8 +16,9 @@ from .core import atomic_write
 from .data import load_rgb
 
 # %% auto 0
-__all__ = ['KEY_COLUMNS', 'smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'attention_rows', 'label_points',
-           'soft_hard_figure', 'whole_counts', 'markdown_table', 'save_table', 'show_table', 'stage_tables']
+__all__ = ['COUNTS', 'KEY_COLUMNS', 'smooth_attention', 'as_seen', 'attention_figure', 'save_figure', 'attention_rows',
+           'label_points', 'soft_hard_figure', 'whole_counts', 'markdown_table', 'save_table', 'show_table',
+           'stage_tables']
 
 # %% ../nbs/00k_viz.ipynb
 def smooth_attention(alpha: torch.Tensor, grid: tuple[int, int], size: int) -> np.ndarray:
@@ -143,12 +144,14 @@ def soft_hard_figure(image, ex: dict, word: str, path: str | Path | None = None,
     return Path(path)
 
 # %% ../nbs/00k_viz.ipynb
+COUNTS = ("seeds", "images", "trials")   # the columns that count things: whole numbers, whatever pandas made of them
+
 def whole_counts(df: pd.DataFrame) -> pd.DataFrame:
-    "`df` with each column of whole numbers that pandas made float only to hold a missing value (seeds where a paper's row has none) as integers again (pandas' `Int64`), so that 3 seeds print as 3, not 3.00."
+    "`df` with each count column (`COUNTS`) that pandas made float only to hold a missing value (seeds where a paper's row has none) as integers again (pandas' `Int64`), so that 3 seeds print as 3, not 3.00; a score is left as it is, whole or not."
     out = df.copy()
     for c in out.columns:
         x = out[c]
-        if pd.api.types.is_float_dtype(x) and x.isna().any() and x.notna().any() and (x.dropna() % 1 == 0).all():
+        if c in COUNTS and pd.api.types.is_float_dtype(x) and x.notna().any() and (x.dropna() % 1 == 0).all():
             out[c] = x.astype("Int64")
     return out
 

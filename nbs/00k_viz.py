@@ -261,12 +261,14 @@ assert len(_fig.axes) == 4 and "s$ = 1" in _fig.axes[2].get_title()
 
 # %%
 #| export
+COUNTS = ("seeds", "images", "trials")   # the columns that count things: whole numbers, whatever pandas made of them
+
 def whole_counts(df: pd.DataFrame) -> pd.DataFrame:
-    "`df` with each column of whole numbers that pandas made float only to hold a missing value (seeds where a paper's row has none) as integers again (pandas' `Int64`), so that 3 seeds print as 3, not 3.00."
+    "`df` with each count column (`COUNTS`) that pandas made float only to hold a missing value (seeds where a paper's row has none) as integers again (pandas' `Int64`), so that 3 seeds print as 3, not 3.00; a score is left as it is, whole or not."
     out = df.copy()
     for c in out.columns:
         x = out[c]
-        if pd.api.types.is_float_dtype(x) and x.isna().any() and x.notna().any() and (x.dropna() % 1 == 0).all():
+        if c in COUNTS and pd.api.types.is_float_dtype(x) and x.notna().any() and (x.dropna() % 1 == 0).all():
             out[c] = x.astype("Int64")
     return out
 
@@ -337,5 +339,5 @@ assert _m.shape == (112, 112) and _m.max() == 1 and np.unravel_index(_m.argmax()
 import tempfile
 _md = save_table(pd.DataFrame({"model": ["soft", "hard"], "BLEU-4": [21.3, None]}), Path(tempfile.mkdtemp()) / "t")
 print(_md); assert "—" in _md and "21.3" in _md
-_md = markdown_table(pd.DataFrame({"model": ["paper", "capbook"], "seeds": [None, 3.0], "CIDEr": [129.3, 104.0]}), ".2f")
-assert "|       3 |" in _md and "3.00" not in _md and "104.00" in _md      # a count stays whole; a score that happens to be whole does not
+_md = markdown_table(pd.DataFrame({"model": ["paper", "capbook"], "seeds": [None, 3.0], "CIDEr": [None, 104.0]}), ".2f")
+assert "|       3 |" in _md and "3.00" not in _md and "104.00" in _md      # a count stays whole; a score that happens to be whole keeps its decimals
