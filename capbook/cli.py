@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("caption", help="caption your own images with a trained model of the book",
                        description=f"Caption image files with a run the book trained, by default {CAPTION_MODEL} (Show, Attend "
                        f"and Tell's soft attention). It needs that run trained: on a fresh clone `capbook book --only "
-                       f"={CAPTION_MODEL} --no-docs` trains it alone; --model names another run of the book, --run-dir any run folder.")
+                       f"={CAPTION_MODEL} --force --no-docs` trains it alone; --model names another run of the book, --run-dir any run folder.")
     c.add_argument("photos", nargs="+", metavar="PHOTO", help="image files (any format the loader reads)")
     c.add_argument("--model", default=CAPTION_MODEL, help="a trained run of the book (a plan step, e.g. 06_baselines-att2in; "
                    "default: %(default)s)")

@@ -95,7 +95,7 @@ def run_captions(rec: dict, which: str = "final") -> dict:
         return {"keys": list(c["keys"]), "words": [list(w) for w in c["words"]], "grid": list(c["grid"]),
                 "alpha": [restored_maps(kept_maps(a)) for a in c["alpha"][:FIGURE_IMAGES]]}
     if which not in rec.get("test_words", {}) or which not in rec.get("test_alpha", {}):
-        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again: `capbook book --only ={Path(rec['_dir']).name} --force`)")
     w, a = rec["test_words"][which], rec["test_alpha"][which]
     return {"keys": w["keys"], "words": w["words"], "grid": a["grid"], "alpha": [restored_maps(x) for x in a["maps"]]}
 
@@ -105,7 +105,7 @@ def run_words(rec: dict, which: str = "final") -> list[list[str]]:
     f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
     if f.exists(): return [list(w) for w in load_torch(f, "test captions")["words"]]
     if which not in rec.get("test_words", {}):
-        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again with `capbook book --only`)")
+        raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again: `capbook book --only ={Path(rec['_dir']).name} --force`)")
     return [list(w) for w in rec["test_words"][which]["words"]]
 
 def run_file(rec: dict, name: str, what: str) -> Any:

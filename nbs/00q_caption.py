@@ -58,7 +58,7 @@ def find_run(model: str | None = "02_show_attend_tell", run_dir: str | Path | No
     return d
 
 def train_hint(model: str, profile: str = "default") -> str:
-    "How to get the book's run `model` at `profile`: the smallest book that trains it — that step alone (`capbook book --only =<step>`), with the minutes the published book's run took — and the runs already trained; or, for a name that is no step of the plan, a step to give."
+    "How to get the book's run `model` at `profile`: the smallest book that trains it — that step alone (`capbook book --only =<step> --force`: the published book's record stands in for its results, never for its weights), with the minutes the published book's run took — and the runs already trained; or, for a name that is no step of the plan, a step to give."
     from capbook.plan import plan
     from capbook.profiles import out_dir
     have = sorted(p.parent.name for p in (runs_dir() / profile).glob("*/record.json"))
@@ -69,7 +69,8 @@ def train_hint(model: str, profile: str = "default") -> str:
     minutes = published_minutes(out_dir(profile), model)
     took = f" (the published book's run took {minutes:.0f} minutes)" if minutes is not None else ""
     book = "capbook book" + ("" if profile == "default" else f" --profile {profile}")
-    return f"train that run alone with `{book} --only ={model} --no-docs`{took}{trained}"
+    # --force: on a clone the published book stands in for the run's results, but a caption needs its trained weights
+    return f"train that run alone with `{book} --only ={model} --force --no-docs`{took}{trained}"
 
 def image_encoder(prep, params: dict) -> torch.nn.Module:
     "The frozen encoder `prep`'s features were computed with (the shapes CNN from its cache, or the torchvision backbone), checked by its key."

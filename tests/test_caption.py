@@ -61,7 +61,7 @@ def test_a_missing_run_names_the_smallest_book_that_trains_it(tmp_path, monkeypa
     msg = str(e.value)
     assert "no trained run here" in msg and "\n" not in msg and "took 4 minutes" in msg
     cmd = msg.split("`")[1]
-    assert cmd == f"capbook book --only ={CAPTION_MODEL} --no-docs"
+    assert cmd == f"capbook book --only ={CAPTION_MODEL} --force --no-docs"       # forced: a clone's published record has no weights
     assert [s.name for s in select_steps(plan("default"), [cmd.split()[3]])] == [CAPTION_MODEL]     # exactly the run it captions with
     with pytest.raises(CapbookError, match="02_no_such_run is no step of the default book"): find_run("02_no_such_run")
 
