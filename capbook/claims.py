@@ -11,11 +11,17 @@ from .core import CapbookError, stable_hash
 from .metrics import FROM_SUMS
 
 # %% auto 0
-__all__ = ['SIZE_SETTINGS', 'CI_METRICS', 'pseudo_values', 'components', 'pooled', 'seed_means_t_test', 'seed_t_test', 'holm',
-           'compound_p', 'simulated_scores', 'simulate_verdicts', 'size_sweep', 'interval_cells', 'paired_verdict',
-           'test_id', 'Claims', 'same_budget', 'book_family']
+__all__ = ['SIZE_SETTINGS', 'CI_METRICS', 'reach', 'pseudo_values', 'components', 'pooled', 'seed_means_t_test', 'seed_t_test',
+           'holm', 'compound_p', 'simulated_scores', 'simulate_verdicts', 'size_sweep', 'interval_cells',
+           'paired_verdict', 'test_id', 'Claims', 'same_budget', 'book_family']
 
 # %% ../nbs/00ja_claims.ipynb
+def reach(V, df, level: float = 0.95, power: float = 0.8):
+    "The smallest true difference the test of variance `V` and `df` degrees of freedom would find at `power` (two-sided, at 1 - `level`): (t_{ν, (1+level)/2} + t_{ν, power}) √V, elementwise."
+    from scipy.stats import t
+    # Δ_80 = (t_{ν, 0.975} + t_{ν, 0.80}) √V
+    return (t.ppf((1 + level) / 2, df) + t.ppf(power, df)) * np.sqrt(V)
+
 def _judged(value, V, df, level: float = 0.95):
     "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = P(|T_ν| > |value| / √V) (0 or 1 where V = 0) and the verdict read off the interval, elementwise: the one place every test of the book turns its variance into a verdict."
     from scipy.stats import t
@@ -74,7 +80,8 @@ def seed_means_t_test(a, b, level: float = 0.95) -> dict:
     if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
     V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
     lo, hi, p, verdict = _judged(value, V, df, level)
-    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict)}
+    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict),
+            "reach": float(reach(V, df, level))}
 
 def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
                 paired: bool = False) -> dict:
@@ -98,6 +105,7 @@ def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = N
            "mean": tuple(float(y.mean()) for _, y in sides),
            "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
     out["p"] = None if c["images_only"] else float(p)
+    out["reach"] = None if c["images_only"] else float(reach(c["V"], df, level))     # what this test could have seen (80 % power)
     if b is not None: out["verdict"] = "one seed: no verdict" if c["images_only"] else str(verdict)
     return out
 
@@ -291,8 +299,9 @@ class Claims:
         design = lambda r: ({"design": ("paired" if r.get("paired") else "unpaired") + f" {r.get('metric', '')}",
                              "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
                              "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
-                             "image sd": r.get("image sd")} if "seed sd" in r and r.get("p") is not None else {})
-        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "caveat", "design", "seeds", "images", "seed sd", "mean", "image sd"]
+                             "image sd": r.get("image sd"), "could see (80 % power)": r.get("reach")} if "seed sd" in r and r.get("p") is not None else {})
+        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "caveat", "design", "seeds", "images", "seed sd", "mean", "image sd",
+                "could see (80 % power)"]
         return pd.DataFrame([{"claim": k, "in the paper": r.get("source", ""), "verdict": r["verdict"], "p": r.get("p"),
                               "Holm": self.holm_cell(k), "test": r.get("test") or "", "caveat": r.get("caveat", ""), **design(r)}
                              for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)

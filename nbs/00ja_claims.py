@@ -99,6 +99,15 @@ from capbook.metrics import FROM_SUMS
 # seeds when the spreads differ (5.6–6.6 % false verdicts at a spread ratio of 2–8), Hsu's $\min S - 1$ alone is safe
 # but wastes power (1.2 % at equal spreads); the corrected rule's size is measured below, in `02b_protocol` and in `tests/test_metrics.py`.
 #
+# **What "cannot tell" could have seen.** Beside each verdict stands its reach: the smallest true difference the same
+# test, at the same seeds, images and spread, would call "holds" four times in five (80 % power, two-sided 5 %),
+#
+# $$\Delta_{80} = \left(t_{\nu,\,0.975} + t_{\nu,\,0.80}\right)\sqrt{V},$$
+#
+# the usual normal-theory approximation with the test's own $\nu$ and $V$. A "cannot tell" whose reach is larger than
+# the paper's own difference says the book could not have seen the paper's effect at these seeds; one whose reach is
+# smaller says the effect, had it been there, would most likely have shown.
+#
 # **Other metrics.** CIDEr is a mean of per-image scores. Corpus BLEU-4 and micro F1 are ratios of sums over images;
 # each seed's per-image values are the delta method's linearisation at that seed's corpus sums $T$,
 # $u_i = m(T) + n\,\nabla m(T) \cdot (t_i - \bar t)$ (`pseudo_values`): their mean is the corpus metric exactly and their
@@ -106,6 +115,12 @@ from capbook.metrics import FROM_SUMS
 
 # %%
 #| export
+def reach(V, df, level: float = 0.95, power: float = 0.8):
+    "The smallest true difference the test of variance `V` and `df` degrees of freedom would find at `power` (two-sided, at 1 - `level`): (t_{ν, (1+level)/2} + t_{ν, power}) √V, elementwise."
+    from scipy.stats import t
+    # Δ_80 = (t_{ν, 0.975} + t_{ν, 0.80}) √V
+    return (t.ppf((1 + level) / 2, df) + t.ppf(power, df)) * np.sqrt(V)
+
 def _judged(value, V, df, level: float = 0.95):
     "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = P(|T_ν| > |value| / √V) (0 or 1 where V = 0) and the verdict read off the interval, elementwise: the one place every test of the book turns its variance into a verdict."
     from scipy.stats import t
@@ -164,7 +179,8 @@ def seed_means_t_test(a, b, level: float = 0.95) -> dict:
     if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
     V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
     lo, hi, p, verdict = _judged(value, V, df, level)
-    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict)}
+    return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict),
+            "reach": float(reach(V, df, level))}
 
 def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
                 paired: bool = False) -> dict:
@@ -188,6 +204,7 @@ def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = N
            "mean": tuple(float(y.mean()) for _, y in sides),
            "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
     out["p"] = None if c["images_only"] else float(p)
+    out["reach"] = None if c["images_only"] else float(reach(c["V"], df, level))     # what this test could have seen (80 % power)
     if b is not None: out["verdict"] = "one seed: no verdict" if c["images_only"] else str(verdict)
     return out
 
@@ -236,6 +253,12 @@ _st = image_stats(["a", "b", "c"], [["a", "red", "circle"], ["two", "blue", "squ
 assert abs(pseudo_values(_st["BLEU-4"], "BLEU-4").mean() - resampled(_st["BLEU-4"], "BLEU-4", np.ones((1, 3)))[0]) < 1e-9   # the jackknife's mean: the corpus BLEU-4
 assert holm([0.01, 0.04, 0.03, None]) == [True, False, False, False] and holm([0.001, 0.02, 0.04]) == [True, True, True]
 assert seed_means_t_test([3.0, 3.2, 3.1], [1.0, 1.1, 0.9])["verdict"] == "holds"
+_ct = seed_t_test(_mk(0.02, 0.10, 3), "CIDEr", _mk(0.0, 0.10, 3))                          # a "cannot tell", and what it could have seen
+assert _ct["reach"] > abs(_ct["value"]) and _ct["reach"] > _r["reach"] and _ct["reach"] > (_ct["hi"] - _ct["lo"]) / 2   # beyond the interval's half width
+_d80 = float(reach(2 / 5, 4.0))                                                            # 5 seeds a side of sd 1: its reach
+_pw = np.mean([seed_means_t_test(_rng.normal(_d80, 1, 5), _rng.normal(0, 1, 5))["verdict"] == "holds" for _ in range(1000)])
+assert 0.7 < _pw < 0.9, _pw                                                                 # at the reach the test finds it about 4 times in 5
+assert abs(seed_means_t_test(np.zeros(5) + [0, .5, 1, 1.5, 2], np.zeros(5) + [0, .5, 1, 1.5, 2])["reach"] - reach(2 * np.var([0, .5, 1, 1.5, 2], ddof=1) / 5, 4.0)) < 1e-12
 assert compound_p([0.01, 0.04]) == 0.04 and compound_p([0.01, 0.04], all_parts=False) == 0.02
 print(f"{_r['verdict']}: {_r['value']:+.1f} [{_r['lo']:+.1f}, {_r['hi']:+.1f}], df {_r['df']:.1f}, p {_r['p']:.4f}; "
       f"parts {', '.join(f'{k} {v:.2f}' for k, v in _r['parts'].items())}; paired stage {_pr['value']:+.1f} [{_pr['lo']:+.1f}, {_pr['hi']:+.1f}]")
@@ -452,8 +475,9 @@ class Claims:
         design = lambda r: ({"design": ("paired" if r.get("paired") else "unpaired") + f" {r.get('metric', '')}",
                              "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
                              "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
-                             "image sd": r.get("image sd")} if "seed sd" in r and r.get("p") is not None else {})
-        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "caveat", "design", "seeds", "images", "seed sd", "mean", "image sd"]
+                             "image sd": r.get("image sd"), "could see (80 % power)": r.get("reach")} if "seed sd" in r and r.get("p") is not None else {})
+        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "caveat", "design", "seeds", "images", "seed sd", "mean", "image sd",
+                "could see (80 % power)"]
         return pd.DataFrame([{"claim": k, "in the paper": r.get("source", ""), "verdict": r["verdict"], "p": r.get("p"),
                               "Holm": self.holm_cell(k), "test": r.get("test") or "", "caveat": r.get("caveat", ""), **design(r)}
                              for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)

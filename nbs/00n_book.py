@@ -218,13 +218,15 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
     for f, step in verdict_tables(folder):
         if step is None: continue
         part = _part(f)
-        for r in pd.read_csv(f).itertuples(index=False):
-            p = f"p {r.p:.2g}" if isinstance(r.p, float) and r.p == r.p else ""
-            if p and r.verdict in ("holds", "does not hold"):   # Holm named only where it bears on the reading
-                p += "; survives Holm's correction" if r.Holm == "survives" else "; not after Holm's correction over the chapter"
-            claim = re.sub(r"([*_\[\]`])", r"\\\1", r.claim)      # as written: Soft-Attention* is no emphasis
+        for r in pd.read_csv(f).to_dict("records"):
+            p = f"p {r['p']:.2g}" if isinstance(r["p"], float) and r["p"] == r["p"] else ""
+            if p and r["verdict"] in ("holds", "does not hold"):   # Holm named only where it bears on the reading
+                p += "; survives Holm's correction" if r["Holm"] == "survives" else "; not after Holm's correction over the chapter"
+            if p and r["verdict"] == "cannot tell" and (could := r.get("could see (80 % power)")) == could and could is not None:
+                p += f"; it could have seen a difference of {could:.1f} or more"   # what the seeds could have told (capbook.claims.reach)
+            claim = re.sub(r"([*_\[\]`])", r"\\\1", r["claim"])      # as written: Soft-Attention* is no emphasis
             claim = f"{part}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
-            lines.setdefault(step, []).append(f"- {claim}: **{r.verdict}**" + (f" ({p})" if p else ""))
+            lines.setdefault(step, []).append(f"- {claim}: **{r['verdict']}**" + (f" ({p})" if p else ""))
     out = {}
     for nb, ls in lines.items():
         ch = next((c for name, c in chapters().items() if name[:2] == nb[:2]), None)    # 03a_spca_tables: 03_spca's

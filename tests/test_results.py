@@ -331,3 +331,22 @@ def test_no_published_claim_compares_two_budgets():
     assert {f.name: c for f in tables for c in pd.read_csv(f)["claim"] if two.search(str(c))} == {}
     lines = (root / "README.md").read_text().split("<!-- verdicts -->")[1].split("<!-- /verdicts -->")[0].splitlines()
     assert [l for l in lines if two.search(l) and not any(p in l for ps in NOT_YET_REGENERATED.values() for p in ps if p.startswith("notebooks/"))] == []
+
+
+def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(tmp_path):
+    "A chapter's findings: a 'holds' or 'does not hold' says whether it survives Holm's correction, a 'cannot tell' gives no Holm word but the difference its test could have seen (80 % power, `capbook.claims.reach`); README's headline counts a test claimed in two chapters once."
+    from capbook.book import findings, headline
+    from capbook.core import save_json
+    cols = "claim,in the paper,verdict,p,Holm,test,could see (80 % power)\n"
+    (tmp_path / "table_sat_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,3.0\nc above d,,holds,0.03,does not survive,t2,9.0\n"
+                                                      "e above f,,cannot tell,0.4,does not survive,t3,12.34\n")
+    (tmp_path / "table_baselines_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,3.0\n")
+    save_json(tmp_path / "book.json", {"files": {"table_sat_verdicts.csv": {"step": "02a_soft_vs_hard"},
+                                                 "table_baselines_verdicts.csv": {"step": "06a_baselines_tables"}}, "steps": {}})
+    text = findings(tmp_path)["02a_soft_vs_hard"][0]
+    assert "- a above b: **holds** (p 0.001; survives Holm's correction)" in text
+    assert "- c above d: **holds** (p 0.03; not after Holm's correction over the chapter)" in text
+    assert "- e above f: **cannot tell** (p 0.4; it could have seen a difference of 12.3 or more)" in text and text.count("Holm") == 2
+    line = headline(tmp_path)
+    assert line.startswith("**What it found:** 3 distinct tests of the papers' claims (1 claimed in two chapters, counted once): "
+                           "the seeds confirm 2, refute 0, cannot tell 1; 1 survives Holm's correction in its chapter."), line
