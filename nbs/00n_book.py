@@ -664,7 +664,9 @@ def build_docs(profile: str = "default", log=print) -> Path:
     blocks = index_blocks(out_dir(profile), status, site=True)
     site = build_site(pages, runs_dir() / profile / "site", title="capbook", api_modules=api_modules(), notes=notes,
                       fill=lambda md: fill_blocks(md, blocks), findings=findings(out_dir(profile)))
-    log(f"docs site of {len(pages)} chapters -> {site} ({time.time() - t0:.0f} s)")
+    ch = sum(not p.stem.startswith(("00", "index")) for p in pages)   # the README's chapters; the rest: the index and the engine
+    n = lambda k, what: f"{k} {what}{'s' * (k != 1)}"
+    log(f"docs site of {n(len(pages), 'page')} ({n(ch, 'chapter')}, {len(pages) - ch - (kept / 'index.ipynb' in pages)} on the engine) -> {site} ({time.time() - t0:.0f} s)")
     return site
 
 def _threads(jobs: int) -> int:
