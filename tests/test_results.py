@@ -350,3 +350,11 @@ def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(
     line = headline(tmp_path)
     assert line.startswith("**What it found:** 3 distinct tests of the papers' claims (1 claimed in two chapters, counted once): "
                            "the seeds confirm 2, refute 0, cannot tell 1; 1 survives Holm's correction in its chapter."), line
+
+
+def test_the_published_time_table_has_no_negative_minute():
+    "Every phase of every step in the published time table is a duration: none below zero (a resumed self-critical run once booked its earlier process's training against this one's test)."
+    t = pd.read_csv(nbs_dir().parent / "figures" / "table_book_times.csv")
+    num = t.select_dtypes("number").drop(columns=["captions / s"], errors="ignore")
+    assert len(t) > 100 and {"train", "test", "rest"} <= set(num.columns)
+    assert t.loc[(num < 0).any(axis=1), "step"].tolist() == []
