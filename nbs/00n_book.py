@@ -299,8 +299,8 @@ def headline(folder: Path) -> str:
     if not len(v): return "*No chapter has tested its paper's claims yet.*"
     if "test" not in v: v["test"] = None
     tested = v[v["test"].notna()]
-    distinct = tested.groupby("test").agg(verdict=("verdict", "first"), Holm=("Holm", lambda h: (h == "survives").any()))
-    n = lambda pre: int(distinct["verdict"].str.startswith(pre).sum())
+    distinct = tested.groupby("test").agg(verdict=("verdict", "first"), Holm=("Holm", lambda h: bool((h == "survives").any())))
+    n = lambda pre: sum(str(x).startswith(pre) for x in distinct["verdict"])
     one, kept = int(v["verdict"].str.contains("one seed").sum()), int(v["verdict"].str.startswith("kept its start").sum())
     rest = [f"{one} with one seed"] * bool(one) + [f"{kept} a stage that kept its start"] * bool(kept)
     fam = sorted(Path(folder).glob("table_*_book_family.csv"))
@@ -310,7 +310,7 @@ def headline(folder: Path) -> str:
             + (f" ({again} claimed in two chapters, counted once)" if again else "")
             + f": the seeds confirm {n('holds')}, refute {n('does not hold')}, cannot tell {n('cannot tell')}"
             + (f" (untested: {', '.join(rest)})" if rest else "")
-            + f"; {(h := int(distinct['Holm'].sum()))} survive{'s' * (h == 1)} Holm's correction in {'its' if h == 1 else 'their'} chapter"
+            + f"; {(h := sum(bool(x) for x in distinct['Holm']))} survive{'s' * (h == 1)} Holm's correction in {'its' if h == 1 else 'their'} chapter"
             + (f", {book} over the whole book" if book is not None else "") + ". Each is listed below.")
 
 def readme_text(status: dict[str, bool] | None, folder: Path | None = None) -> str:

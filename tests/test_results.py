@@ -347,6 +347,10 @@ def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(
     assert "- a above b: **holds** (p 0.001; survives Holm's correction)" in text
     assert "- c above d: **holds** (p 0.03; not after Holm's correction over the chapter)" in text
     assert "- e above f: **cannot tell** (p 0.4; it could have seen a difference of 12.3 or more)" in text and text.count("Holm") == 2
+    (tmp_path / "table_ssa_verdicts.csv").write_text(cols + "g above h,,one seed: no verdict,,—,,\n")   # a smoke book's: no test at all
+    alone = tmp_path / "alone"; alone.mkdir(); (tmp_path / "table_ssa_verdicts.csv").rename(alone / "table_ssa_verdicts.csv")
+    assert headline(alone).startswith("**What it found:** 0 distinct tests of the papers' claims: the seeds confirm 0, refute 0, "
+                                      "cannot tell 0 (untested: 1 with one seed); 0 survive"), headline(alone)
     line = headline(tmp_path)
     assert line.startswith("**What it found:** 3 distinct tests of the papers' claims (1 claimed in two chapters, counted once): "
                            "the seeds confirm 2, refute 0, cannot tell 1; 1 survives Holm's correction in its chapter."), line
