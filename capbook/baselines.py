@@ -289,10 +289,10 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     model=lambda p: p.model,
     runs={"": {"model": "updown", "scst_baseline": "both"}, "att2in": {"model": "att2in", "scst_baseline": "both"},   # + SCST, both baselines (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
-    epochs=protocol_epochs(longer=lambda p: p.model in ("updown", "ct")),   # the protocol's budget; Up-Down and CT at the ladder's second rung (still rising at 15)
+    epochs=protocol_epochs(longer=lambda p: p.model in ("updown", "ct", "att2in")),   # the protocol's budget; Up-Down and CT at the ladder's second rung (still rising at 15), Att2in as long as GLIED
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
            "default": {"d_model": 64, "heads": 1, "d_hidden": 128, **WIDTHS["default"],   # SCST: at most 2/3 of the row's cross-entropy epochs
-                       "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model == "updown" else BUDGET["default"])},
+                       "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model in ("updown", "att2in") else BUDGET["default"])},
            "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",

@@ -496,8 +496,9 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # (`RecurrentConfig`, SCA-CNN's `order`) and the transformer's (CT). *capbook:* every baseline is trained under the
 # book's one protocol, as every row it is compared with (`nbs/02b_protocol`): validation CIDEr twice an epoch on
 # averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs (30 for Up-Down and CT, most of
-# whose seeds were still rising at the end of 15: the protocol's ladder); then, for Att2in and Up-Down, a
-# self-critical stage of 2/3 of the row's cross-entropy epochs (10 and 20 at the default profile, `scst_budget`). The same budget for the baselines matters: a baseline stopped
+# whose seeds were still rising at the end of 15: the protocol's ladder; 30 for Att2in, GLIED's Table 1 baseline, as
+# long as every GLIED row trains, `05_glied`); then, for Att2in and Up-Down, a self-critical stage of 2/3 of the row's
+# cross-entropy epochs (20 at the default profile, `scst_budget`). The same budget for the baselines matters: a baseline stopped
 # while it is still learning would flatter every model compared with it (`06a_baselines_tables` shows where each
 # row's curve ends).
 
@@ -530,10 +531,10 @@ BASELINES_CHAPTER = register_chapter(Chapter(
     model=lambda p: p.model,
     runs={"": {"model": "updown", "scst_baseline": "both"}, "att2in": {"model": "att2in", "scst_baseline": "both"},   # + SCST, both baselines (GLIED Table 1)
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
-    epochs=protocol_epochs(longer=lambda p: p.model in ("updown", "ct")),   # the protocol's budget; Up-Down and CT at the ladder's second rung (still rising at 15)
+    epochs=protocol_epochs(longer=lambda p: p.model in ("updown", "ct", "att2in")),   # the protocol's budget; Up-Down and CT at the ladder's second rung (still rising at 15), Att2in as long as GLIED
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
            "default": {"d_model": 64, "heads": 1, "d_hidden": 128, **WIDTHS["default"],   # SCST: at most 2/3 of the row's cross-entropy epochs
-                       "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model == "updown" else BUDGET["default"])},
+                       "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model in ("updown", "att2in") else BUDGET["default"])},
            "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",
@@ -641,4 +642,4 @@ if r.figure is not None: display(IPImage(filename=str(r.figure)))
 # | SCA-CNN on the last conv layer only | frozen, cached features (see the section above) | not measured |
 # | CT: embedding N(0, 1/d) and one epoch of linear warm-up, then the protocol's cosine (no 1/√step decay) | Vaswani et al.'s unit-scale embedding; the warm-up every peer transformer uses, the cosine every compared row's | word/position scale ratio 1.8, against 21 for a unit-scale embedding (tested: within 2) |
 # | self-critical training (Att2in, Up-Down) continues the cross-entropy run (its Adam state and weight average, the rate climbing back over one epoch) and keeps the stage's best greedy validation evaluation, never the start itself; a forced `<end>` after 18 words carries no gradient | ruotianluo's recipe, which validates as it trains and keeps its best | `06a_baselines_tables`' self-critical table gives each seed's start and best validation CIDEr, so a stage that ended below its start shows there (the README counts them) |
-# | every row trains the protocol's budget (15 epochs at the default profile, 30 for Up-Down and CT, most of whose seeds were still rising at 15; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |
+# | every row trains the protocol's budget (15 epochs at the default profile, 30 for Up-Down and CT, most of whose seeds were still rising at 15, and for Att2in, as long as GLIED; the papers: until validation stops improving) | one rule for every compared row (`02b_protocol`) | `06a_baselines_tables`' curve table: the evaluation each seed kept and what its last three epochs gained |

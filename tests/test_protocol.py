@@ -202,3 +202,24 @@ def test_the_ladder_rule_on_synthetic_curves():
     assert np.mean([row(1, 0, 0) == "still rising" for _ in range(200)]) < 0.02           # one seed is not most
     assert row(1) == "one seed" and curve_end([RISING + 0.1, RISING, RISING + 5]) == "still rising"
     assert curve_end([RISING, RISING, 5.0]) == "flat or falling"                            # the margin is strict
+
+
+def test_glied_and_the_baselines_its_claims_name_train_one_budget():
+    "At the default profile every GLIED row trains as long as Up-Down, CT and Att2in, the rows its claims name (30 cross-entropy epochs, self-critical stages of at most 20): GLIED's curve dips where 15 epochs would anneal it (`05_glied`), so its chapter has no 15-epoch row and no twin."
+    from capbook.profiles import chapters, BUDGET, LADDER, scst_budget
+    chs = chapters()
+    def budget(nb, tag, profile="default"):
+        ch = chs[nb]
+        p = ch.resolve(ch.params(profile=profile, **ch.runs[tag]))
+        e = ch.epochs[profile]
+        return (e(p) if callable(e) else e), p.scst_epochs
+    glied = {tag: budget("05_glied", tag) for tag in chs["05_glied"].runs}
+    assert set(glied) == {"", "base", "global-visual", "global-attribute", "global", "local", "position-values", "position-qk"}
+    top = LADDER * BUDGET["default"]
+    assert {e for e, _ in glied.values()} == {top} and {s for e, s in glied.values() if s} == {scst_budget(top)}
+    assert glied[""][1] == glied["base"][1] == scst_budget(top) and glied["local"][1] == 0
+    for tag in ("", "ct", "att2in"):
+        assert budget("06_baselines", tag)[0] == top, tag
+    assert budget("06_baselines", "att2in")[1] == budget("06_baselines", "")[1] == scst_budget(top)
+    assert budget("06_baselines", "nic")[0] == BUDGET["default"]          # the other baselines keep the protocol's budget
+    assert budget("05_glied", "", "paper")[0] == 25 and budget("05_glied", "", "smoke")[0] == BUDGET["smoke"]
