@@ -15,27 +15,30 @@ __all__ = ['find_run', 'train_hint', 'image_encoder', 'load_captioner', 'encode_
 
 # %% ../nbs/00q_caption.ipynb
 def find_run(model: str | None = "02_show_attend_tell", run_dir: str | Path | None = None, profile: str = "default") -> Path:
-    "The run folder to caption with: `run_dir` if given, else the book's run named `model` at `profile` (a plan step: `02_show_attend_tell`, `06_baselines-att2in`, ...); where it is not trained, one line saying how to train that run alone (`train_hint`)."
+    "The run folder to caption with: `run_dir` if given, else the book's run named `model` at `profile` (a plan step: `02_show_attend_tell`, `06_baselines-att2in`, ...); where it is not trained, one short line and the command that trains that run alone (`train_hint`)."
     d = Path(run_dir) if run_dir is not None else runs_dir() / profile / str(model)
-    if not (d / "record.json").is_file():
-        raise CapbookError(f"{d}: no trained run here (no record.json); " + (train_hint(str(model), profile) if run_dir is None else
-                           "name the folder of a finished run (runs/<profile>/<step>, or a hand run's under runs/<profile>/adhoc/)"))
-    return d
+    if (d / "record.json").is_file(): return d
+    if run_dir is not None:
+        raise CapbookError(f"{d}: no trained run here (no record.json); name the folder of a finished run "
+                           "(runs/<profile>/<step>, or a hand run's under runs/<profile>/adhoc/)")
+    msg, cmd = train_hint(str(model), profile)
+    raise CapbookError(msg, then=cmd)
 
-def train_hint(model: str, profile: str = "default") -> str:
-    "How to get the book's run `model` at `profile`: the smallest book that trains it — that step alone (`capbook book --only =<step> --force`: the published book's record stands in for its results, never for its weights), with the minutes the published book's run took — and the runs already trained; or, for a name that is no step of the plan, a step to give."
+def train_hint(model: str, profile: str = "default") -> tuple[str, str | None]:
+    "Why the book's run `model` at `profile` cannot caption here, and the smallest book that trains it — that step alone (`capbook book --only =<step> --force`: the published book's record stands in for its results, never for its weights), with the minutes the published book's run took; for a name that is no step of the plan, the runs trained here and no command."
     from capbook.plan import plan
     from capbook.profiles import out_dir
-    have = sorted(p.parent.name for p in (runs_dir() / profile).glob("*/record.json"))
-    trained = f"; trained runs to caption with: {', '.join(have)}" if have else ""
     if model not in {s.name for s in plan(profile)}:
-        return f"{model} is no step of the {profile} book (e.g. 02_show_attend_tell, 06_baselines-att2in){trained}"
+        have = sorted(p.parent.name for p in (runs_dir() / profile).glob("*/record.json"))
+        some = ", ".join(have[:2]) + (f" and {len(have) - 2} more" if len(have) > 2 else "")
+        return (f"{model} is no step of the {profile} book (e.g. 06_baselines-att2in)" + (f"; trained here: {some}" if have else ""), None)
     from capbook.book import published_minutes
     minutes = published_minutes(out_dir(profile), model)
-    took = f" (the published book's run took {minutes:.0f} minutes)" if minutes is not None else ""
+    took = f"  # about {minutes:.0f} min" if minutes is not None else ""
     book = "capbook book" + ("" if profile == "default" else f" --profile {profile}")
     # --force: on a clone the published book stands in for the run's results, but a caption needs its trained weights
-    return f"train that run alone with `{book} --only ={model} --force --no-docs`{took}{trained}"
+    return (f"{model} is not trained here (the published book has its scores, no weights)",
+            f"{book} --only ={model} --force --no-docs{took}")
 
 def image_encoder(prep, params: dict) -> torch.nn.Module:
     "The frozen encoder `prep`'s features were computed with (the shapes CNN from its cache, or the torchvision backbone), checked by its key."

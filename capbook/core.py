@@ -33,9 +33,10 @@ class Deferred:
 
 # %% ../nbs/00_core.ipynb
 class CapbookError(Exception):
-    "A user-facing error: its message is one line naming the file or parameter and what is allowed."
-    def __init__(self, msg: str):
+    "A user-facing error: its message is one line naming the file or parameter and what is allowed; `then`, where one command fixes it: that command, which `error_line` shows on a line of its own."
+    def __init__(self, msg: str, then: str | None = None):
         super().__init__(" ".join(str(msg).split()))
+        self.then = then
 
 # %% ../nbs/00_core.ipynb
 def save_traceback(exc: BaseException) -> Path | None:
@@ -50,7 +51,8 @@ def save_traceback(exc: BaseException) -> Path | None:
     return None
 
 def error_line(exc: BaseException, prefix: str = "capbook") -> str:
-    "The one line a user reads for a `CapbookError` (its traceback saved to a log file the line names)."
+    "The one line a user reads for a `CapbookError` (its traceback saved to a log file the line names); for an error that names the command that fixes it (`then`), that line and the command on a second: nothing went wrong in the code, so no traceback is kept."
+    if then := getattr(exc, "then", None): return f"{prefix}: {exc}\nrun first: {then}"
     log = save_traceback(exc)
     return f"{prefix}: {exc}" + (f" (traceback: {log})" if log else "")
 

@@ -69,9 +69,10 @@ class Deferred:
 # %%
 #| export
 class CapbookError(Exception):
-    "A user-facing error: its message is one line naming the file or parameter and what is allowed."
-    def __init__(self, msg: str):
+    "A user-facing error: its message is one line naming the file or parameter and what is allowed; `then`, where one command fixes it: that command, which `error_line` shows on a line of its own."
+    def __init__(self, msg: str, then: str | None = None):
         super().__init__(" ".join(str(msg).split()))
+        self.then = then
 
 
 # %%
@@ -99,7 +100,8 @@ def save_traceback(exc: BaseException) -> Path | None:
     return None
 
 def error_line(exc: BaseException, prefix: str = "capbook") -> str:
-    "The one line a user reads for a `CapbookError` (its traceback saved to a log file the line names)."
+    "The one line a user reads for a `CapbookError` (its traceback saved to a log file the line names); for an error that names the command that fixes it (`then`), that line and the command on a second: nothing went wrong in the code, so no traceback is kept."
+    if then := getattr(exc, "then", None): return f"{prefix}: {exc}\nrun first: {then}"
     log = save_traceback(exc)
     return f"{prefix}: {exc}" + (f" (traceback: {log})" if log else "")
 
@@ -120,6 +122,14 @@ def _install_notebook_errors() -> None:
     ip.set_custom_exc((CapbookError, OSError), handler); ip._capbook_errors = True
 
 _install_notebook_errors()      # every capbook module imports this one: importing capbook in a notebook installs it
+
+# %% [markdown]
+# An error a command fixes reads as two short lines, the second the command to run first:
+
+# %%
+print(error_line(CapbookError("02_show_attend_tell is not trained here", then="capbook book --only =02_show_attend_tell --force"), "error"))
+assert error_line(CapbookError("x", then="make venv")).splitlines() == ["capbook: x", "run first: make venv"]
+assert "(traceback: " in error_line(CapbookError("bad parameter"))
 
 
 # %% [markdown]

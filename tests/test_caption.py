@@ -49,21 +49,25 @@ def test_caption_a_photograph_and_draw_its_attention(run, tmp_path):
     assert torch.allclose(caps[0]["alpha"].sum(1), torch.ones(len(words)), atol=1e-4)
 
 
-def test_a_missing_run_names_the_smallest_book_that_trains_it(tmp_path, monkeypatch):
-    "On a fresh clone `capbook caption` has no trained run: its one line gives the book that trains the default run alone (that step, not the chapter's every run), with the minutes the published book's run took; a name that is no step says so."
+def test_a_missing_run_names_the_smallest_book_that_trains_it(tmp_path, monkeypatch, capsys):
+    "On a fresh clone `capbook caption` has no trained run: two short lines, what is missing and the command to run first — the book that trains the default run alone (that step, not the chapter's every run), with the minutes the published book's run took; a name that is no step says so."
     from capbook.book import select_steps
-    from capbook.cli import CAPTION_MODEL
+    from capbook.cli import CAPTION_MODEL, main
     from capbook.plan import plan
     monkeypatch.setenv("CAPBOOK_HOME", str(tmp_path))
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "table_book_times.csv").write_text(f"step,minutes\n{CAPTION_MODEL},4.1\n")
     with pytest.raises(CapbookError) as e: find_run(CAPTION_MODEL)
-    msg = str(e.value)
-    assert "no trained run here" in msg and "\n" not in msg and "took 4 minutes" in msg
-    cmd = msg.split("`")[1]
+    assert "not trained here" in str(e.value) and "\n" not in str(e.value)
+    cmd = e.value.then.split("#")[0].strip()
     assert cmd == f"capbook book --only ={CAPTION_MODEL} --force --no-docs"       # forced: a clone's published record has no weights
+    assert "about 4 min" in e.value.then
     assert [s.name for s in select_steps(plan("default"), [cmd.split()[3]])] == [CAPTION_MODEL]     # exactly the run it captions with
-    with pytest.raises(CapbookError, match="02_no_such_run is no step of the default book"): find_run("02_no_such_run")
+    assert main(["caption", str(tmp_path / "photo.jpg")]) == 2                 # as the user reads it
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("run first: ") and all(len(x) <= 100 for x in lines), lines
+    with pytest.raises(CapbookError, match="02_no_such_run is no step of the default book") as e: find_run("02_no_such_run")
+    assert e.value.then is None
 
 
 @pytest.mark.slow
