@@ -12,7 +12,7 @@ nbformat = Deferred("nbformat")   # brings jsonschema, whose format checker comp
 
 # %% auto 0
 __all__ = ['nbformat', 'read_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths',
-           'reader_notebook', 'slim_notebook', 'inflate_notebook', 'keep_notebooks']
+           'reader_notebook', 'image_link', 'link_images', 'slim_notebook', 'inflate_notebook', 'keep_notebooks']
 
 # %% ../nbs/00oa_copies.ipynb
 def read_notebook(path: Path) -> nbformat.NotebookNode:
@@ -146,8 +146,7 @@ def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | No
             cells.append(note); continue
         cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
         cell.source = _relative(cell.source, paths)
-        if cell.cell_type == "code":
-            cell.execution_count = None
+        if cell.cell_type == "code":                  # its execution count kept: the copy shows that it ran, in which order
             outs = []
             for o in cell.outputs:
                 if o.output_type == "stream":
@@ -155,7 +154,6 @@ def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | No
                     if not o.text: continue
                 for k, v in o.get("data", {}).items():
                     if k.startswith("text/"): o.data[k] = _relative(v if isinstance(v, str) else "".join(v), paths)
-                if o.output_type == "execute_result": o.execution_count = None
                 outs.append(o)
             cell.outputs = outs
         cells.append(cell)
@@ -164,8 +162,20 @@ def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | No
 
 _IMG_KEY = "capbook_image"                     # an output's metadata key naming its image file in `img/`
 
+def image_link(name: str) -> str:
+    "The Markdown a slim copy's figure output shows in place of its inline PNG: a link to its file in `img/`, which GitHub and JupyterLab render from the copy's folder."
+    return f"![figure](img/{name})"
+
+def link_images(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    "`nb` (slim) with each image output also carrying `image_link` as Markdown, the richest form a reader's viewer then finds (the text/plain `<Figure size …>` stays for a viewer of text only)."
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if (name := o.get("metadata", {}).get(_IMG_KEY)) is not None: o.setdefault("data", {})["text/markdown"] = image_link(name)
+    return nb
+
 def slim_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.NotebookNode:
-    "A copy of `nb` whose PNG outputs live in `img_dir/<sha256[:16]>.png` (written once per content) instead of inline."
+    "A copy of `nb` whose PNG outputs live in `img_dir/<sha256[:16]>.png` (written once per content) instead of inline, each output showing its file as a Markdown image (`link_images`)."
     import base64, hashlib
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
@@ -175,10 +185,10 @@ def slim_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.Notebook
             name = f"{hashlib.sha256(raw).hexdigest()[:16]}.png"
             if not (img_dir / name).exists(): atomic_write(img_dir / name, lambda t, raw=raw: t.write_bytes(raw))
             o.metadata[_IMG_KEY] = name
-    return nb
+    return link_images(nb)
 
 def inflate_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.NotebookNode:
-    "The inverse of `slim_notebook`: each image file back inline; a missing one stops with one line naming it."
+    "The inverse of `slim_notebook`: each image file back inline (its Markdown link dropped); a missing one stops with one line naming it."
     import base64
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
@@ -186,6 +196,7 @@ def inflate_notebook(nb: nbformat.NotebookNode, img_dir: Path) -> nbformat.Noteb
             if (name := o.get("metadata", {}).pop(_IMG_KEY, None)) is None: continue
             if not (img_dir / name).is_file(): raise CapbookError(f"{img_dir / name}: image of a kept notebook not found")
             o.data["image/png"] = base64.b64encode((img_dir / name).read_bytes()).decode()
+            if o.data.get("text/markdown") == image_link(name): del o.data["text/markdown"]
     return nb
 
 def _images_of(path: Path) -> set[str]:

@@ -14,10 +14,10 @@ from .copies import _quiet, inflate_notebook, read_notebook as _read_notebook
 nbformat = Deferred("nbformat")   # brings jsonschema, whose format checker compiles its grammars as it is imported (a second)
 
 # %% auto 0
-__all__ = ['nbformat', 'STRIP', 'SCALE', 'COLUMN', 'FIGURES', 'WIDE', 'READER', 'MERGED', 'TABLES_PAGE', 'ASSEMBLED',
-           'nbdev_directives', 'sanitize_markdown', 'png_size', 'figure_html', 'figure_files', 'wide', 'reader_table',
-           'frame_markdown', 'reader_tables', 'prepare_notebook', 'figure_caption', 'findings_cells', 'write_book',
-           'build_site']
+__all__ = ['nbformat', 'STRIP', 'SCALE', 'COLUMN', 'FIGURES', 'WIDE', 'READER', 'MERGED', 'TABLES_PAGE', 'ASSEMBLED', 'FOUND',
+           'FINDINGS', 'nbdev_directives', 'sanitize_markdown', 'png_size', 'figure_html', 'figure_files', 'wide',
+           'reader_table', 'frame_markdown', 'reader_tables', 'prepare_notebook', 'figure_caption', 'findings_cells',
+           'with_findings', 'write_book', 'build_site']
 
 # %% ../nbs/00o_docs.ipynb
 _DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*:?\s*(.*?)\s*$")
@@ -282,7 +282,7 @@ sphinx:
 """ + "    autodoc_member_order: bysource\n" * api
 
 _CSS = """/* capbook: code and outputs stay within the page: long lines wrap instead of scrolling sideways */
-div.cell div.highlight pre, div.cell_output pre, div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+div.highlight pre, div.cell_output pre, div.output pre { white-space: pre-wrap; overflow-wrap: anywhere; }   /* the prose's code blocks too (Quick start) */
 div.cell_output table { display: block; max-width: 100%; overflow-x: auto; font-size: 0.85em; }
 div.cell_output table th, div.cell_output table td { padding: 0.2em 0.4em; }   /* a table of eight columns fits the column */
 mjx-container[display="true"] { max-width: 100%; overflow-x: auto; overflow-y: hidden; }   /* a display equation wider than the page scrolls inside it */
@@ -328,17 +328,38 @@ def _title_and_lede(md: str) -> tuple[str, str]:
     while i < len(lines) and (not lines[i].strip() or lines[i].startswith(">")): i += 1
     return "\n".join(lines[:i]).rstrip(), "\n".join(lines[i:]).strip()
 
+FOUND = "**What this chapter found.**\n\n"      # the head of a tables chapter's findings, on its page and in its reader's copy
+
+def _findings_caption(nb: nbformat.NotebookNode, b64: str, figure: Path) -> str:
+    "The caption of the figure a tables chapter's findings show: the one its page gives that figure (`figure_caption`), else its file's name."
+    caption = figure_caption(nb, b64) or Path(figure).stem.removeprefix("fig_").replace("_", " ")
+    return (caption if caption.lower().startswith("fig") else f"Figure: {caption}") + " (its section below says how it was made)."
+
 def findings_cells(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None) -> list:
     "The cells a tables chapter opens with: what it found (`claims_md`, its verdicts one line each) and the figure that carries it, with the caption the page gives it (`figure_caption`; `nb`: the page as it ran)."
-    cells = [nbformat.v4.new_markdown_cell("**What this chapter found.**\n\n" + claims_md)]
+    cells = [nbformat.v4.new_markdown_cell(FOUND + claims_md)]
     if figure is not None and Path(figure).is_file():
         b64 = _png_b64(figure)
-        caption = figure_caption(nb, b64) or Path(figure).stem.removeprefix("fig_").replace("_", " ")
-        caption = (caption if caption.lower().startswith("fig") else f"Figure: {caption}") + " (its section below says how it was made)."
+        caption = _findings_caption(nb, b64, figure)
         fig = nbformat.v4.new_code_cell("# the chapter's figure", metadata={"tags": ["remove-input"] + ["full-width"] * wide(b64)})
         fig.outputs = [nbformat.v4.new_output("display_data", data={"text/html": figure_html(b64, caption)})]   # (a cell without source is not shown)
         cells.append(fig)
     return cells
+
+FINDINGS = "capbook-findings"   # the tag (and id) of a reader's copy's findings cell, which the site replaces with its own
+
+def with_findings(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None, img_dir: Path) -> nbformat.NotebookNode:
+    "A tables chapter's reader's copy `nb` (slim, its images in `img_dir`) opening with what it found, right after its title cell: the page's text (`FOUND`, `claims_md`) and the chapter's figure as a Markdown image with the page's caption, which GitHub and JupyterLab render from the copy's folder (`figure` is in the folder above it); an earlier findings cell is replaced."
+    nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells if FINDINGS not in c.get("metadata", {}).get("tags", [])]
+    md = FOUND + claims_md
+    if figure is not None and Path(figure).is_file():
+        caption = _findings_caption(inflate_notebook(nb, img_dir), _png_b64(figure), figure)
+        md += f"\n\n![the chapter's figure](../{Path(figure).name})\n\n*{caption}*"
+    cell = nbformat.v4.new_markdown_cell(md, metadata={"tags": [FINDINGS]})
+    cell["id"] = FINDINGS
+    nb.cells.insert(next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0), cell)
+    return nb
 
 def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_modules: list[str] | None = None,
                intro_md: str | None = None, notes: dict[str, str] | None = None, fill: Callable[[str], str] | None = None,
@@ -353,6 +374,7 @@ def write_book(notebooks: list[Path], src: Path, title: str = "capbook", api_mod
     if intro_md is not None: (src / "index.md").write_text(figure_files(intro_md, src))
     for p, name in zip(notebooks, names):          # a kept (slim) notebook gets its images back from img/ beside it
         ran = inflate_notebook(_read_notebook(p), p.parent / "img")
+        ran.cells = [c for c in ran.cells if FINDINGS not in c.get("metadata", {}).get("tags", [])]   # the copy's findings: the page puts its own
         nb = prepare_notebook(ran, tables=bool(TABLES_PAGE.match(p.stem)))
         if fill:
             for c in nb.cells:

@@ -33,7 +33,7 @@
 # Debian's). Each command first makes `.venv/` once (a minute or more).
 #
 # ```bash
-# make docs                 # the published book's site, built in runs/default/site/ (no training)
+# make docs                 # the published book's site, in runs/default/site/ (no training)
 # make book PROFILE=smoke   # the whole book at toy sizes, in minutes
 # make book                 # the default book, every seed (time below)
 # make test-fast            # lint and the fast tests

@@ -97,14 +97,14 @@ def check_folding(name: str, html: str) -> int:
 
 
 SCREEN = (1280, 900)   # the reader's window
-_TABLE_WIDTHS = """Array.from(document.querySelectorAll('article table')).filter(t => t.offsetParent !== null && !t.closest('details:not([open])'))
+_TABLE_WIDTHS = """Array.from(document.querySelectorAll('article table, article pre')).filter(t => t.offsetParent !== null && !t.closest('details:not([open])'))
   .map(t => [t.scrollWidth, t.clientWidth, (t.closest('.cell_output, section') || t).getAttribute('id') || '', t.innerText.slice(0, 60)])"""
 
 
 def check_table_widths(name: str, widths: list) -> int:
-    "No table a reader sees on page `name` (folded ones aside) is wider than its column in a 1,280-pixel window: each fits without scrolling. `widths`: the page's `_TABLE_WIDTHS` (`read_page`). Returns the tables measured."
+    "No table or code block a reader sees on page `name` (folded ones aside) is wider than its column in a 1,280-pixel window: each fits without scrolling (the index's Quick start among them). `widths`: the page's `_TABLE_WIDTHS` (`read_page`). Returns the boxes measured."
     wide = [w for w in widths if w[0] > w[1] + 2]
-    assert not wide, (name, "tables wider than the column (content px, shown px, where, text)", wide)
+    assert not wide, (name, "tables or code blocks wider than the column (content px, shown px, where, text)", wide)
     return len(widths)
 
 

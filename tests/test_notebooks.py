@@ -105,6 +105,36 @@ def test_no_workshop_talk_in_the_published_book():
     assert not found, found
 
 
+COUNTLESS = {p.stem for p in (ROOT / "figures" / "notebooks").glob("*.ipynb")} - {"index"} or {"01_dataset", "02_show_attend_tell", "03_spca", "04_spatial_self_attention"}   # copies kept before the book kept
+                                  # execution counts, each current under its step's key: it gets them when its step runs again
+
+
+def test_published_copies_read_as_they_ran_wherever_opened():
+    "Each reader's copy in figures/notebooks shows what it ran on GitHub and in JupyterLab: every figure output carries a Markdown link to its image (`capbook.copies.link_images`) whose file is there, every code cell that ran has its execution count (but a copy kept before counts were, `COUNTLESS`), and every tables chapter opens with its findings, the same text as its page's (`capbook.book.findings`), before its first output."
+    import nbformat
+    from capbook.book import findings
+    from capbook.docs import FINDINGS, FOUND
+    kept = ROOT / "figures" / "notebooks"
+    found, bare, countless, late = findings(kept.parent), [], set(), []
+    for f in sorted(kept.glob("*.ipynb")):
+        nb = nbformat.read(f, as_version=4)
+        for c in (c for c in nb.cells if c.cell_type == "code"):
+            for o in c.get("outputs", []):
+                d, name = o.get("data", {}), o.get("metadata", {}).get("capbook_image")
+                shows = "image/png" in d or (name and d.get("text/markdown") == f"![figure](img/{name})" and (kept / "img" / name).is_file())
+                if name or str(d.get("text/plain", "")).startswith(("<Figure size", "<IPython.core.display.Image")):
+                    if not shows: bare.append(f"{f.stem}: {d.get('text/plain', name)}")
+            if (c.get("outputs") or c.source.startswith("#| export")) and c.execution_count is None: countless.add(f.stem)
+        if f.stem in found:
+            at = next((i for i, c in enumerate(nb.cells) if FINDINGS in c.metadata.get("tags", [])), None)
+            first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("outputs"))
+            if at is None or at > first or not nb.cells[at].source.startswith(FOUND + found[f.stem][0]): late.append(f.stem)
+    assert not bare, ("figure outputs a reader's viewer cannot show", bare)
+    assert countless - COUNTLESS == set(), ("code cells that ran without an execution count", sorted(countless - COUNTLESS))
+    assert COUNTLESS - countless == set(), f"{sorted(COUNTLESS - countless)} now keep their counts: take them off COUNTLESS"
+    assert not late and len(found) >= 5, ("tables chapters whose copy does not open with its findings", late)
+
+
 def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
     "The book matches a run to its step by the notebook's parameters cell as papermill parses it: a field it cannot parse (e.g. an '=' in its comment) would leave every assembly chapter without its runs."
     import dataclasses
