@@ -19,8 +19,9 @@ __all__ = ['SCST', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS', 'KE
            'chapter_status', 'chapter_table', 'results_table', 'verdict_tables', 'published_minutes', 'verdict_lines',
            'findings', 'one_chapter', 'book_time', 'fill_blocks', 'index_blocks', 'headline', 'readme_text',
            'readme_status', 'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'published_stand_in',
-           'skipped_line', 'run_step', 'book_times', 'machines_line', 'publish', 'readers_copies', 'refresh_published',
-           'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book', 'write_kernel_config']
+           'skipped_line', 'run_step', 'book_times', 'machines_line', 'publish', 'retire', 'readers_copies',
+           'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
+           'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -519,8 +520,24 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     made_by |= publish_records(profile, steps, dst)   # every chapter run's record, tagged runs' too: what a fresh clone reassembles from
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
     write_manifest(dst, profile, made_by, {n: load_json(d)["key"] for n, d in done.items() if d.exists()}, partial=partial)
+    retire(dst, {s.name for s in plan(profile)})
     readers_copies(dst)
     return dst
+
+def retire(folder: Path, steps: set[str]) -> list[str]:
+    "Take out of the book in `folder` what steps no longer in its plan (`steps`: the plan's step names) published — their files and their manifest entries — so that a row the book no longer trains is not read as today's; returns the files removed."
+    from capbook.records import MANIFEST
+    from capbook.results import BOOK_STEP
+    folder = Path(folder)
+    if not (folder / MANIFEST).exists(): return []
+    m = load_json(folder / MANIFEST)
+    gone = sorted(f for f, e in m["files"].items() if e["step"] not in steps | {BOOK_STEP})
+    if not gone and set(m["steps"]) <= steps: return []
+    for f in gone: (folder / f).unlink(missing_ok=True)
+    m["files"] = {f: e for f, e in m["files"].items() if f not in gone}
+    m["steps"] = {s: k for s, k in m["steps"].items() if s in steps}
+    save_json(folder / MANIFEST, m)
+    return gone
 
 def _rehash(folder: Path, rels: list[str]) -> None:
     "The manifest's hashes of the files `rels` (relative to `folder`) brought up to their content, after a rewrite that changes no result."

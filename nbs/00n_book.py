@@ -623,8 +623,24 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
     made_by |= publish_records(profile, steps, dst)   # every chapter run's record, tagged runs' too: what a fresh clone reassembles from
     done = {s.name: runs_dir() / profile / s.name / "done.json" for s in steps}
     write_manifest(dst, profile, made_by, {n: load_json(d)["key"] for n, d in done.items() if d.exists()}, partial=partial)
+    retire(dst, {s.name for s in plan(profile)})
     readers_copies(dst)
     return dst
+
+def retire(folder: Path, steps: set[str]) -> list[str]:
+    "Take out of the book in `folder` what steps no longer in its plan (`steps`: the plan's step names) published — their files and their manifest entries — so that a row the book no longer trains is not read as today's; returns the files removed."
+    from capbook.records import MANIFEST
+    from capbook.results import BOOK_STEP
+    folder = Path(folder)
+    if not (folder / MANIFEST).exists(): return []
+    m = load_json(folder / MANIFEST)
+    gone = sorted(f for f, e in m["files"].items() if e["step"] not in steps | {BOOK_STEP})
+    if not gone and set(m["steps"]) <= steps: return []
+    for f in gone: (folder / f).unlink(missing_ok=True)
+    m["files"] = {f: e for f, e in m["files"].items() if f not in gone}
+    m["steps"] = {s: k for s, k in m["steps"].items() if s in steps}
+    save_json(folder / MANIFEST, m)
+    return gone
 
 def _rehash(folder: Path, rels: list[str]) -> None:
     "The manifest's hashes of the files `rels` (relative to `folder`) brought up to their content, after a rewrite that changes no result."
@@ -827,6 +843,16 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     secs = time.time() - t0
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}
+
+# %% [markdown]
+# A step the plan no longer has (a row retired, a twin no longer needed) leaves the published book with its files:
+
+# %%
+with tempfile.TemporaryDirectory() as _t:
+    _f = Path(_t); (_f / "records").mkdir(); (_f / "records" / "old.json.gz").write_text("x"); (_f / "t.csv").write_text("y")
+    save_json(_f / "book.json", {"files": {"records/old.json.gz": {"step": "old"}, "t.csv": {"step": "kept"}}, "steps": {"old": "k1", "kept": "k2"}})
+    assert retire(_f, {"kept"}) == ["records/old.json.gz"] and not (_f / "records" / "old.json.gz").exists()
+    assert load_json(_f / "book.json") == {"files": {"t.csv": {"step": "kept"}}, "steps": {"kept": "k2"}} and retire(_f, {"kept"}) == []
 
 # %% [markdown]
 # One book at a time on a home and profile: a second `book_lock` (another book, or `capbook docs`) stops at once, in
