@@ -7,7 +7,7 @@ from __future__ import annotations
 import atexit, base64, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from .core import (CapbookError, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from .core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from .profiles import check_profile, out_dir, chapters, parameters_source
 from .plan import Step, nbs_dir, notebooks, plan, upstream_of
@@ -433,6 +433,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
         f.unlink()                                # what the last execution drew: this one must draw its own or none
     params = {**step.params, "run_dir": str(d)} if step.params else {}
     os.environ.setdefault("TQDM_DISABLE", "1")  # this worker's kernels: no library's bar in the executed notebooks and the site
+    os.environ.setdefault(IN_BOOK, "1")         # ... and no run's lines on the book's terminal: its step lines say where it is
     t0 = time.time()
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,

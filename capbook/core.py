@@ -16,12 +16,12 @@ import torch
 sys.modules.setdefault("rfc3987_syntax", None)
 
 # %% auto 0
-__all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'Deferred', 'CapbookError', 'save_traceback', 'error_line', 'project_root',
-           'data_dir', 'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line', 'io_errors_as_lines',
-           'one_at_a_time', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml', 'load_yaml',
-           'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest',
+__all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'IN_BOOK', 'Deferred', 'CapbookError', 'save_traceback', 'error_line',
+           'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line',
+           'io_errors_as_lines', 'one_at_a_time', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml',
+           'load_yaml', 'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest',
            'seed_everything', 'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide', 'cpu_precision',
-           'progress', 'check_choice', 'check_int', 'check_float']
+           'terminal', 'tell', 'progress', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class Deferred:
@@ -342,11 +342,34 @@ def cpu_precision(precision: str, device: torch.device) -> str:
     return "bf16" if device.type == "cuda" or cpu_bf16_kernels() else "fp32"
 
 # %% ../nbs/00_core.ipynb
+IN_BOOK = "CAPBOOK_IN_BOOK"     # environment: set by the book for the notebooks it runs
+_TERMINAL: list = []            # the terminal's stream, opened once
+
+def terminal():
+    "The stream of the terminal a reader's run of a notebook was started from, where the kernel's own output goes into the notebook: the copy of the kernel's inherited stderr that ipykernel keeps (papermill's terminal, or Jupyter's). None outside a kernel and in a notebook the book runs (`IN_BOOK`)."
+    if os.environ.get(IN_BOOK): return None
+    fd = getattr(sys.stderr, "_original_stdstream_copy", None)
+    if not isinstance(fd, int): return None
+    if not _TERMINAL:
+        try: _TERMINAL.append(os.fdopen(os.dup(fd), "w", buffering=1))
+        except OSError: return None
+    return _TERMINAL[0]
+
+def tell(line: str) -> None:
+    "Print `line` (into the notebook, in one) and, in a reader's run of a notebook, to the terminal it was started from (`terminal`): so a papermill run says what it is doing."
+    print(line)
+    if (t := terminal()) is not None:
+        from tqdm import tqdm
+        try: tqdm.write(line, file=t)            # above a bar drawn there, which is drawn again under it
+        except OSError: pass                      # a terminal closed under the run: the notebook keeps the line
+
 def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):
-    "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal and when `enabled`."
+    "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal, or the terminal of a reader's run of a notebook (`terminal`), and when `enabled`."
     from tqdm import tqdm
-    # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
     on = enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
+    if on and (t := terminal()) is not None:      # papermill's terminal: a bar even where it is a pipe (it reads as lines)
+        return tqdm(iterable, file=t, mininterval=kw.pop("mininterval", 2), ncols=100, **kw)
+    # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
     return tqdm(iterable, disable=None if on else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
 
 # %% ../nbs/00_core.ipynb

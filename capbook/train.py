@@ -460,10 +460,18 @@ def _keyed_plain(key: torch.Tensor):
     "Keyed draws on the plain paths: what a stacked run draws and computes."
     with plain_paths(), keyed(key): yield
 
+def _where(r: _Run, done: int, left: int, secs: float) -> str:
+    "The bar's note on a run's progress: its last validation score and the time its budget has left, from this process's pace (`done` steps in `secs` seconds, validations included, `left` to go); a run that stops early ends sooner."
+    last = next((h[f"val {r.cfg.metric}"] for h in reversed(r.res.history) if f"val {r.cfg.metric}" in h), None)
+    val = f"val {r.cfg.metric} {last:.3f}" if last is not None else f"val {r.cfg.metric} not yet"
+    eta = left * secs / done if done else None
+    return val + ("" if eta is None else f", about {eta / 60:.0f} min left" if eta >= 90 else f", about {eta:.0f} s left")
+
 def _loop(runs: list[_Run], step: Callable) -> None:
     "The epochs of `runs` (one, or several trained in step by a stacked step): `step(runs, batches, lrs, where)` takes one optimisation step of every run and returns each run's terms."
     first, data = runs[0], runs[0].data
     rank, world, cfg = first.rank, first.world, first.cfg            # cfg: what stacked runs share (all but `STACKABLE`)
+    t_start, steps_here = time.time(), 0                              # this process's pace, for the bar's time left
     try:
         for r in runs:
             if r.fresh and r.cfg.validate_start and rank == 0:
@@ -486,7 +494,12 @@ def _loop(runs: list[_Run], step: Callable) -> None:
                 r.objective.sample_prob = ss_prob(r.cfg, epoch)          # scheduled sampling's probability this epoch (0: teacher forcing)
             marks, t0 = _eval_marks(n_batches, cfg.evals_per_epoch), time.time()
             its = [data.train.batches(r.cfg.batch_size, epoch, r.cfg.seed, rank, world, skip=skip, **sel) for r in runs]
-            for bs in progress(zip(*its), cfg.progress and rank == 0, total=n_batches - skip, desc=f"epoch {epoch}", leave=False):
+            bar = progress(zip(*its), cfg.progress and rank == 0, total=n_batches - skip, desc=f"epoch {epoch}", leave=False)
+            for bs in bar:
+                if not bar.disable:                     # epoch, batch, the last validation and the time left: a terminal's view only
+                    left = (cfg.epochs - epoch) * n_batches - live[0].skip
+                    bar.set_postfix_str(_where(live[0], steps_here, left, time.time() - t_start), refresh=False)
+                steps_here += 1
                 # a run that stopped early is carried at rate 0 (a stacked step takes every member) and books nothing
                 lrs = [0.0 if r.done else r.cfg.lr * lr_factor(r.cfg, r.step + 1, epoch, pe, r.decays) for r, pe in zip(runs, per_epoch)]
                 terms = step(runs, list(bs), lrs, f"epoch {epoch}, step {live[0].step}")

@@ -515,14 +515,43 @@ with autocast(torch.device("cpu")): assert (torch.ones(2) @ torch.ones(2)).dtype
 # notebooks and the docs site), a pipe, CI's log — the bar is off: it would only fill the record with carriage
 # returns. Text bars, never `tqdm.auto`: that one wants ipywidgets in a notebook and, without them, leaves tqdm's
 # warning about a missing IProgress widget in the output. `TQDM_DISABLE=1` silences a terminal too.
+#
+# One exception: a reader's own run of a chapter (`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5`, or Jupyter).
+# Its kernel's output goes into the notebook, and papermill's terminal would show only "Executing: 76 %" for the whole
+# of the training. ipykernel keeps a copy of the stderr the kernel inherited, which is papermill's terminal
+# (`terminal`): there the run's bars go, and each of its log lines (`tell`) besides the notebook's copy. The book sets
+# `IN_BOOK` for the notebooks it runs: their progress is the book's own step lines.
 
 # %%
 #| export
+IN_BOOK = "CAPBOOK_IN_BOOK"     # environment: set by the book for the notebooks it runs
+_TERMINAL: list = []            # the terminal's stream, opened once
+
+def terminal():
+    "The stream of the terminal a reader's run of a notebook was started from, where the kernel's own output goes into the notebook: the copy of the kernel's inherited stderr that ipykernel keeps (papermill's terminal, or Jupyter's). None outside a kernel and in a notebook the book runs (`IN_BOOK`)."
+    if os.environ.get(IN_BOOK): return None
+    fd = getattr(sys.stderr, "_original_stdstream_copy", None)
+    if not isinstance(fd, int): return None
+    if not _TERMINAL:
+        try: _TERMINAL.append(os.fdopen(os.dup(fd), "w", buffering=1))
+        except OSError: return None
+    return _TERMINAL[0]
+
+def tell(line: str) -> None:
+    "Print `line` (into the notebook, in one) and, in a reader's run of a notebook, to the terminal it was started from (`terminal`): so a papermill run says what it is doing."
+    print(line)
+    if (t := terminal()) is not None:
+        from tqdm import tqdm
+        try: tqdm.write(line, file=t)            # above a bar drawn there, which is drawn again under it
+        except OSError: pass                      # a terminal closed under the run: the notebook keeps the line
+
 def progress(iterable: Iterable | None = None, enabled: bool = True, **kw):
-    "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal and when `enabled`."
+    "A tqdm text bar over `iterable` (or `total=`) shown only on an interactive terminal, or the terminal of a reader's run of a notebook (`terminal`), and when `enabled`."
     from tqdm import tqdm
-    # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
     on = enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
+    if on and (t := terminal()) is not None:      # papermill's terminal: a bar even where it is a pipe (it reads as lines)
+        return tqdm(iterable, file=t, mininterval=kw.pop("mininterval", 2), ncols=100, **kw)
+    # disable=None is tqdm's "off unless the stream is a TTY"; a Jupyter kernel's stderr is not one
     return tqdm(iterable, disable=None if on else True, mininterval=kw.pop("mininterval", 2), dynamic_ncols=True, **kw)
 
 
@@ -531,6 +560,7 @@ import io, contextlib as _cl
 with _cl.redirect_stderr(io.StringIO()) as _err:
     assert list(progress(range(3), desc="quiet")) == [0, 1, 2]   # a StringIO is not a terminal: no bar
 assert _err.getvalue() == "", _err.getvalue()
+assert terminal() is None or os.environ.get(IN_BOOK) is None   # in the book's notebooks: the book's step lines, no bar
 
 
 # %% [markdown]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 import numpy as np
 import torch
-from capbook.core import (CapbookError, code_version, cpu_name, get_device, io_error, runs_dir, save_json, save_torch, save_yaml,
+from capbook.core import (CapbookError, code_version, cpu_name, get_device, io_error, runs_dir, save_json, save_torch, save_yaml, tell,
                           stable_hash)
 from capbook.metrics import measured
 from capbook.profiles import (Chapter, RunConfig, chapter, check_profile, decoding, model_hparams, read_params, run_precision, scst_arms,
@@ -153,7 +153,7 @@ def figure_pick(ev: dict, gt: dict | None) -> int:
     return next((i for i, (k, w) in enumerate(zip(ev["keys"], ev["words"]))
                  if len([m for m in object_mentions(w, gt["images"][k]) if m[1]]) >= 2), 0)
 
-def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = print) -> ChapterRun:
+def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable[[str], None] = tell) -> ChapterRun:
     "Run a chapter with the parameters in `namespace` (the notebook's `globals()`, or a parameters dataclass)."
     from capbook.models import make_config
     from capbook.train import fit
@@ -174,7 +174,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     kept = prep.train.n_kept(cfg.max_words)
     log(f"{name} on {prep.dataset} ({prep.encoder}): {model.n_params:,} parameters; {kept:,} training captions"
         + (f" (of {len(prep.train):,}: at most {cfg.max_words} words)" if kept < len(prep.train) else "")
-        + f"; {cfg.epochs} epochs at most")
+        + f"; {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} at most")
     if (procs := train_procs()) > 1: fit_under_torchrun(notebook, run.dir, procs, log)   # then every fit below reads its finished checkpoint
     fitted = fit(model, prep, cfg, run.path("ckpt"), log=log)
     dev = get_device(p.device)
@@ -216,8 +216,8 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
                             samples=[{"key": k, "caption": " ".join(w)} for k, w in list(zip(ev["keys"], ev["words"]))[:20]],
                             **({"stages": stages} if stages else {}), **({"world_size": fitted.world_size} if fitted.world_size > 1 else {}),
                             **inputs, **extra)
-    if given.run_dir is None:                      # a reader's run by hand: where it falls among the book's own rows
-        for line in book_context(notebook, p, ctx.record): log(line)
+    if given.run_dir is None:                      # a reader's run by hand: where it falls among the book's own rows, and where it is
+        for line in [*book_context(notebook, p, ctx.record), *reproduced(notebook, p, ctx.record), *ending(p, run.dir)]: log(line)
     return ctx
 
 # %%
@@ -260,6 +260,40 @@ def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[
         else: rows.append(f"  {name} [{what}]: {xs[0]:.1f}, one seed (no interval)")
     if not rows: return []
     return [f"This run's test {metric} (x100, beam {p.beam_size}): {value:.1f}. The book's rows beside it (profile {p.profile}):", *rows]
+
+_MACHINE = ("threads", "isa", "device", "torch")   # what a record notes of the arithmetic a run was computed with, besides its precision
+
+def reproduced(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[str]:
+    "Where the book holds a run of these very parameters and seed (its own run or its published record, on the same data): a line with its test `metric` beside this run's, saying whether this run reproduced it exactly, or else what differs between the two records' arithmetic (threads, instruction set, device, torch, precision). Empty where the book has none."
+    from capbook.plan import chapter_steps, replicas
+    from capbook.records import step_record
+    ch = chapter(notebook)
+    _, mine = _compared(ch, dataclasses.asdict(p))
+    try: steps = chapter_steps(p.profile, notebook)
+    except CapbookError: return []
+    for s in (s for step in steps.values() for s in replicas(p.profile, step)):
+        if s.params.get("seed", 0) != p.seed or _compared(ch, s.params)[1] != mine: continue
+        try: rec = step_record(p.profile, s)
+        except CapbookError: continue
+        if Path(rec["_dir"]) != runs_dir() / p.profile / s.name or rec["data"]["fingerprint"] != record["data"]["fingerprint"]: continue
+        theirs, here = rec.get("machine", {}), record.get("machine", {})
+        differ = [f"{k} {theirs.get(k)} there, {here.get(k)} here" for k in _MACHINE if theirs.get(k) != here.get(k)]
+        differ += [f"precision {rec.get('precision')} there, {record.get('precision')} here"] * (rec.get("precision") != record.get("precision"))
+        a, b = record["metrics"][metric], rec["metrics"][metric]
+        if a == b: return [f"The book holds a run of these parameters and seed ({s.name}): this run reproduced its test {metric} exactly, {100 * b:.1f}."]
+        why = ("they differ in " + "; ".join(differ) + ": the order of the arithmetic, not the code" if differ else
+               "nothing the two records note of the arithmetic differs (threads, instruction set, device, torch, precision)")
+        return [f"The book holds a run of these parameters and seed ({s.name}): test {metric} {100 * b:.1f} there, {100 * a:.1f} here; {why}."]
+    return []
+
+def ending(p, folder: Path) -> list[str]:
+    "The last lines of a reader's run: where its folder is (from the project's root) and, at the smoke profile, what its numbers are."
+    where = os.path.relpath(folder, runs_dir().parent)
+    lines = [f"This run's folder: {where} (its results record, checkpoints and test captions)."]
+    if p.profile == "smoke":
+        lines.append("The smoke profile trains toy sizes for an epoch: its numbers show that the chapter runs, not what the method "
+                     "does; the book's numbers are the default profile's (-p profile default).")
+    return lines
 
 # %% [markdown]
 # ## Running one chapter by hand
