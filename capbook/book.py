@@ -15,13 +15,13 @@ from .results import plan_keys
 from .train import STEP_KEY
 
 # %% auto 0
-__all__ = ['SCST', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS', 'KERNEL_CONFIG', 'sync_parameters', 'api_modules',
-           'chapter_status', 'chapter_table', 'results_table', 'verdict_tables', 'published_minutes', 'verdict_lines',
-           'findings', 'one_chapter', 'book_time', 'fill_blocks', 'index_blocks', 'headline', 'readme_text',
-           'readme_status', 'sync_readme', 'kernel_manager', 'warm_kernel', 'unchanged', 'published_stand_in',
-           'skipped_line', 'run_step', 'book_times', 'machines_line', 'publish', 'retire', 'readers_copies',
-           'refresh_published', 'build_docs', 'run_plan', 'select_steps', 'book_lock', 'run_book',
-           'write_kernel_config']
+__all__ = ['SCST', 'SAY_VERDICTS', 'SAY_SCST', 'SAY_SEMANTIC', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS',
+           'KERNEL_CONFIG', 'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table', 'results_table',
+           'verdict_tables', 'published_minutes', 'verdict_lines', 'findings', 'one_chapter', 'book_time',
+           'fill_blocks', 'index_blocks', 'headline', 'readme_text', 'readme_status', 'sync_readme', 'kernel_manager',
+           'warm_kernel', 'unchanged', 'published_stand_in', 'skipped_line', 'run_step', 'book_times', 'machines_line',
+           'publish', 'retire', 'readers_copies', 'refresh_published', 'build_docs', 'run_plan', 'select_steps',
+           'book_lock', 'run_book', 'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -197,9 +197,18 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
     for nb, ls in lines.items():
         ch = next((c for name, c in chapters().items() if name[:2] == nb[:2]), None)    # 03a_spca_tables: 03_spca's
         fig = folder / ch.figures[0] if ch is not None and ch.figures else None
+        words = "".join(ls)
+        terms = [SAY_SCST] * ("SCST" in words or "self-critical" in words) + [SAY_SEMANTIC]   # every tables chapter shows semantic F1
         out[nb] = ("Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
-                   "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls), fig)
+                   "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls)
+                   + "\n\n" + " ".join([SAY_VERDICTS, *terms]), fig)
     return out
+
+SAY_VERDICTS = ("*holds*: the 95 % interval of the difference is above zero; *does not hold*: below zero; *cannot tell*: it "
+            "contains zero, a difference these seeds cannot resolve. Holm's correction asks more of each verdict the more "
+            "claims a chapter tests: a verdict that does not survive it may be one of the chance findings among many.")
+SAY_SCST = "SCST: self-critical training on CIDEr-D, the model's greedy caption (or its other samples) as the baseline."
+SAY_SEMANTIC = "Semantic F1: the objects, attributes, counts and relations a caption states, checked against the image."
 
 def _timed_on(folder: Path) -> str:
     "The machine that measured most of the published time table's minutes (its `machine` column), else the one its `Machine:` line names, else what the book says of it where there is no table."
@@ -233,8 +242,8 @@ def book_time(folder: Path) -> str:
     left = [s for s in steps if s not in df.index]
     which = "every seed" if not left else f"the {len(steps) - len(left)} of its {len(steps)} steps timed so far"
     return (f"**Time.** The default book, {which}: {total / 60:.1f} hours of runs one after another, about "
-            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the machine that measured most of it ({_timed_on(folder)}; "
-            "`figures/table_book_times.md`, step by step); on a GPU the whole book has not been timed yet.")
+            f"{total / 120:.1f} hours of `make book` (two runs side by side) on the machine that timed most of it ({_timed_on(folder)}; "
+            "`figures/table_book_times.md`, step by step); not yet timed on a GPU.")
 
 _BLOCK = re.compile(r"<!-- (\w+) -->\n.*?<!-- /\1 -->", re.S)
 

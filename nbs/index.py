@@ -60,10 +60,11 @@
 # ## What the book found
 #
 # Every model below was trained on the same shapes data, features and trainer under one protocol (15 epochs, or 30
-# where most seeds still rose at 15; the best validation CIDEr kept), over three or more seeds, and tested on the same
-# 1,000 images with beam 3 (a claim against a 30-epoch row reads the other row's twin at 30). A claim holds when the
-# 95 % interval of the difference (t over seeds and images) is above zero, does not hold when below, "cannot tell" when
-# it contains zero. Scores ×100; SCST: self-critical training on CIDEr-D.
+# where a row needed them; the best validation CIDEr kept), over three or more seeds, and tested on the same 1,000
+# images with beam 3; a claim compares its rows at one budget. A claim holds when the 95 % interval of the difference
+# (t over seeds and images) is above zero, does not hold when below, "cannot tell" when it contains zero. Scores
+# ×100; SCST: self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations
+# checked against the image.
 #
 # <!-- results -->
 # <!-- /results -->
@@ -81,5 +82,5 @@
 # - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb) (kills, full disks, contributing), [one chapter](00m_runner.ipynb) (parameters, checkpoints).
 # - [Your own images](00q_caption.ipynb) (`capbook caption`), [scoring](00j_metrics.ipynb) (`capbook score`), [the package](00f_models.ipynb): a new model is a module and a registry entry. History: `CHANGELOG.md`.
 #
-# The papers' words are quoted with their section or equation, capbook's remarks marked *capbook:*; each equation is
-# a comment above the line computing it, with tensor shapes.
+# Chapters quote the papers by section or equation and mark capbook's remarks *capbook:*; each equation sits above
+# the line computing it, with tensor shapes.
