@@ -559,15 +559,15 @@ def _rehash(folder: Path, rels: list[str]) -> None:
     save_json(folder / MANIFEST, m)
 
 def readers_copies(folder: Path) -> list[str]:
-    "Make the reader's copies in `folder/notebooks` read as a reader opens them anywhere (GitHub, JupyterLab): each figure shown from `img/` (`capbook.copies.link_images`), each tables chapter opening with what it found (`capbook.docs.with_findings`, from the verdicts it published: `findings`, the same text its page opens with). The manifest's hashes follow; returns the copies rewritten."
+    "Make the reader's copies in `folder/notebooks` read as a reader opens them anywhere (GitHub, JupyterLab): each figure shown from `img/` (`capbook.copies.link_images`), paths shown as paths (`readable_outputs`), each tables chapter opening with what it found (`capbook.docs.with_findings`, from the verdicts it published: `findings`, the same text its page opens with). The manifest's hashes follow; returns the copies rewritten."
     import nbformat
-    from capbook.copies import link_images
+    from capbook.copies import link_images, readable_outputs
     from capbook.docs import with_findings
     folder = Path(folder); kept = folder / "notebooks"
     found, done = findings(folder), []
     for f in sorted(kept.glob("*.ipynb")):
         old = nbformat.read(f, as_version=4)
-        nb = link_images(old)
+        nb = readable_outputs(link_images(old))
         if f.stem in found: nb = with_findings(nb, *found[f.stem], kept / "img")
         if nb != old:
             atomic_write(f, lambda t, nb=nb: nbformat.write(nb, t)); done.append(f"notebooks/{f.name}")

@@ -11,8 +11,9 @@ from .core import CapbookError, Deferred, atomic_write, temp_dir
 nbformat = Deferred("nbformat")   # brings jsonschema, whose format checker compiles its grammars as it is imported (a second)
 
 # %% auto 0
-__all__ = ['nbformat', 'read_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths', 'without_machine_paths',
-           'reader_notebook', 'image_link', 'link_images', 'slim_notebook', 'inflate_notebook', 'keep_notebooks']
+__all__ = ['nbformat', 'PATH_REPR', 'read_notebook', 'exported', 'refresh_copy', 'copy_current', 'machine_paths',
+           'without_machine_paths', 'readable', 'readable_outputs', 'reader_notebook', 'image_link', 'link_images',
+           'slim_notebook', 'inflate_notebook', 'keep_notebooks']
 
 # %% ../nbs/00oa_copies.ipynb
 def read_notebook(path: Path) -> nbformat.NotebookNode:
@@ -133,6 +134,23 @@ def _injected_note(source: str) -> str:
     return ("*This run used " + ", ".join(vals) + "; every other parameter has the default above.*" if vals
             else "*This run used the defaults above.*")
 
+PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")   # a path's repr
+_MKDTEMP = re.compile(r"<tmp>/tmp[a-z0-9_]{8}(?=/)")                       # a `tempfile.mkdtemp` folder under the stand-in
+
+def readable(text: str) -> str:
+    "An output's text as a reader's copy keeps it (after `_relative`): a path's repr as the path (`PosixPath('runs/x')`: runs/x), and a temporary folder's random name left out (`<tmp>/tmpab12cd34/x`: `<tmp>/x`), which says nothing and changes on every run."
+    return _MKDTEMP.sub("<tmp>", PATH_REPR.sub(lambda m: m[1], text))
+
+def readable_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    "`nb` with every output's text `readable`: for a copy kept before its outputs were."
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream": o.text = readable(o.text if isinstance(o.text, str) else "".join(o.text))
+            for k, v in o.get("data", {}).items():
+                if k.startswith("text/") and k != "text/html": o.data[k] = readable(v if isinstance(v, str) else "".join(v))
+    return nb
+
 def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | None = None) -> nbformat.NotebookNode:
     "A copy of an executed notebook as a reader meets it: the injected parameters as one line, no tool chatter, no machine paths, no timings."
     paths, nb = machine_paths() if paths is None else paths, copy.deepcopy(nb)
@@ -150,10 +168,12 @@ def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | No
             outs = []
             for o in cell.outputs:
                 if o.output_type == "stream":
-                    o.text = _relative(_quiet(o.text), paths)
+                    o.text = readable(_relative(_quiet(o.text), paths))
                     if not o.text: continue
                 for k, v in o.get("data", {}).items():
-                    if k.startswith("text/"): o.data[k] = _relative(v if isinstance(v, str) else "".join(v), paths)
+                    if k.startswith("text/"):
+                        o.data[k] = _relative(v if isinstance(v, str) else "".join(v), paths)
+                        if k != "text/html": o.data[k] = readable(o.data[k])
                 outs.append(o)
             cell.outputs = outs
         cells.append(cell)

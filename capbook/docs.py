@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 from html import escape as _escape
 from .core import CapbookError, Deferred, atomic_write, io_error, temp_dir
-from .copies import _quiet, inflate_notebook, read_notebook as _read_notebook
+from .copies import PATH_REPR, _quiet, inflate_notebook, read_notebook as _read_notebook
 
 nbformat = Deferred("nbformat")   # brings jsonschema, whose format checker compiles its grammars as it is imported (a second)
 
@@ -166,7 +166,7 @@ def reader_tables(md: str) -> str:
     "Every Markdown table in `md` as the site shows it (`reader_table`)."
     return _PIPE_TABLE.sub(lambda m: reader_table(m.group(0)) + ("\n" if m.group(0).endswith("\n") else ""), md)
 
-_PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")
+_PATH_REPR = PATH_REPR          # a path's repr, shown as the path (`capbook.copies`)
 
 def _clean_output(out: nbformat.NotebookNode, caption: str | None = None) -> nbformat.NotebookNode | None:
     "An output as the site shows it; None for a widget view (its state is not kept) or a stream left empty by `_quiet`; a figure as HTML at its size with its `caption` (`figure_html`); a path's repr as the path."

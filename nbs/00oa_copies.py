@@ -174,6 +174,23 @@ def _injected_note(source: str) -> str:
     return ("*This run used " + ", ".join(vals) + "; every other parameter has the default above.*" if vals
             else "*This run used the defaults above.*")
 
+PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")   # a path's repr
+_MKDTEMP = re.compile(r"<tmp>/tmp[a-z0-9_]{8}(?=/)")                       # a `tempfile.mkdtemp` folder under the stand-in
+
+def readable(text: str) -> str:
+    "An output's text as a reader's copy keeps it (after `_relative`): a path's repr as the path (`PosixPath('runs/x')`: runs/x), and a temporary folder's random name left out (`<tmp>/tmpab12cd34/x`: `<tmp>/x`), which says nothing and changes on every run."
+    return _MKDTEMP.sub("<tmp>", PATH_REPR.sub(lambda m: m[1], text))
+
+def readable_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    "`nb` with every output's text `readable`: for a copy kept before its outputs were."
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream": o.text = readable(o.text if isinstance(o.text, str) else "".join(o.text))
+            for k, v in o.get("data", {}).items():
+                if k.startswith("text/") and k != "text/html": o.data[k] = readable(v if isinstance(v, str) else "".join(v))
+    return nb
+
 def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | None = None) -> nbformat.NotebookNode:
     "A copy of an executed notebook as a reader meets it: the injected parameters as one line, no tool chatter, no machine paths, no timings."
     paths, nb = machine_paths() if paths is None else paths, copy.deepcopy(nb)
@@ -191,10 +208,12 @@ def reader_notebook(nb: nbformat.NotebookNode, paths: list[tuple[str, str]] | No
             outs = []
             for o in cell.outputs:
                 if o.output_type == "stream":
-                    o.text = _relative(_quiet(o.text), paths)
+                    o.text = readable(_relative(_quiet(o.text), paths))
                     if not o.text: continue
                 for k, v in o.get("data", {}).items():
-                    if k.startswith("text/"): o.data[k] = _relative(v if isinstance(v, str) else "".join(v), paths)
+                    if k.startswith("text/"):
+                        o.data[k] = _relative(v if isinstance(v, str) else "".join(v), paths)
+                        if k != "text/html": o.data[k] = readable(o.data[k])
                 outs.append(o)
             cell.outputs = outs
         cells.append(cell)
@@ -286,6 +305,7 @@ _r = reader_notebook(_ex, [("/x", ".")])
 assert _r.cells[0].cell_type == "markdown" and _r.cells[0].source.startswith("*This run used `profile = 'smoke'`")
 assert [o.get("text") for o in _r.cells[1].outputs[:1]] == ["record: runs/smoke/02/record.json\n"]
 assert _r.cells[1].execution_count == 2                                      # it ran, second
+assert readable("<tmp>/tmph1a6sfm4/bad.yaml: unreadable; PosixPath('runs/x')") == "<tmp>/bad.yaml: unreadable; runs/x"
 _img = Path(tempfile.mkdtemp())
 _s = slim_notebook(_r, _img)
 assert "image/png" not in _s.cells[1].outputs[1].data and len(list(_img.glob("*.png"))) == 1

@@ -1,5 +1,5 @@
 "The notebooks are the source: capbook/ is what nbdev_export makes of them, pairs are in sync, sources are clean."
-import json, shutil, subprocess, sys
+import json, re, shutil, subprocess, sys
 from pathlib import Path
 import jupytext
 import pytest
@@ -110,12 +110,12 @@ COUNTLESS = {p.stem for p in (ROOT / "figures" / "notebooks").glob("*.ipynb")} -
 
 
 def test_published_copies_read_as_they_ran_wherever_opened():
-    "Each reader's copy in figures/notebooks shows what it ran on GitHub and in JupyterLab: every figure output carries a Markdown link to its image (`capbook.copies.link_images`) whose file is there, every code cell that ran has its execution count (but a copy kept before counts were, `COUNTLESS`), and every tables chapter opens with its findings, the same text as its page's (`capbook.book.findings`), before its first output."
+    "Each reader's copy in figures/notebooks shows what it ran on GitHub and in JupyterLab: paths as paths (no repr, no temporary folder's random name, no machine path written into its code), every figure output carries a Markdown link to its image (`capbook.copies.link_images`) whose file is there, every code cell that ran has its execution count (but a copy kept before counts were, `COUNTLESS`), and every tables chapter opens with its findings, the same text as its page's (`capbook.book.findings`), before its first output."
     import nbformat
     from capbook.book import findings
     from capbook.docs import FINDINGS, FOUND
     kept = ROOT / "figures" / "notebooks"
-    found, bare, countless, late = findings(kept.parent), [], set(), []
+    found, bare, countless, late, reprs = findings(kept.parent), [], set(), [], []
     for f in sorted(kept.glob("*.ipynb")):
         nb = nbformat.read(f, as_version=4)
         for c in (c for c in nb.cells if c.cell_type == "code"):
@@ -125,11 +125,15 @@ def test_published_copies_read_as_they_ran_wherever_opened():
                 if name or str(d.get("text/plain", "")).startswith(("<Figure size", "<IPython.core.display.Image")):
                     if not shows: bare.append(f"{f.stem}: {d.get('text/plain', name)}")
             if (c.get("outputs") or c.source.startswith("#| export")) and c.execution_count is None: countless.add(f.stem)
+            shown = "".join(str(o.get("text", "")) + "".join(str(v) for k, v in o.get("data", {}).items() if k.startswith("text/")) for o in c.get("outputs", []))
+            reprs += [f"{f.stem}: {m}" for m in re.findall(r"PosixPath\(.{0,40}|<tmp>/tmp\w{8}/.{0,20}", shown)]
+            reprs += [f"{f.stem}: code names {m}" for m in re.findall(r"[\"']<tmp>/[^\"']*", c.source)]   # a path literal, rewritten
         if f.stem in found:
             at = next((i for i, c in enumerate(nb.cells) if FINDINGS in c.metadata.get("tags", [])), None)
             first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("outputs"))
             if at is None or at > first or not nb.cells[at].source.startswith(FOUND + found[f.stem][0]): late.append(f.stem)
     assert not bare, ("figure outputs a reader's viewer cannot show", bare)
+    assert not reprs, ("a path's repr, a temporary folder's random name, or a machine's path written into code", reprs)
     assert countless - COUNTLESS == set(), ("code cells that ran without an execution count", sorted(countless - COUNTLESS))
     assert COUNTLESS - countless == set(), f"{sorted(COUNTLESS - countless)} now keep their counts: take them off COUNTLESS"
     assert not late and len(found) >= 5, ("tables chapters whose copy does not open with its findings", late)
