@@ -177,8 +177,10 @@ def reader_table(md: str) -> str:
     return (table(names + keep) + foot + f"\n\n<details><summary>All {len(head)} columns</summary>\n\n"
             + "\n".join(lines) + "\n\n</details>")
 
+_MISSING = {"NaN", "nan", "None", "<NA>", "NaT"}   # how pandas prints a missing value
+
 def frame_markdown(html: str) -> str | None:
-    "A pandas DataFrame's HTML output (`class=\"dataframe\"`) as a Markdown table, its index left out where it is the default 0, 1, ... (then `reader_table` can shape it for the site); None for any other HTML."
+    "A pandas DataFrame's HTML output (`class=\"dataframe\"`) as a Markdown table, its index left out where it is the default 0, 1, ..., a missing value as a dash and a column with none dropped (then `reader_table` can shape it for the site); None for any other HTML."
     from html.parser import HTMLParser
     if html.count('class="dataframe"') != 1 or html.count("<table") != 1: return None
     rows: list[list[str]] = []
@@ -194,6 +196,9 @@ def frame_markdown(html: str) -> str | None:
     Frame().feed(html)
     if len(rows) < 2 or any(len(r) != len(rows[0]) for r in rows) or len(rows[0]) < 2: return None
     if [r[0] for r in rows[1:]] == [str(i) for i in range(len(rows) - 1)] and not rows[0][0]: rows = [r[1:] for r in rows]
+    rows = [[("—" if c in _MISSING else c) for c in r] for r in rows]        # a cell the row has no value for
+    keep = [j for j in range(len(rows[0])) if j == 0 or any(r[j] != "—" for r in rows[1:])]
+    rows = [[r[j] for j in keep] for r in rows]                                  # a table holds the columns it has
     head = rows[0]
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + ["| " + " | ".join(r) + " |" for r in rows[1:]])
 
@@ -239,6 +244,24 @@ def _bookkeeping(cell: nbformat.NotebookNode, dirs: dict[str, str]) -> bool:
     return "bookkeeping" in dirs or "parameters" in cell.metadata.get("tags", []) or \
         (cell.cell_type == "markdown" and cell.source.startswith("*This run used"))
 
+LOG_LINES = 12    # a run's log longer than this shows on the site as one folded block: its last line, the rest on a click
+
+def _merged(outputs: list) -> list:
+    "A cell's outputs with each run of stream outputs of one stream (a log printed line by line) joined into one."
+    kept = []
+    for o in outputs:
+        if o.get("output_type") == "stream" and kept and kept[-1].get("output_type") == "stream" and kept[-1].get("name") == o.get("name"):
+            kept[-1] = nbformat.v4.new_output("stream", name=o["name"], text=kept[-1]["text"] + o["text"])
+        else: kept.append(o)
+    return kept
+
+def _folded(out: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    "A stream of more than `LOG_LINES` lines as one folded block (HTML `details`): the summary names its length and shows its last line, where a run's log ends."
+    if out.get("output_type") != "stream" or (lines := out["text"].rstrip("\n").split("\n")) and len(lines) <= LOG_LINES: return out
+    summary = f"The log, {len(lines)} lines (unfold to read it); its last: {_escape(lines[-1][:160])}"
+    html = f'<details class="capbook-log"><summary>{summary}</summary><pre>{_escape(out["text"])}</pre></details>'
+    return nbformat.v4.new_output("display_data", data={"text/html": html})
+
 def _once(outputs: list) -> list:
     "A cell's outputs with an image it showed twice kept once (a figure displayed, then shown again by the inline backend at the cell's end)."
     seen, kept = set(), []
@@ -274,6 +297,7 @@ def prepare_notebook(nb: nbformat.NotebookNode, tables: bool = False) -> nbforma
             cell.outputs = _once(cell.outputs)
             if any(wide(o.get("data", {}).get("image/png", "")) for o in cell.outputs): tags.append("full-width")
             cell.outputs = [o for o in (_clean_output(o, dirs.get("fig-cap") or heading) for o in cell.outputs) if o is not None]
+            cell.outputs = [_folded(o) for o in _merged(cell.outputs)]                          # a run's log: one folded block
             if (tables or _builds_only(cell)) and not _FOLDED & set(tags): tags.append("hide-input")   # builds a table or figure: folded
             if not cell.source.strip() and not cell.outputs: continue
         if tables and _bookkeeping(cell, dirs):
@@ -334,6 +358,13 @@ assert "[1] the protocol" in _r and "<details><summary>All 10 columns</summary>"
 assert reader_table("| a | b |\n|--|--|\n| 1.0 | x |") == "| a | b |\n|---:|:---|\n| 1 | x |"
 assert frame_markdown('<table border="1" class="dataframe"><thead><tr><th></th><th>loss</th></tr></thead>'
                       '<tbody><tr><th>0</th><td>1.5</td></tr><tr><th>1</th><td>1.2</td></tr></tbody></table>') == "| loss |\n|---|\n| 1.5 |\n| 1.2 |"
+assert frame_markdown('<table class="dataframe"><tr><th></th><th>beam</th><th>refs</th><th>att</th></tr>'     # no NaN cell, no empty column
+                      '<tr><th>CIDEr</th><td>1.5</td><td>NaN</td><td>NaN</td></tr><tr><th>hit</th><td>NaN</td><td>NaN</td><td>0.4</td></tr></table>'
+                      ) == "|  | beam | att |\n|---|---|---|\n| CIDEr | 1.5 | — |\n| hit | — | 0.4 |"
+_log = [nbformat.v4.new_output("stream", name="stdout", text=f"epoch {i}\n") for i in range(20)]
+_one = [_folded(o) for o in _merged(_log)]                                        # a log printed line by line: one folded block
+assert len(_one) == 1 and _one[0].data["text/html"].startswith('<details class="capbook-log"><summary>The log, 20 lines') and "its last: epoch 19" in _one[0].data["text/html"]
+assert _merged(_log[:3])[0].text == "epoch 0\nepoch 1\nepoch 2\n" and _folded(_merged(_log[:3])[0]).output_type == "stream"   # short: as it is
 
 # %% [markdown]
 # A figure is shown at its own size, one image pixel to a CSS pixel, so that its 9-point labels stay as drawn; one wider
