@@ -15,13 +15,13 @@ from .results import plan_keys
 from .train import STEP_KEY
 
 # %% auto 0
-__all__ = ['SCST', 'SAY_VERDICTS', 'SAY_SCST', 'SAY_SEMANTIC', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS',
+__all__ = ['SCST', 'RAN', 'SAY_VERDICTS', 'SAY_SCST', 'SAY_SEMANTIC', 'EXAMPLE', 'FIGURE', 'PHASES', 'STALE_NOTE', 'EXECUTORS',
            'KERNEL_CONFIG', 'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table', 'results_table',
-           'verdict_tables', 'published_minutes', 'verdict_lines', 'findings', 'one_chapter', 'book_time',
-           'fill_blocks', 'index_blocks', 'headline', 'readme_text', 'readme_status', 'sync_readme', 'kernel_manager',
-           'warm_kernel', 'unchanged', 'published_stand_in', 'skipped_line', 'run_step', 'book_times', 'machines_line',
-           'publish', 'retire', 'readers_copies', 'refresh_published', 'build_docs', 'run_plan', 'select_steps',
-           'book_lock', 'run_book', 'write_kernel_config']
+           'verdict_tables', 'published_minutes', 'verdict_lines', 'findings', 'run_summary', 'one_chapter',
+           'book_time', 'fill_blocks', 'index_blocks', 'headline', 'readme_text', 'readme_status', 'sync_readme',
+           'kernel_manager', 'warm_kernel', 'unchanged', 'published_stand_in', 'skipped_line', 'run_step', 'book_times',
+           'machines_line', 'publish', 'retire', 'readers_copies', 'refresh_published', 'build_docs', 'run_plan',
+           'select_steps', 'book_lock', 'run_book', 'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -177,8 +177,9 @@ def verdict_lines(folder: Path) -> str:
             + "\n".join(out))
 
 def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
-    "What each tables chapter found, for the top of its page (`capbook.docs.findings_cells`): its claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`)."
+    "What each chapter found, for the top of its page and its reader's copy (`capbook.docs.findings_cells`, `with_findings`): a tables chapter's claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`); a chapter run's scores among the book's rows (`run_summary`)."
     import pandas as pd
+    from capbook.docs import FOUND
     folder = Path(folder)
     lines: dict[str, list[str]] = {}
     for f, step in verdict_tables(folder):
@@ -199,10 +200,33 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
         fig = folder / ch.figures[0] if ch is not None and ch.figures else None
         words = "".join(ls)
         terms = [SAY_SCST] * ("SCST" in words or "self-critical" in words) + [SAY_SEMANTIC]   # every tables chapter shows semantic F1
-        out[nb] = ("Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
+        out[nb] = (FOUND + "Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
                    "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls)
                    + "\n\n" + " ".join([SAY_VERDICTS, *terms]), fig)
-    return out
+    return out | {nb: (md, None) for nb in chapters() if (md := run_summary(folder, nb))}
+
+RAN = "**What this run scored.**\n\n"      # the head of a chapter run's page: its scores among the book's rows
+
+def run_summary(folder: Path, notebook: str, metric: str = "CIDEr") -> str | None:
+    "What a chapter's page opens with: the test `metric` of the run it shows (the book's run of the chapter's first row, from its record published in `folder`) among the book's rows of the chapter that differ from it in one parameter (`capbook.runner.beside`), as a table; None where the book published no such run."
+    from capbook.profiles import chapter, read_params
+    from capbook.records import MANIFEST, RECORDS, read_record
+    from capbook.runner import beside
+    folder = Path(folder)
+    profile = load_json(folder / MANIFEST).get("profile") if (folder / MANIFEST).exists() else None
+    if profile is None or not (f := folder / RECORDS / f"{notebook}.json.gz").exists(): return None
+    rec, ch = read_record(f), chapter(notebook)
+    p = ch.resolve(read_params(ch.params, rec["params"]))
+    rows = beside(notebook, p, rec, metric)
+    if not rows: return None
+    cell = lambda r: (f"{r['mean']:.1f} [{r['lo']:.1f}, {r['hi']:.1f}]" if r["lo"] is not None else f"{r['mean']:.1f}")
+    table = ["| row | how it differs | seeds | test " + metric + ", mean [95 % interval] | seeds' range | this run |", "|---|---|---:|---|---|---|"]
+    esc = lambda t: t.replace("|", "\\|")                  # S||C is a structure, not two columns
+    table += [f"| {esc(r['row'])} | {esc(r['differs']) or 'the same parameters'} | {len(r['seeds'])} | {cell(r)} | "
+              f"{r['seeds'].min():.1f}–{r['seeds'].max():.1f} | {r['where']} |" for r in rows]
+    return (RAN + f"This page is the book's run of the chapter's first row (seed {p.seed}): test {metric} {100 * rec['metrics'][metric]:.1f} "
+            f"(×100, beam {p.beam_size}). Beside it, the book's rows of this chapter that differ from it in one parameter, each over "
+            "its seeds (the mean's interval: t over the seeds):\n\n" + "\n".join(table))
 
 SAY_VERDICTS = ("*holds*: the 95 % interval of the difference is above zero; *does not hold*: below zero; *cannot tell*: it "
             "contains zero, a difference these seeds cannot resolve. Holm's correction asks more of each verdict the more "

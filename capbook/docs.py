@@ -360,8 +360,8 @@ def _findings_caption(nb: nbformat.NotebookNode, b64: str, figure: Path) -> str:
     return (caption if caption.lower().startswith("fig") else f"Figure: {caption}") + " (its section below says how it was made)."
 
 def findings_cells(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None) -> list:
-    "The cells a tables chapter opens with: what it found (`claims_md`, its verdicts one line each) and the figure that carries it, with the caption the page gives it (`figure_caption`; `nb`: the page as it ran)."
-    cells = [nbformat.v4.new_markdown_cell(FOUND + claims_md)]
+    "The cells a chapter's page opens with: what it found (`claims_md`: a tables chapter's verdicts one line each under `FOUND`, a chapter run's scores among the book's rows) and the figure that carries it, with the caption the page gives it (`figure_caption`; `nb`: the page as it ran)."
+    cells = [nbformat.v4.new_markdown_cell(claims_md)]
     if figure is not None and Path(figure).is_file():
         b64 = _png_b64(figure)
         caption = _findings_caption(nb, b64, figure)
@@ -373,10 +373,10 @@ def findings_cells(nb: nbformat.NotebookNode, claims_md: str, figure: Path | Non
 FINDINGS = "capbook-findings"   # the tag (and id) of a reader's copy's findings cell, which the site replaces with its own
 
 def with_findings(nb: nbformat.NotebookNode, claims_md: str, figure: Path | None, img_dir: Path) -> nbformat.NotebookNode:
-    "A tables chapter's reader's copy `nb` (slim, its images in `img_dir`) opening with what it found, right after its title cell: the page's text (`FOUND`, `claims_md`) and the chapter's figure as a Markdown image with the page's caption, which GitHub and JupyterLab render from the copy's folder (`figure` is in the folder above it); an earlier findings cell is replaced."
+    "A chapter's reader's copy `nb` (slim, its images in `img_dir`) opening with what it found, right after its title cell: the page's text (`claims_md`, `findings_cells`) and the chapter's figure as a Markdown image with the page's caption, which GitHub and JupyterLab render from the copy's folder (`figure` is in the folder above it); an earlier findings cell is replaced."
     nb = copy.deepcopy(nb)
     nb.cells = [c for c in nb.cells if FINDINGS not in c.get("metadata", {}).get("tags", [])]
-    md = FOUND + claims_md
+    md = claims_md
     if figure is not None and Path(figure).is_file():
         caption = _findings_caption(inflate_notebook(nb, img_dir), _png_b64(figure), figure)
         md += f"\n\n![the chapter's figure](../{Path(figure).name})\n\n*{caption}*"

@@ -230,8 +230,8 @@ def _compared(ch, params: dict) -> tuple[Any, dict]:
     if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
     return p, {k: v for k, v in dataclasses.asdict(p).items() if k not in _NOT_COMPARED}
 
-def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[str]:
-    "Lines placing a run's test `metric` (x100; `record` its results record) among the book's rows of its chapter, at its profile and on its data, that differ from it in at most one parameter: each row's mean over its seeds, the mean's 95% interval (`_judged`: mean ± t_{n-1} sd/√n), its seeds' range, and where the run falls. Empty where the book has no such row."
+def beside(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[dict]:
+    "The book's rows of a run's chapter, at its profile and on its data, that differ from it in at most one parameter (`record`: the run's results record): each row's name, how it differs, its seeds' test `metric` (x100), their mean, the mean's 95% interval (`_judged`: mean ± t_{n-1} sd/√n; one seed: none), and where the run falls against their range."
     from capbook.plan import chapter_steps, replicas
     from capbook.records import step_record
     from capbook.claims import _judged
@@ -250,16 +250,23 @@ def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[
         if any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, seeds)): continue   # only the book's own runs (or their published records), never a run by hand
         if any(r["data"]["fingerprint"] != record["data"]["fingerprint"] for r in recs): continue   # other data: not comparable
         xs = np.array([100 * r["metrics"][metric] for r in recs])
-        name = ch.label(row)
-        what = "the same parameters" if not differ else f"{differ[0]}={theirs[differ[0]]!r}; this run {mine[differ[0]]!r}"
-        if len(xs) > 1:
-            lo, hi, _, _ = _judged(xs.mean(), xs.var(ddof=1) / len(xs), len(xs) - 1)
-            where = "inside" if xs.min() <= value <= xs.max() else "above" if value > xs.max() else "below"
-            rows.append(f"  {name} [{what}]: {xs.mean():.1f}, 95% interval of the mean [{float(lo):.1f}, {float(hi):.1f}], "
-                        f"{len(xs)} seeds from {xs.min():.1f} to {xs.max():.1f}: this run is {where} their range")
-        else: rows.append(f"  {name} [{what}]: {xs[0]:.1f}, one seed (no interval)")
+        lo, hi = ((float(v) for v in _judged(xs.mean(), xs.var(ddof=1) / len(xs), len(xs) - 1)[:2]) if len(xs) > 1 else (None, None))
+        rows.append({"row": ch.label(row), "differs": f"{differ[0]}={theirs[differ[0]]!r}; this run {mine[differ[0]]!r}" if differ else "",
+                     "seeds": xs, "mean": float(xs.mean()), "lo": lo, "hi": hi,
+                     "where": "inside" if xs.min() <= value <= xs.max() else "above" if value > xs.max() else "below"})
+    return rows
+
+def book_context(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[str]:
+    "Lines placing a run's test `metric` (x100; `record` its results record) among the book's rows of its chapter that differ from it in at most one parameter (`beside`): each row's mean over its seeds, the mean's 95% interval, its seeds' range, and where the run falls. Empty where the book has no such row."
+    rows = beside(notebook, p, record, metric)
     if not rows: return []
-    return [f"This run's test {metric} (x100, beam {p.beam_size}): {value:.1f}. The book's rows beside it (profile {p.profile}):", *rows]
+    def line(r):
+        what = r["differs"] or "the same parameters"
+        if len(r["seeds"]) < 2: return f"  {r['row']} [{what}]: {r['mean']:.1f}, one seed (no interval)"
+        return (f"  {r['row']} [{what}]: {r['mean']:.1f}, 95% interval of the mean [{r['lo']:.1f}, {r['hi']:.1f}], "
+                f"{len(r['seeds'])} seeds from {r['seeds'].min():.1f} to {r['seeds'].max():.1f}: this run is {r['where']} their range")
+    value = 100 * record["metrics"][metric]
+    return [f"This run's test {metric} (x100, beam {p.beam_size}): {value:.1f}. The book's rows beside it (profile {p.profile}):", *map(line, rows)]
 
 _MACHINE = ("threads", "isa", "device", "torch")   # what a record notes of the arithmetic a run was computed with, besides its precision
 

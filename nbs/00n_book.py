@@ -211,8 +211,9 @@ def verdict_lines(folder: Path) -> str:
             + "\n".join(out))
 
 def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
-    "What each tables chapter found, for the top of its page (`capbook.docs.findings_cells`): its claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`)."
+    "What each chapter found, for the top of its page and its reader's copy (`capbook.docs.findings_cells`, `with_findings`): a tables chapter's claims with their verdicts, one line each, from the `table_*_verdicts.csv` it published, and the first figure its chapter declares (`Chapter.figures`); a chapter run's scores among the book's rows (`run_summary`)."
     import pandas as pd
+    from capbook.docs import FOUND
     folder = Path(folder)
     lines: dict[str, list[str]] = {}
     for f, step in verdict_tables(folder):
@@ -233,10 +234,33 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
         fig = folder / ch.figures[0] if ch is not None and ch.figures else None
         words = "".join(ls)
         terms = [SAY_SCST] * ("SCST" in words or "self-critical" in words) + [SAY_SEMANTIC]   # every tables chapter shows semantic F1
-        out[nb] = ("Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
+        out[nb] = (FOUND + "Each claim as this chapter tested it, over the training seeds and the test images (the rule: "
                    "[the training protocol](02b_protocol.ipynb)); the tables below give the numbers.\n\n" + "\n".join(ls)
                    + "\n\n" + " ".join([SAY_VERDICTS, *terms]), fig)
-    return out
+    return out | {nb: (md, None) for nb in chapters() if (md := run_summary(folder, nb))}
+
+RAN = "**What this run scored.**\n\n"      # the head of a chapter run's page: its scores among the book's rows
+
+def run_summary(folder: Path, notebook: str, metric: str = "CIDEr") -> str | None:
+    "What a chapter's page opens with: the test `metric` of the run it shows (the book's run of the chapter's first row, from its record published in `folder`) among the book's rows of the chapter that differ from it in one parameter (`capbook.runner.beside`), as a table; None where the book published no such run."
+    from capbook.profiles import chapter, read_params
+    from capbook.records import MANIFEST, RECORDS, read_record
+    from capbook.runner import beside
+    folder = Path(folder)
+    profile = load_json(folder / MANIFEST).get("profile") if (folder / MANIFEST).exists() else None
+    if profile is None or not (f := folder / RECORDS / f"{notebook}.json.gz").exists(): return None
+    rec, ch = read_record(f), chapter(notebook)
+    p = ch.resolve(read_params(ch.params, rec["params"]))
+    rows = beside(notebook, p, rec, metric)
+    if not rows: return None
+    cell = lambda r: (f"{r['mean']:.1f} [{r['lo']:.1f}, {r['hi']:.1f}]" if r["lo"] is not None else f"{r['mean']:.1f}")
+    table = ["| row | how it differs | seeds | test " + metric + ", mean [95 % interval] | seeds' range | this run |", "|---|---|---:|---|---|---|"]
+    esc = lambda t: t.replace("|", "\\|")                  # S||C is a structure, not two columns
+    table += [f"| {esc(r['row'])} | {esc(r['differs']) or 'the same parameters'} | {len(r['seeds'])} | {cell(r)} | "
+              f"{r['seeds'].min():.1f}–{r['seeds'].max():.1f} | {r['where']} |" for r in rows]
+    return (RAN + f"This page is the book's run of the chapter's first row (seed {p.seed}): test {metric} {100 * rec['metrics'][metric]:.1f} "
+            f"(×100, beam {p.beam_size}). Beside it, the book's rows of this chapter that differ from it in one parameter, each over "
+            "its seeds (the mean's interval: t over the seeds):\n\n" + "\n".join(table))
 
 SAY_VERDICTS = ("*holds*: the 95 % interval of the difference is above zero; *does not hold*: below zero; *cannot tell*: it "
             "contains zero, a difference these seeds cannot resolve. Holm's correction asks more of each verdict the more "
