@@ -510,9 +510,9 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   still falls, and the cosine anneals the rate to 0 inside the dip: the run keeps an early evaluation and its last
 #   three epochs gain nothing, so the ladder rule, which reads a curve's end (`02b_protocol`), does not move it. The
 #   same seed trained 30 epochs passes the same dip and ends far higher, and self-critical training from the 15-epoch
-#   models (GLIED's and the base's) lowered their validation CIDEr in both arms, where from the 30-epoch GLIED it
-#   climbed: their samples scored far below their greedy captions on the training images, the 30-epoch GLIED's close
-#   to them. (The one-seed measurement is in the changelog; `-p epochs 15` reruns it.) So every row of the chapter
+#   models (GLIED's and the base's) lowered their validation CIDEr in both arms, where from the 30-epoch models it
+#   climbed; why is not established (the samples' distance below the greedy captions does not sort the four starts).
+#   (The one-seed measurement is in the changelog; `-p epochs 15` reruns it.) So every row of the chapter
 #   trains 30 epochs, near the paper's "at most 25, early stopping", and its self-critical stages at most 20.
 # - **Selection.** CIDEr on the validation split picks the cross-entropy epoch (as the paper's early stopping) and the
 #   self-critical epoch, under the book's one protocol (`nbs/02b_protocol`: validation twice an epoch on averaged
