@@ -167,7 +167,8 @@ def test_a_readers_papermill_run_says_what_it_is_doing_and_whether_it_reproduced
     out = tmp_path / "out.ipynb"
     p = subprocess.run([str(BIN / "papermill"), "nbs/03_spca.ipynb", str(out), "-p", "kernel", "5", "-p", "profile", "smoke"],
                        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+                       env={**{k: v for k, v in os.environ.items() if k not in ("CAPBOOK_IN_BOOK", "TQDM_DISABLE")},   # a reader's shell:
+                            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})                                      # not the book's
     assert p.returncode == 0, p.stderr[-3000:]
     said = [l.strip() for l in p.stderr.replace("\r", "\n").splitlines() if l.strip()]
     bars = [l for l in said if re.match(r"epoch 0: +\d+%\|.*\| *\d+/\d+ \[.*(val CIDEr [\d.]+|val CIDEr not yet)(, about \d+ (s|min) left)?\]", l)]

@@ -75,7 +75,7 @@ def test_refusals_are_one_line(run, tmp_path, home):
     bad = tmp_path / "not_an_image.jpg"; bad.write_text("hello")
     with pytest.raises(CapbookError, match="not_an_image.jpg: cannot read image") as e: caption_photos([bad], run)
     assert "\n" not in str(e.value)
-    with pytest.raises(CapbookError, match="no trained run here"): find_run("02_no_such_run", None, "smoke")
+    with pytest.raises(CapbookError, match="02_no_such_run is no step of the smoke book"): find_run("02_no_such_run", None, "smoke")
     other = tmp_path / "other"; shutil.copytree(run, other)              # a run whose data this machine cannot rebuild
     rec = json.loads((other / "record.json").read_text()); rec["data"]["fingerprint"] = "0123456789abcdef"
     (other / "record.json").write_text(json.dumps(rec))

@@ -335,7 +335,7 @@ def test_no_published_claim_compares_two_budgets():
 
 def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(tmp_path):
     "A chapter's findings: a 'holds' or 'does not hold' says whether it survives Holm's correction, a 'cannot tell' gives no Holm word but the difference its test could have seen (80 % power, `capbook.claims.reach`); README's headline counts a test claimed in two chapters once."
-    from capbook.book import findings, headline
+    from capbook.book import SAY_SCST, SAY_SEMANTIC, SAY_VERDICTS, findings, headline
     from capbook.core import save_json
     cols = "claim,in the paper,verdict,p,Holm,test,could see (80 % power)\n"
     (tmp_path / "table_sat_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,3.0\nc above d,,holds,0.03,does not survive,t2,9.0\n"
@@ -346,7 +346,9 @@ def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(
     text = findings(tmp_path)["02a_soft_vs_hard"][0]
     assert "- a above b: **holds** (p 0.001; survives Holm's correction)" in text
     assert "- c above d: **holds** (p 0.03; not after Holm's correction over the chapter)" in text
-    assert "- e above f: **cannot tell** (p 0.4; it could have seen a difference of 12.3 or more)" in text and text.count("Holm") == 2
+    claims = [l for l in text.splitlines() if l.startswith("- ")]
+    assert "- e above f: **cannot tell** (p 0.4; it could have seen a difference of 12.3 or more)" in claims and sum("Holm" in l for l in claims) == 2
+    assert text.endswith(SAY_SEMANTIC) and SAY_VERDICTS in text and SAY_SCST not in text     # the words defined once, under the claims
     (tmp_path / "table_ssa_verdicts.csv").write_text(cols + "g above h,,one seed: no verdict,,—,,\n")   # a smoke book's: no test at all
     alone = tmp_path / "alone"; alone.mkdir(); (tmp_path / "table_ssa_verdicts.csv").rename(alone / "table_ssa_verdicts.csv")
     assert headline(alone).startswith("**What it found:** 0 distinct tests of the papers' claims: the seeds confirm 0, refute 0, "
