@@ -349,6 +349,8 @@ def terminal():
     "The stream of the terminal a reader's run of a notebook was started from, where the kernel's own output goes into the notebook: the copy of the kernel's inherited stderr that ipykernel keeps (papermill's terminal, or Jupyter's). None outside a kernel and in a notebook the book runs (`IN_BOOK`)."
     if os.environ.get(IN_BOOK): return None
     fd = getattr(sys.stderr, "_original_stdstream_copy", None)
+    if fd is None and type(sys.stderr).__module__.startswith("ipykernel"):   # a kernel that does not capture its fds (ipykernel
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else None   # under pytest, or configured so): fd 2 is the terminal
     if not isinstance(fd, int): return None
     if not _TERMINAL:
         try: _TERMINAL.append(os.fdopen(os.dup(fd), "w", buffering=1))

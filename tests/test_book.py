@@ -160,31 +160,6 @@ def test_docs_site_shows_table_and_attention_figure(site, site_pages):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
-def test_a_readers_papermill_run_says_what_it_is_doing_and_whether_it_reproduced_the_book(book, tmp_path):
-    "The reader's command (`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5`, at the smoke profile, on the fixture's data) shows on papermill's terminal the training's bar (epoch, batch, the last validation score, the time left) and every log line the notebook keeps, and ends naming its folder, saying that smoke numbers are toy-sized, and that it reproduced the book's own run of the same parameters and seed exactly (one thread, as the book's workers)."
-    import os, nbformat
-    home, _ = book
-    out = tmp_path / "out.ipynb"
-    p = subprocess.run([str(BIN / "papermill"), "nbs/03_spca.ipynb", str(out), "-p", "kernel", "5", "-p", "profile", "smoke"],
-                       capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent,
-                       env={**{k: v for k, v in os.environ.items() if k not in ("CAPBOOK_IN_BOOK", "TQDM_DISABLE")},   # a reader's shell:
-                            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})                                      # not the book's
-    assert p.returncode == 0, p.stderr[-3000:]
-    said = [l.strip() for l in p.stderr.replace("\r", "\n").splitlines() if l.strip()]
-    bars = [l for l in said if re.match(r"epoch 0: +\d+%\|.*\| *\d+/\d+ \[.*(val CIDEr [\d.]+|val CIDEr not yet)(, about \d+ (s|min) left)?\]", l)]
-    assert bars and any("left" in l for l in bars), said[-20:]
-    logged = [l for l in said if l.startswith("epoch 0") and "| val" in l]
-    assert logged and any(l.startswith("epoch 0: loss") for l in logged), said[-20:]
-    assert any(re.fullmatch(r"This run's folder: runs/smoke/adhoc/03_spca-\w+ \(.*\)\.", l) for l in said), said[-5:]
-    assert any(l.startswith("The smoke profile trains toy sizes") for l in said), said[-5:]
-    assert any(re.match(r"The book holds a run of these parameters and seed \(03_spca-k5\): this run reproduced its test CIDEr exactly", l)
-               for l in said), said[-6:]
-    kept = "".join(o.get("text", "") for c in nbformat.read(out, as_version=4).cells for o in c.get("outputs", []))
-    assert all(l in kept for l in logged) and "it/s" not in kept         # the notebook keeps the log, the terminal the bars
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("book")
 def test_docs_command_rebuilds_the_site_a_reader_meets(book, site_pages):
     "`capbook docs` builds the site from the kept notebooks alone (the `site` fixture); every chapter reads as a book in Chromium (the `site_pages` fixture runs the site check over every page)."
     home, _ = book
@@ -376,16 +351,30 @@ def test_a_read_only_home_is_one_line(read_only_home, tmp_path, nb):
 
 
 @pytest.mark.slow
-def test_the_readers_papermill_run_is_clean(home, tmp_path):
-    "The README's own command: no plain-TCP kernel warning on the terminal, no progress bar or TqdmWarning in the notebook; its params.yaml starts the same run again."
+@pytest.mark.xdist_group("book")
+def test_the_readers_papermill_run_is_clean(book, tmp_path):
+    "The README's own command (`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5`, at the smoke profile, on the fixture's book and data, in a reader's shell): no plain-TCP kernel warning on the terminal; on papermill's terminal the training's bar (epoch, batch, the last validation score, the time left) and every log line the notebook keeps, ending with the run's folder, that smoke numbers are toy-sized, and that it reproduced the book's own run of the same parameters and seed exactly (one thread, as the book's workers); no progress bar or TqdmWarning in the notebook; its params.yaml starts the same run again."
+    import os
+    home, _ = book
     out = tmp_path / "out.ipynb"
+    shell = {k: v for k, v in os.environ.items() if k not in ("CAPBOOK_IN_BOOK", "TQDM_DISABLE") and not k.startswith("PYTEST")}   # a reader's
     p = subprocess.run([str(BIN / "papermill"), str(Path(__file__).parent.parent / "nbs" / "03_spca.ipynb"), str(out),
-                        "-p", "profile", "smoke", "-p", "kernel", "5"], capture_output=True, text=True, timeout=900)
+                        "-p", "profile", "smoke", "-p", "kernel", "5"], capture_output=True, text=True, timeout=900,
+                       env={**shell, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "without encryption" not in p.stderr
+    said = [l.strip() for l in p.stderr.replace("\r", "\n").splitlines() if l.strip()]
+    bars = [l for l in said if re.match(r"epoch 0: +\d+%\|.*\| *\d+/\d+ \[.*(val CIDEr [\d.]+|val CIDEr not yet)(, about \d+ (s|min) left)?\]", l)]
+    assert bars and any("left" in l for l in bars), said[-20:]
+    logged = [l for l in said if l.startswith("epoch 0") and "| val" in l]
+    assert logged and any(l.startswith("epoch 0: loss") for l in logged), said[-20:]
+    assert any(re.fullmatch(r"This run's folder: runs/smoke/adhoc/03_spca-\w+ \(.*\)\.", l) for l in said), said[-5:]
+    assert any(l.startswith("The smoke profile trains toy sizes") for l in said), said[-5:]
+    assert any(l.startswith("The book holds a run of these parameters and seed (03_spca-k5): this run reproduced its test CIDEr exactly")
+               for l in said), said[-6:]
     nb = json.loads(out.read_text())
     streams = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "stream")
-    assert "epoch 0" in streams                                   # it trained and said so ...
+    assert "epoch 0" in streams and all(l in streams for l in logged)   # it trained and said so, the same lines as the terminal ...
     for chatter in ("TqdmWarning", "IProgress", "it/s]", "img/s]", "epoch/s]"):
         assert chatter not in streams, chatter                    # ... without a progress bar or ipywidgets' warning
     saved = list((home / "runs" / "smoke" / "adhoc").glob("03_spca-*/params.yaml"))
