@@ -110,12 +110,13 @@ COUNTLESS = {"01_dataset", "02_show_attend_tell", "02a_soft_vs_hard", "02b_proto
              # the book kept execution counts, each current under its step's key or waiting for its chapter: it gets them when its step runs again
 
 
-def test_published_copies_read_as_they_ran_wherever_opened():
+def test_published_copies_read_as_they_ran_wherever_opened(monkeypatch):
     "Each reader's copy in figures/notebooks shows what it ran on GitHub and in JupyterLab: paths as paths (no repr, no temporary folder's random name, no machine path written into its code), every figure output carries a Markdown link to its image (`capbook.copies.link_images`) whose file is there, every code cell that ran has its execution count (but a copy kept before counts were, `COUNTLESS`), and every tables chapter opens with its findings, the same text as its page's (`capbook.book.findings`), before its first output."
     import nbformat
     from capbook.book import findings
     from capbook.docs import FINDINGS
     kept = ROOT / "figures" / "notebooks"
+    monkeypatch.setenv("CAPBOOK_HOME", str(ROOT))      # the checkout's book, whatever home an earlier test of this process set
     found, bare, countless, late, reprs = findings(kept.parent), [], set(), [], []
     for f in sorted(kept.glob("*.ipynb")):
         nb = nbformat.read(f, as_version=4)
