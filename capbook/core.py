@@ -16,12 +16,12 @@ import torch
 sys.modules.setdefault("rfc3987_syntax", None)
 
 # %% auto 0
-__all__ = ['ENV_ERRNOS', 'PRECISION_CHOICES', 'IN_BOOK', 'Deferred', 'CapbookError', 'save_traceback', 'error_line',
+__all__ = ['ENV_ERRNOS', 'WRITING', 'PRECISION_CHOICES', 'IN_BOOK', 'Deferred', 'CapbookError', 'save_traceback', 'error_line',
            'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line',
-           'io_errors_as_lines', 'one_at_a_time', 'atomic_write', 'save_json', 'load_json', 'save_torch', 'save_yaml',
-           'load_yaml', 'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests', 'file_digest',
-           'seed_everything', 'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide', 'cpu_precision',
-           'terminal', 'tell', 'progress', 'check_choice', 'check_int', 'check_float']
+           'io_errors_as_lines', 'one_at_a_time', 'one_writer', 'atomic_write', 'save_json', 'load_json', 'save_torch',
+           'save_yaml', 'load_yaml', 'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests',
+           'file_digest', 'seed_everything', 'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide',
+           'cpu_precision', 'terminal', 'tell', 'progress', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class Deferred:
@@ -157,6 +157,32 @@ def one_at_a_time(name: str) -> Callable:
                 return fn(*a, **k)
         return wrapper
     return deco
+
+def _holder() -> str:
+    "Who this process is, as a lock names its holder: pid, host, SLURM job if any, and since when."
+    import socket
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"pid {os.getpid()} on {socket.gethostname()}" + (f", SLURM job {job}" if job else "") + f", since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+
+WRITING = "another {what} is writing this folder ({who}); wait for it to end (a killed one releases it), or use another folder"
+
+@contextlib.contextmanager
+def one_writer(folder: str | Path, what: str = "training run", lock: str | Path | None = None, refusal: str = WRITING):
+    "Hold `folder` for this process's writing, for the block: an exclusive lock on `lock` (default `<folder>/.writer.lock`) that dies with its holder (flock: released when the process ends, even by SIGKILL; on NFS, Linux takes it as a lock the server keeps for every client). A second writer stops at once, in one line: the folder, then `refusal` naming the live one (`{what}`, `{who}`)."
+    import fcntl
+    folder = Path(folder); lock = Path(lock) if lock else folder / ".writer.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        f = open(lock, "a+")
+    except OSError as e: raise io_error(lock.parent, e, f"create the folder of this {what}") from None
+    with f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); who = f.read().strip() or "another process"
+            raise CapbookError(f"{folder}: " + refusal.format(what=what, who=who)) from None
+        try: f.seek(0); f.truncate(); f.write(_holder()); f.flush()
+        except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
+        yield
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."

@@ -17,7 +17,7 @@ from .core import CapbookError, get_device
 from .models import CaptionModel, captions_per_image, hparams, keyed, plain_paths
 from .objectives import Objective
 # the trainer's own run state, loop and finish: a stacked run is the trainer's run with another optimisation step
-from .train import FitResult, TrainConfig, _finish, _loop, _Run, dist_info, step_key, step_loss
+from .train import FitResult, TrainConfig, _finish, _loop, _Run, dist_info, step_key, step_loss, writing
 
 # %% auto 0
 __all__ = ['STACKABLE', 'autocast_uncached', 'StackedStep', 'CapturedStep', 'stacked_precision', 'fixed_shape', 'stack_runs',
@@ -285,6 +285,7 @@ def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_d
 def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
                 log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False) -> list[FitResult]:
     "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`); `capture` (on a CUDA GPU): so padded, and every step replayed as one captured CUDA graph (`CapturedStep`)."
-    runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed, capture)
-    _loop(runs, step)
-    return [_finish(r) for r in runs]
+    with writing(ckpt_dirs):                        # one writer per checkpoint folder (`capbook.train.writing`)
+        runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed, capture)
+        _loop(runs, step)
+        return [_finish(r) for r in runs]

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from .core import (CapbookError, PRECISION_CHOICES, autocast, check_choice, check_float, check_int, cpu_precision,
-                          get_device, io_error, load_torch, package_hash, progress, save_torch, seed_everything,
-                          stable_hash)
+                          get_device, io_error, load_torch, one_writer, package_hash, progress, save_torch,
+                          seed_everything, stable_hash)
 from .models import CaptionModel, captions_per_image, check_inputs, hparams, keyed, plain_paths
 from .data import BATCH_ORDERS, to_device
 from .objectives import CrossEntropy, Objective, objective_for
@@ -23,7 +23,7 @@ from .decode import decode_split
 # %% auto 0
 __all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STEP_KEY', 'TrainConfig', 'lr_factor',
            'ss_prob', 'val_score', 'book_step_key', 'check_vocab', 'dist_info', 'step_loss', 'train_step',
-           'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'load_trained', 'load_ensemble']
+           'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing', 'load_trained', 'load_ensemble']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -554,16 +554,24 @@ def fit(model: CaptionModel, data, cfg: TrainConfig, ckpt_dir: str | Path, meta:
     rank, world, local = dist_info()
     device = get_device(cfg.device)
     if device.type == "cuda" and world > 1: device = torch.device("cuda", local)
-    run = _Run(model, data, cfg, ckpt_dir, meta, log, objective, rank, world, local, device, start)
-    scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
-    _loop([run], lambda runs, bs, lrs, where: _eager_step(runs, bs, lrs, where, scaler))
-    if world > 1:                                   # every rank must hold the same weights after DDP training
-        cs = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
-        every = [torch.zeros_like(cs) for _ in range(world)]
-        dist.all_gather(every, cs)
-        if any(not torch.equal(c, every[0]) for c in every): raise RuntimeError(f"DDP ranks diverged: {every}")
-        dist.barrier()
-    return _finish(run)
+    with writing([ckpt_dir], rank):                 # one writer per checkpoint folder, from before its checkpoint is read
+        run = _Run(model, data, cfg, ckpt_dir, meta, log, objective, rank, world, local, device, start)
+        scaler = torch.amp.GradScaler(enabled=device.type == "cuda" and not torch.cuda.is_bf16_supported())
+        _loop([run], lambda runs, bs, lrs, where: _eager_step(runs, bs, lrs, where, scaler))
+        if world > 1:                               # every rank must hold the same weights after DDP training
+            cs = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
+            every = [torch.zeros_like(cs) for _ in range(world)]
+            dist.all_gather(every, cs)
+            if any(not torch.equal(c, every[0]) for c in every): raise RuntimeError(f"DDP ranks diverged: {every}")
+            dist.barrier()
+        return _finish(run)
+
+def writing(ckpt_dirs: list, rank: int = 0) -> contextlib.ExitStack:
+    "Hold each checkpoint folder for this training (`capbook.core.one_writer`; the lock beside it, `.<folder>.writer.lock`, so that a folder moved aside moves without it), in the one process that writes it (rank 0); another training on the same folder stops in one line naming this one."
+    held = contextlib.ExitStack()
+    if rank == 0:
+        for d in map(Path, ckpt_dirs): held.enter_context(one_writer(d, lock=d.parent / f".{d.name}.writer.lock"))
+    return held
 
 # %% ../nbs/00i_train.ipynb
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:

@@ -245,6 +245,32 @@ def one_at_a_time(name: str) -> Callable:
         return wrapper
     return deco
 
+def _holder() -> str:
+    "Who this process is, as a lock names its holder: pid, host, SLURM job if any, and since when."
+    import socket
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"pid {os.getpid()} on {socket.gethostname()}" + (f", SLURM job {job}" if job else "") + f", since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+
+WRITING = "another {what} is writing this folder ({who}); wait for it to end (a killed one releases it), or use another folder"
+
+@contextlib.contextmanager
+def one_writer(folder: str | Path, what: str = "training run", lock: str | Path | None = None, refusal: str = WRITING):
+    "Hold `folder` for this process's writing, for the block: an exclusive lock on `lock` (default `<folder>/.writer.lock`) that dies with its holder (flock: released when the process ends, even by SIGKILL; on NFS, Linux takes it as a lock the server keeps for every client). A second writer stops at once, in one line: the folder, then `refusal` naming the live one (`{what}`, `{who}`)."
+    import fcntl
+    folder = Path(folder); lock = Path(lock) if lock else folder / ".writer.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        f = open(lock, "a+")
+    except OSError as e: raise io_error(lock.parent, e, f"create the folder of this {what}") from None
+    with f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); who = f.read().strip() or "another process"
+            raise CapbookError(f"{folder}: " + refusal.format(what=what, who=who)) from None
+        try: f.seek(0); f.truncate(); f.write(_holder()); f.flush()
+        except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
+        yield
+
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."
     path = Path(path)
@@ -340,6 +366,27 @@ for _bad in ("kernel: [5", "- 5\n- 7"):
 assert not list(_d.glob(".r.json.*"))                                            # swept on the next write
 try: save_json(_d/"r.json"/"inner.json", {}); raise AssertionError                 # a file where a folder should be
 except CapbookError as e: print(e); assert "r.json/inner.json: cannot write (a path component is a file" in str(e)
+
+
+# %% [markdown]
+# **One writer per folder.** A run folder has one writer at a time: a training run (`capbook.train.fit`) holds its
+# checkpoint folder, a book step (`capbook.book.run_step`) its run folder, for as long as it writes them
+# (`one_writer`). A second process on the same folder — a job that a killed book left running and its duplicate, a
+# reader's run started beside the book's — stops before it reads or writes anything, in one line naming the live one.
+# The lock dies with its holder, so a killed run never leaves a folder locked.
+
+# %%
+import subprocess
+_held = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+                          "f.write('pid 4242 on node7'); f.flush(); print('held', flush=True); time.sleep(60)", str(_d/".writer.lock")],
+                         stdout=subprocess.PIPE, text=True)
+assert _held.stdout.readline().strip() == "held"
+try:
+    with one_writer(_d): raise AssertionError("a second writer got in")
+except CapbookError as e: print(e); assert f"{_d}: another training run is writing this folder (pid 4242 on node7)" in str(e)
+_held.kill(); _held.wait()
+with one_writer(_d): assert f"pid {os.getpid()} on " in (_d/".writer.lock").read_text()    # the holder gone: the folder is free
+with one_writer(_d): pass                                                                   # released at the block's end
 
 
 # %% [markdown]
