@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--only", nargs="+", metavar="PATTERN", help="only these notebooks or steps (shell patterns; "
                    "e.g. 03_spca 03a_spca_tables; =03_spca: the step of that name alone, not the chapter's every run): "
                    "the other chapters' published tables and copies stay")
+    b.add_argument("--dry-run", action="store_true", help="only say which steps would run (with --executor slurm: each job's "
+                   "sbatch script) and run or submit nothing")
     be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only, executor=a.executor,
-                                     executor_config=a.executor_config)
+                                     executor_config=a.executor_config, dry_run=a.dry_run)
         elif a.cmd == "docs":
             with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:
@@ -204,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(e, "error"), file=sys.stderr); return 2
     except OSError as e:                            # the environment: read-only or full disk, a file as a folder
         print(error_line(os_error_line(e), "error"), file=sys.stderr); return 2
-    except KeyboardInterrupt:                       # Ctrl-C: a book's workers or jobs end with it; what finished is kept
-        print("interrupted: what finished is kept; the same command goes on from there", file=sys.stderr); return 130
+    except KeyboardInterrupt as e:                  # Ctrl-C, or SIGTERM / SIGHUP on a book: its workers or jobs end with it; what finished is kept
+        import signal
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(("interrupted" if signum == signal.SIGINT else f"ended by {signal.Signals(signum).name}")
+              + ": what finished is kept; the same command goes on from there", file=sys.stderr)
+        return 128 + signum
     return 0
 
 # %% ../nbs/00u_cli.ipynb

@@ -4,17 +4,18 @@
 
 # %% ../nbs/00nb_cluster.ipynb 2
 from __future__ import annotations
-import contextlib, fnmatch, os, re, signal, threading, time
+import contextlib, fnmatch, io, os, re, shutil, signal, subprocess, threading, time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 import submitit
-from .core import CapbookError, load_yaml
+from .core import CapbookError, io_error, load_json, load_yaml, save_json
 
 # %% auto 0
-__all__ = ['RESOURCES', 'PROFILE_RESOURCES', 'KEYS', 'KILL_WAIT_S', 'ADVICE', 'NO_RESULT', 'UNFINISHED', 'SACCT_S', 'Resources',
-           'ExecutorConfig', 'executor_config', 'StepJob', 'failure_line', 'final_state', 'sacct_interval', 'SlurmPool']
+__all__ = ['RESOURCES', 'PROFILE_RESOURCES', 'KEYS', 'KILL_WAIT_S', 'ADVICE', 'NO_RESULT', 'UNFINISHED', 'NEVER_STARTS',
+           'SACCT_S', 'QUEUE_S', 'RECORD', 'Resources', 'ExecutorConfig', 'executor_config', 'StepJob', 'failure_line',
+           'final_state', 'sacct_interval', 'queue_interval', 'check_slurm', 'queue_states', 'SlurmPool']
 
 # %% ../nbs/00nb_cluster.ipynb
 @dataclass(frozen=True)
@@ -84,7 +85,9 @@ def executor_config(path: str | Path | None, profile: str) -> ExecutorConfig:
     if not isinstance(profiles, dict): raise CapbookError(f"{path}: profiles must map a profile to its resources, got {profiles!r}")
     if not isinstance(steps, dict): raise CapbookError(f"{path}: steps must map a step pattern to its resources, got {steps!r}")
     layers = [(None, _checked(doc, f"{path}"))]
+    from capbook.profiles import PROFILES
     for name, entry in profiles.items():
+        if name not in PROFILES: raise CapbookError(f"{path}: profiles: unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
         checked = _checked(entry, f"{path}: profiles: {name}")
         if name == profile: layers.append((None, checked))
     layers += [(str(pat), _checked(entry, f"{path}: steps: {pat}")) for pat, entry in steps.items()]
@@ -166,27 +169,104 @@ def final_state(job, wait_s: float = 20.0) -> str:
         if state not in UNFINISHED or time.time() - t0 > wait_s: return state
         time.sleep(1)
 
-SACCT_S = "CAPBOOK_SACCT_S"    # environment: seconds between the book's sacct calls about its running jobs (default 30)
+NEVER_STARTS = {"PartitionConfig": "it asks for more CPUs, memory or GPUs than a node of its partition has",
+                "PartitionNodeLimit": "it asks for more nodes than its partition allows",
+                "PartitionTimeLimit": "its time limit is above its partition's",
+                "BadConstraints": "no node has the features it asks for",
+                "InvalidAccount": "its account is not valid", "InvalidQOS": "its QOS is not valid"}   # squeue's reasons a job waits forever for
 
-def sacct_interval() -> float:
-    "How often the pool asks sacct about its running jobs (`SACCT_S`, default 30 s: a job that ends without a result — cancelled, out of time, killed — is seen within it; a finished one at once, by its result); a malformed value stops in one line."
-    v = os.environ.get(SACCT_S, "30")
+def _seconds(var: str, default: float, what: str) -> float:
+    "A positive number of seconds from environment variable `var` (default `default`); a malformed value stops in one line."
+    v = os.environ.get(var, str(default))
     try: out = float(v)
     except ValueError: out = -1.0
-    if not out > 0: raise CapbookError(f"environment variable {SACCT_S}={v!r} is invalid: seconds between sacct calls, a positive number")
+    if not out > 0: raise CapbookError(f"environment variable {var}={v!r} is invalid: {what}, a positive number")
     return out
 
+SACCT_S = "CAPBOOK_SACCT_S"    # environment: seconds between the book's sacct and squeue calls about its jobs (default 30)
+QUEUE_S = "CAPBOOK_QUEUE_S"    # environment: seconds between the book's queue status lines (default 60)
+
+def sacct_interval() -> float:
+    "How often the pool asks sacct and squeue about its jobs (`SACCT_S`, default 30 s: a job that ends without a result — cancelled, out of time, killed — or is requeued is seen within it; a finished one at once, by its result)."
+    return _seconds(SACCT_S, 30, "seconds between sacct calls")
+
+def queue_interval() -> float:
+    "How often the pool prints its queue status line while jobs wait (`QUEUE_S`, default 60 s)."
+    return _seconds(QUEUE_S, 60, "seconds between queue status lines")
+
+def _slurm(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    "A SLURM client command, its output as text; a command that hangs counts as failed."
+    try: return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired: return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} gave no answer in {timeout:.0f} s")
+
+def _said(p: subprocess.CompletedProcess) -> str:
+    "What a failed SLURM command said, in one line: its last error line (not the 'Try ... --help' hint), without the command's own prefix."
+    lines = [re.sub(r"^\w+: (?:error: |fatal: )?", "", l.strip()) for l in (p.stderr or p.stdout or "").splitlines()
+             if l.strip() and not l.strip().startswith("Try ")]
+    return (lines[-1] if lines else f"exit status {p.returncode}")[:300]
+
+def check_slurm() -> None:
+    "Stop in one line unless this machine can submit jobs and read how they ended: SLURM's commands on PATH, its configuration found, accounting that `sacct` reads."
+    for cmd in ("sbatch", "squeue", "scancel", "sacct"):
+        if shutil.which(cmd) is None:
+            raise CapbookError(f"--executor slurm: {cmd} is not on PATH" + (" (SLURM's accounting: the book reads how each job ended from it)"
+                               if cmd == "sacct" else "") + "; run the book where SLURM's commands are (a login node, or after `module load slurm`)")
+    p = _slurm(["squeue", "-h", "-o", "%i", "-j", "1"], 30)
+    if p.returncode and "Invalid job id" not in p.stderr:
+        conf = os.environ.get("SLURM_CONF")
+        if "configuration" in p.stderr or "slurm.conf" in p.stderr:
+            raise CapbookError(f"--executor slurm: SLURM finds no configuration here ({f'SLURM_CONF={conf}' if conf else 'SLURM_CONF is not set'}; "
+                               f"squeue: {_said(p)}); set SLURM_CONF to the cluster's slurm.conf, or run the book on a login node")
+        raise CapbookError(f"--executor slurm: squeue cannot reach the cluster ({_said(p)})")
+    p = _slurm(["sacct", "-n", "-X", "-j", "1", "-o", "JobID"], 30)
+    if p.returncode:
+        raise CapbookError(f"--executor slurm: sacct cannot tell how jobs end ({_said(p)}); the book needs SLURM accounting "
+                           f"(slurmdbd, or a job completion log that sacct reads)")
+
+def queue_states(ids: list[str]) -> dict[str, tuple[str, str, int, str]] | None:
+    "How jobs `ids` stand in the queue (squeue: the pending and running ones; an ended job drops out): {id: (state, reason, restarts, time used)}; None when squeue cannot be asked."
+    if not ids: return {}
+    p = _slurm(["squeue", "-h", "-j", ",".join(ids), "-O", "JobID:|,State:|,Reason:|,RestartCnt:|,TimeUsed:|"])
+    if p.returncode: return {} if "Invalid job id" in p.stderr else None
+    out = {}
+    for line in p.stdout.splitlines():
+        f = [x.strip() for x in line.split("|")]
+        if len(f) >= 5 and f[0]: out[f[0]] = (f[1], f[2], int(f[3]) if f[3].isdigit() else 0, f[4])
+    return out
+
+def _log_of(job) -> Path:
+    "The log of a job that holds its error: `.err`, unless it is empty and `.out` is not (a failed `setup:` line's words land there)."
+    err, out = Path(job.paths.stderr), Path(job.paths.stdout)
+    size = lambda p: p.stat().st_size if p.exists() else 0
+    return out if size(err) == 0 and size(out) > 0 else err
+
+def _refusal(name: str, e: BaseException, r: Resources, source: str) -> str:
+    "sbatch's refusal of a step's job as one line: what sbatch said (its error lines, not its hint), and the setting that caused it."
+    lines = [l.strip() for l in str(e).splitlines() if l.strip() and not l.strip().startswith("Try ")]
+    said = [l for l in lines if l.startswith("sbatch")] or lines or [type(e).__name__]
+    cause = "; ".join(dict.fromkeys(said[-2:]))[:300]
+    opt = re.search(r"(?:unrecognized|invalid|unknown) option '?--?([\w-]+)", cause)
+    if opt and opt[1] in r.sbatch: where = f"the sbatch option {opt[1]!r} in {source}"
+    elif re.search(r"[Pp]artition", cause) and r.partition: where = f"partition {r.partition!r} in {source}"
+    elif re.search(r"[Aa]ccount", cause) and r.account: where = f"account {r.account!r} in {source}"
+    else: where = f"the executor config ({source})"
+    return f"{name}: sbatch refused its job ({cause}); check {where}"
+
+RECORD = "jobs.json"    # the pool's live jobs, {step: {job, key, folder, submitted}}: what a book killed outright leaves for the next
+
 class SlurmPool:
-    "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); jobs' scripts, logs and pickles under `folder`; each job runs its step with `run_step` (the book's `capbook.book.run_step`, which the book hands in: a module-level function, pickled by name)."
+    "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); each step's job files under `folder/<step>/`, the live jobs recorded in `folder/jobs.json`; each job runs its step with `run_step` (the book's `capbook.book.run_step`, which the book hands in: a module-level function, pickled by name)."
     def __init__(self, profile: str, config: ExecutorConfig, folder: str | Path, run_step: Callable, force: bool = False, cluster: str = "slurm",
-                 poll_s: float = 2.0, sacct_s: float | None = None, log: Callable = print):
+                 poll_s: float = 2.0, sacct_s: float | None = None, queue_s: float | None = None, log: Callable = print):
         self.profile, self.config, self.force, self.cluster, self.log = profile, config, force, cluster, log
         self.run_step = run_step
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.poll_s, self.sacct_s = poll_s, sacct_interval() if sacct_s is None else sacct_s
+        self.queue_s = queue_interval() if queue_s is None else queue_s
         self.jobs: dict[Future, tuple] = {}
-        self._lock, self._stop = threading.Lock(), threading.Event()
+        self.adoptable: dict[str, dict] = {}          # steps whose job an earlier book left in the queue: waited for, not submitted
+        self._restarts: dict[str, int] = {}
+        self._lock, self._rec_lock, self._stop = threading.Lock(), threading.Lock(), threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="capbook-slurm-watcher", daemon=True)
 
     def parameters(self, name: str) -> dict:
@@ -204,38 +284,122 @@ class SlurmPool:
             if r.account: p["slurm_account"] = r.account
         return p
 
-    def submit_step(self, step, key: str) -> Future:
-        "Submit `step` (its key computed here, before it runs) as one job; the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
-        r = self.config.resources(step.name)
+    def _executor(self, name: str):
+        r = self.config.resources(name)
         requeues = {"slurm_max_num_timeout": r.requeues} if self.cluster == "slurm" else {}
-        executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster, **requeues)   # one a job: its own requeues
-        executor.update_parameters(**self.parameters(step.name))
-        try: job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force, key, r.cpus, r.gpus)
-        except Exception as e:                     # sbatch refused it: an unknown partition or account, a limit
-            raise CapbookError(f"{step.name}: the scheduler refused its job ({_last_line(e)}); check the executor config "
-                               f"({self.config.source})") from None
+        executor = submitit.AutoExecutor(folder=self.folder / name, cluster=self.cluster, **requeues)   # one a job: its own requeues
+        executor.update_parameters(**self.parameters(name))
+        return executor
+
+    def script(self, name: str) -> str:
+        "The sbatch script the job of step `name` would be submitted with (resources, setup lines, logs; `%j`: its job id)."
+        ex = self._executor(name)._executor
+        return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+
+    # the record of live jobs: written under its own lock (the watcher settles jobs while the book submits)
+    def _record(self) -> dict:
+        f = self.folder / RECORD
+        try: return load_json(f, "the SLURM pool's record of its jobs") if f.exists() else {}
+        except CapbookError: return {}                # a record cut short: no job to adopt (their writers' locks still hold)
+
+    def _remember(self, name: str, entry: dict | None) -> None:
+        with self._rec_lock:
+            rec = self._record()
+            if entry is None and name not in rec: return
+            if entry is None: rec.pop(name)
+            else: rec[name] = entry
+            save_json(self.folder / RECORD, rec)
+
+    def adopt(self, keys: dict[str, str]) -> None:
+        "Read the jobs an earlier book left (`RECORD`) before submitting anything: one still queued whose step this book runs under the same key (`keys`: step name → key) is waited for instead of submitted again; one whose step changed (or `force`) is cancelled; one of a step this book does not run is left to run; an ended one is forgotten."
+        rec = self._record()
+        if not rec or self.cluster != "slurm": return
+        live = queue_states([e["job"] for e in rec.values()])
+        if live is None: raise CapbookError(f"{self.folder / RECORD}: jobs of an earlier book are recorded, but squeue cannot be asked whether they still run")
+        cancelled = []
+        for name, e in rec.items():
+            st = live.get(e["job"])
+            if st is None or st[0] not in UNFINISHED: self._remember(name, None); continue
+            if name not in keys: continue
+            if not self.force and keys[name] == e["key"]:
+                self.adoptable[name] = e
+                self.log(f"  {name}: job {e['job']} of an earlier book that ended without cancelling it is still {st[0]}: "
+                         f"this book waits for it instead of submitting the step again")
+            else:
+                _slurm(["scancel", e["job"]]); cancelled.append(e["job"]); self._remember(name, None)
+                self.log(f"  {name}: job {e['job']} of an earlier book cancelled ({'--force' if self.force else 'its step changed since'})")
+        t0 = time.time()                              # their writers' locks are free once they have left the queue
+        while cancelled and queue_states(cancelled) and time.time() - t0 < 120: time.sleep(1)
+
+    def submit_step(self, step, key: str) -> Future:
+        "Submit `step` (its key computed here, before it runs) as one job, or wait for its job that an earlier book left (`adopt`); the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
+        r = self.config.resources(step.name)
         fut = Future(); fut.set_running_or_notify_cancel()
+        if (e := self.adoptable.pop(step.name, None)) is not None:
+            job = submitit.SlurmJob(folder=e["folder"], job_id=e["job"])
+            with self._lock: self.jobs[fut] = (step, job)
+            self.log(f"  {step.name}: waiting for job {job.job_id} (log: {job.paths.stdout})")
+            return fut
+        executor = self._executor(step.name)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):   # submitit prints sbatch's stderr too: it is folded into the one line
+                job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force, key, r.cpus, r.gpus)
+        except Exception as e:                     # sbatch refused it: an unknown option, partition or account, a limit
+            raise CapbookError(_refusal(step.name, e, r, self.config.source)) from None
         with self._lock: self.jobs[fut] = (step, job)
+        if self.cluster == "slurm":
+            self._remember(step.name, {"job": job.job_id, "key": key, "folder": str(self.folder / step.name), "submitted": time.time()})
         self.log(f"  {step.name}: job {job.job_id} submitted ({r.cpus} CPUs{f', {r.gpus} GPUs' if r.gpus else ''}, "
-                 f"{r.mem_gb:g} GB, {r.time_min} min{f', partition {r.partition}' if r.partition else ''})")
+                 f"{r.mem_gb:g} GB, {r.time_min} min{f', partition {r.partition}' if r.partition else ''}); log: {job.paths.stdout}")
         return fut
+
+    def _end(self, fut: Future, step, job, error: str | None = None, result=None) -> None:
+        "Settle a step's future (an error line, or its result) and forget its job."
+        self._remember(step.name, None)
+        try:
+            if error is not None: fut.set_exception(CapbookError(error))
+            else: fut.set_result(result)
+        except Exception: pass                        # (settled meanwhile: cancelled)
 
     def _settle(self, fut: Future, step, job) -> None:
         state = final_state(job) if self.cluster == "slurm" and not job.paths.result_pickle.exists() else None
         if state in NO_RESULT:     # ended by the scheduler: no result is coming (submitit would wait 15 s for one, for a slow shared filesystem)
-            fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr))); return
+            return self._end(fut, step, job, failure_line(step.name, job.job_id, state, _log_of(job)))
         try: res = job.result()
         except Exception as e:
             state = state or (final_state(job) if self.cluster == "slurm" else "FAILED")
             why = _last_line(e) if state in ("FAILED", "UNKNOWN") else ""
-            fut.set_exception(CapbookError(failure_line(step.name, job.job_id, state, job.paths.stderr, why))); return
+            return self._end(fut, step, job, failure_line(step.name, job.job_id, state, _log_of(job), why))
         if res[0] == "ok":
             self.log(f"  {step.name}: ran in {res[3]:.1f} s (job {job.job_id})" if res[2] else f"  {step.name}: unchanged, skipped (job {job.job_id})")
-            fut.set_result((Path(res[1]), res[2]))
-        else: fut.set_exception(CapbookError(res[1]))                 # the step's own line, as a local book prints it
+            self._end(fut, step, job, result=(Path(res[1]), res[2]))
+        else: self._end(fut, step, job, res[1])                       # the step's own line, as a local book prints it
+
+    def _look(self, pending: list, status: bool) -> None:
+        "Ask squeue how the pending jobs stand: print each requeue as it is seen, end a job no node can ever start (its reason in one line), and, if `status`, print the queue's status line."
+        q = queue_states([j.job_id for _, _, j in pending])
+        if q is None: return                          # squeue briefly unreachable: the next look asks again
+        running, waiting = [], []
+        for f, s, j in pending:
+            if (st := q.get(j.job_id)) is None: continue
+            state, reason, restarts, used = st
+            if restarts > self._restarts.get(j.job_id, 0):
+                self._restarts[j.job_id] = restarts
+                self.log(f"  {s.name}: job {j.job_id} requeued ({restarts} {'time' if restarts == 1 else 'times'} so far"
+                         f"{f'; SLURM says {reason}' if reason not in ('', 'None') else ''}): it resumes from its checkpoint")
+            if state == "PENDING" and reason in NEVER_STARTS:
+                _slurm(["scancel", j.job_id])
+                self._end(f, s, j, f"{s.name}: SLURM job {j.job_id} can never start: {reason} ({NEVER_STARTS[reason]}); it was cancelled: "
+                                   f"change its resources in the executor config ({self.config.source})")
+                continue
+            if state == "RUNNING": running.append(f"{s.name} {used}")
+            else: waiting.append(f"{s.name}: {state.lower()}{f', {reason}' if reason not in ('', 'None') else ''}")
+        if status and (running or waiting):
+            said = [f"{len(running)} running ({', '.join(running)})"] * bool(running) + [f"{len(waiting)} waiting ({'; '.join(waiting)})"] * bool(waiting)
+            self.log(f"  queue at {time.strftime('%H:%M:%S')}: {'; '.join(said)}")
 
     def _watch(self) -> None:
-        last_sacct = time.time()
+        last_sacct = last_status = time.time()
         while not self._stop.wait(self.poll_s):
             with self._lock: pending = [(f, s, j) for f, (s, j) in self.jobs.items() if not f.done()]
             ask = time.time() - last_sacct >= self.sacct_s
@@ -244,21 +408,29 @@ class SlurmPool:
                 try: done = j.done(force_check=ask)
                 except Exception: continue                # sacct briefly unreachable: the next look asks again
                 if done: self._settle(f, s, j)
+            if ask and self.cluster == "slurm" and (pending := [(f, s, j) for f, s, j in pending if not f.done()]):
+                status = time.time() - last_status >= self.queue_s
+                if status: last_status = time.time()
+                try: self._look(pending, status)
+                except Exception: pass                    # the queue's words are a courtesy: a job's end is read from sacct
 
     def cancel(self) -> list[str]:
         "Cancel every job not yet ended; returns their ids."
-        with self._lock: pending = [(f, j) for f, (_, j) in self.jobs.items() if not f.done()]
-        for f, j in pending:
+        with self._lock: pending = [(f, s, j) for f, (s, j) in self.jobs.items() if not f.done()]
+        for f, s, j in pending:
             try: j.cancel(check=False)
             except Exception: pass
-            try: f.set_exception(CapbookError(f"job {j.job_id} cancelled"))
-            except Exception: pass                        # (the watcher settled it meanwhile)
-        return [j.job_id for _, j in pending]
+            self._end(f, s, j, f"job {j.job_id} cancelled")
+        return [j.job_id for _, _, j in pending]
 
     def __enter__(self) -> "SlurmPool":
+        if self.cluster == "slurm": check_slurm()
+        try: self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e: raise io_error(self.folder, e, "create the SLURM jobs' folder") from None
         self._watcher.start(); return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and (ids := self.cancel()):          # Ctrl-C, or the book stopping on an error of its own
-            self.log(f"cancelled {len(ids)} SLURM jobs: {' '.join(ids)}")
-        self._stop.set(); self._watcher.join(timeout=10)
+        if exc_type is not None and (ids := self.cancel()):          # Ctrl-C, SIGTERM, SIGHUP, or the book stopping on an error of its own
+            self.log(f"cancelled {len(ids)} SLURM jobs: {' '.join(ids)}" + (f" (the book was ended by {exc})" if getattr(exc, "signum", None) else ""))
+        self._stop.set()
+        if self._watcher.is_alive(): self._watcher.join(timeout=10)

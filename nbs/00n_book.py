@@ -27,7 +27,7 @@ from __future__ import annotations
 import atexit, base64, contextlib, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, os_error_line, package_hash, progress, runs_dir,
+from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, one_writer, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.profiles import check_profile, out_dir, chapters, parameters_source
 from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
@@ -419,7 +419,11 @@ print("\n".join(_book.chapter_table({"02_show_attend_tell": True}).splitlines()[
 # naming the first (`book_lock`, a file lock the kernel releases even when its holder is SIGKILLed); books of two
 # profiles, or on two homes sharing `CAPBOOK_DATA`, run side by side, their shared data built by one at a time. *A full
 # or read-only disk*: one line naming the path; the published tables, the reader's copies and the site are replaced
-# only by complete new versions.
+# only by complete new versions. *A signal of its own* (SIGTERM, SIGHUP: a `timeout`, a closed login shell): the book
+# ends as on Ctrl-C, its workers at once (`_local_pool`), in one line (`ended_by_signals`). *Two processes on one run
+# folder*: the second stops in one line naming the first (`capbook.core.one_writer`, held by `run_step` on the step's
+# folder and by training on its checkpoint folder). *A dry run* (`--dry-run`) lists the steps that would run
+# (`would_run`) and runs nothing.
 #
 # **One kernel per worker, reset between notebooks.** A fresh kernel for each of the book's 55 notebooks cost a kernel
 # start and the imports of torch and capbook every time — about 3 s, a third of a smoke run's time. Each process that
@@ -564,28 +568,30 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
     if not force and (kept := unchanged(step, profile, key)):
         log(skipped_line(step, kept)); return kept, False
-    d.mkdir(parents=True, exist_ok=True); done.unlink(missing_ok=True)
-    for f in filter(_published, d.glob("*")):
-        f.unlink()                                # what the last execution drew: this one must draw its own or none
-    params = {**step.params, "run_dir": str(d)} if step.params else {}
-    os.environ.setdefault("TQDM_DISABLE", "1")  # this worker's kernels: no library's bar in the executed notebooks and the site
-    os.environ.setdefault(IN_BOOK, "1")         # ... and no run's lines on the book's terminal: its step lines say where it is
-    t0 = time.time()
-    try:
-        pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
-                            kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent, key))
-    except pm.PapermillExecutionError as e:
-        _shutdown_warm()                          # a failed notebook's kernel is not reused
-        raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
-                           f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
-    except OSError as e:                          # the environment (a full disk) while papermill writes the executed copy
-        _shutdown_warm(); out.unlink(missing_ok=True)   # its copy is cut short: no half-written notebook stays
-        raise io_error(e.filename or out, e) from None
-    except BaseException:
-        _shutdown_warm(); raise
-    save_json(done, {"key": key, "seconds": time.time() - t0, "machine": cpu_name()})   # the time table names the machine of each step's minutes
-    log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
-    return out, True
+    d.mkdir(parents=True, exist_ok=True)
+    with one_writer(d, "book step"):            # one writer per run folder: a second process on this step stops in one line
+        done.unlink(missing_ok=True)
+        for f in filter(_published, d.glob("*")):
+            f.unlink()                                # what the last execution drew: this one must draw its own or none
+        params = {**step.params, "run_dir": str(d)} if step.params else {}
+        os.environ.setdefault("TQDM_DISABLE", "1")  # this worker's kernels: no library's bar in the executed notebooks and the site
+        os.environ.setdefault(IN_BOOK, "1")         # ... and no run's lines on the book's terminal: its step lines say where it is
+        t0 = time.time()
+        try:
+            pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
+                                kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent, key))
+        except pm.PapermillExecutionError as e:
+            _shutdown_warm()                          # a failed notebook's kernel is not reused
+            raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
+                               f"{e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} — executed copy: {out}") from None
+        except OSError as e:                          # the environment (a full disk) while papermill writes the executed copy
+            _shutdown_warm(); out.unlink(missing_ok=True)   # its copy is cut short: no half-written notebook stays
+            raise io_error(e.filename or out, e) from None
+        except BaseException:
+            _shutdown_warm(); raise
+        save_json(done, {"key": key, "seconds": time.time() - t0, "machine": cpu_name()})   # the time table names the machine of each step's minutes
+        log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
+        return out, True
 
 PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a training run's phases (its record's timings)
 
@@ -760,13 +766,36 @@ def _step_failure(e: BaseException) -> str:
     if isinstance(e, OSError): return str(os_error_line(e)).removesuffix("; nothing already written was changed")
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
+@contextlib.contextmanager
+def _local_pool(jobs: int):
+    "The local book's pool of `jobs` worker processes; the book ended by a signal of its own (SIGTERM, SIGHUP: not its terminal's Ctrl-C, which reaches the workers too) ends its workers at once instead of waiting for their steps, and their kernels follow them."
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+    pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))
+    try: yield pool
+    except BaseException:
+        for p in list((getattr(pool, "_processes", None) or {}).values()): p.terminate()
+        pool.shutdown(wait=True, cancel_futures=True); raise
+    pool.shutdown(wait=True)
+
+def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, log=print, pool=None) -> dict:
+    "A dry run: each step, in the plan's order, that the book would run (not `unchanged`, or downstream of one that runs), and with a SLURM `pool` its job's sbatch script; nothing runs or is submitted. Returns {} (no notebook executed)."
+    runs = []
+    for s in steps:
+        after = [u for u in ups[s.name] if u in runs]
+        if not force and not after and (kept := unchanged(s, profile, keyring.get(s))): log(skipped_line(s, kept)); continue
+        runs.append(s.name)
+        log(f"  {s.name}: would run" + (f" (after {', '.join(after)})" if after else "") + (
+            "; its job would be submitted with this script:\n" + "\n".join(f"    {l}" for l in pool.script(s.name).splitlines()) if pool else ""))
+    log(f"dry run: {len(runs)} of {len(steps)} steps would run; nothing was " + ("submitted" if pool else "run"))
+    return {}
+
 EXECUTORS = ("local", "slurm")     # where the book's steps run: processes on this machine, or jobs on a SLURM cluster (capbook.cluster)
 
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print, executor: str = "local",
-             executor_config: str | Path | None = None) -> dict[str, Path]:
+             executor_config: str | Path | None = None, dry_run: bool = False) -> dict[str, Path]:
     "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line. `executor`: 'local' (a pool of processes here) or 'slurm' (each step a job, `capbook.cluster.SlurmPool`, its resources from `executor_config`)."
-    from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, BrokenExecutor, wait
-    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
     check_choice("executor", executor, EXECUTORS)
     procs = None                                  # a step's training processes: this machine's setting (`train_procs`) ...
     if executor == "slurm":
@@ -778,17 +807,22 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
+    if dry_run: return would_run(profile, steps, keyring, ups, force, log, SlurmPool(profile, config, runs_dir() / profile / "slurm",
+                                                                                     run_step, force, log=log) if executor == "slurm" else None)
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
     if executor == "slurm":
         pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
-        submit = lambda s: pool_cm.submit_step(s, keyring.get(s))
+        submit = lambda pool, s: pool.submit_step(s, keyring.get(s))
+        adopt = lambda pool: pool.adopt({s.name: keyring.get(s) for s in steps})   # the jobs a killed book left: waited for, not duplicated
     else:
-        pool_cm = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(),))
-        submit = lambda s: pool_cm.submit(run_step, s, profile, force, print, keyring.get(s))
+        pool_cm = _local_pool(jobs)
+        submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s))
+        adopt = lambda pool: None
     try:
-        with pool_cm, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
+        with pool_cm as pool, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
+            adopt(pool)
             while waiting or running:
                 while skip := [(s, kept) for s in ready() if not force and (kept := unchanged(s, profile, keyring.get(s)))]:
                     for s, kept in skip:              # unchanged: skipped here, no worker starts for it
@@ -796,7 +830,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                         log(skipped_line(s, kept)); bar.update(1)
                 for s in ready()[:jobs - len(running)]:
                     waiting.remove(s)
-                    try: running[submit(s)] = s
+                    try: running[submit(pool, s)] = s
                     except CapbookError as e: failed = failed or e           # a job the scheduler refused
                 if not running: break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -834,28 +868,35 @@ def select_steps(steps: list[Step], only: list[str]) -> list[Step]:
                                f"name for that run alone (e.g. =03_spca)")
     return [s for s in steps if any(hit(s, pat) for pat in only)]
 
-@contextlib.contextmanager
 def book_lock(profile: str):
-    "Hold the book of `profile` in this home for one process (an exclusive lock on `runs/<profile>/.book.lock`, released when the process ends, even by SIGKILL): a second book on the same home and profile stops in one line naming the first."
-    import fcntl
+    "Hold the book of `profile` in this home for one process (`capbook.core.one_writer` on `runs/<profile>/.book.lock`, released when the process ends, even by SIGKILL): a second book on the same home and profile stops in one line naming the first."
     d = runs_dir() / profile
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        f = open(d / ".book.lock", "a+")
-    except OSError as e: raise io_error(d, e, "create the book's run folder") from None
-    with f:
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0); who = f.read().strip() or "another process"
-            raise CapbookError(f"{d}: another capbook book is running on this home and profile ({who}); wait for it to "
-                               f"finish, or give this one another CAPBOOK_HOME") from None
-        try: f.seek(0); f.truncate(); f.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"); f.flush()
-        except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
-        yield
+    return one_writer(d, "capbook book", d / ".book.lock", "another capbook book is running on this home and profile ({who}); "
+                      "wait for it to finish, or give this one another CAPBOOK_HOME")
+
+class Ended(KeyboardInterrupt):
+    "The book ended by a signal of its own, SIGTERM or SIGHUP (a `timeout`, a closed login shell, its own job cancelled): as Ctrl-C, what finished is kept and its workers or jobs end with it."
+    def __init__(self, signum: int):
+        import signal
+        super().__init__(signal.Signals(signum).name); self.signum = signum
+
+@contextlib.contextmanager
+def ended_by_signals():
+    "Within the block, SIGTERM and SIGHUP raise `Ended` (once: a second signal while the book ends is ignored), so that the book's pool cancels its jobs or ends its workers on the way out (`SlurmPool.__exit__`, `_local_pool`); the handlers there were come back after. In the main thread only (elsewhere signals cannot be caught)."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread(): yield; return
+    seen = []
+    def handler(signum, frame):
+        if not seen: seen.append(signum); raise Ended(signum)
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try: yield
+    finally:
+        for sig, h in before.items(): signal.signal(sig, h)
 
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
-             only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None) -> dict:
-    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way."
+             only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
+             dry_run: bool = False) -> dict:
+    "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way. `dry_run`: say which steps would run (on SLURM, with each job's sbatch script) and run nothing (`would_run`). SIGTERM and SIGHUP end it as Ctrl-C does (`ended_by_signals`)."
     check_profile(profile)
     check_choice("executor", executor, EXECUTORS)
     if executor_config is not None and executor == "local":
@@ -863,10 +904,14 @@ def run_book(profile: str = "default", force: bool = False, docs: bool = True, l
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
     jobs = check_int("jobs", jobs, lo=1) if jobs is not None else (1 if executor == "local" else max(1, len(steps)))
-    from capbook.metrics import meteor_service
-    with book_lock(profile):                      # one book at a time on a home and profile
-        log(f"capbook book --profile {profile} -j {jobs}" + (f" --executor {executor}" if executor != "local" else "")
+    head = (f"capbook book --profile {profile} -j {jobs}" + (f" --executor {executor}" if executor != "local" else "")
             + f": {len(steps)} notebooks -> {runs_dir() / profile}")
+    if dry_run:                                   # nothing written, nothing held: no lock
+        log(head + " (dry run)"); run_plan(profile, steps, force, jobs, log, executor, executor_config, dry_run=True)
+        return {"seconds": time.time() - t0, "site": None, "out": None}
+    from capbook.metrics import meteor_service
+    with book_lock(profile), ended_by_signals():  # one book at a time on a home and profile; its signals end it as Ctrl-C does
+        log(head)
         shared = meteor_service() if executor == "local" else contextlib.nullcontext({"served": 0})   # a node cannot reach this machine's
         with shared as meteor:                    # one METEOR JVM for every run's scoring, not one per run
             run_plan(profile, steps, force, jobs, log, executor, executor_config)
@@ -983,6 +1028,10 @@ assert _f.filter(logging.makeLogRecord({"msg": "any other warning"}))
 # | fault | what you see | what a rerun does | test |
 # |---|---|---|---|
 # | `capbook book -j 2` killed (even `kill -9`) at any moment: building data, training, scoring, publishing, building the site | nothing left running: its workers get SIGTERM from the kernel when the book dies, their notebook kernels follow; no half-written file (every write lands beside its target and is renamed into place) | skips the finished steps, resumes the interrupted runs from their checkpoints, and ends with the uninterrupted book's tables and figures, bit for bit | `test_a_killed_book_leaves_no_process_behind`, `test_a_book_killed_in_every_phase_ends_with_the_same_figures` (and, in `make soak`, `test_soak_a_whole_book_killed_at_random_moments_ends_with_the_same_figures`) |
+# | `capbook book` ended by SIGTERM or SIGHUP (a `timeout`, a closed login shell, the book's own job cancelled) | one line, `ended by SIGHUP: what finished is kept; …`, exit status 128 + the signal; its workers and kernels end at once; on SLURM its jobs are cancelled, in one line naming them | as above | `test_a_killed_book_leaves_no_process_behind`, `test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line` |
+# | a SLURM book killed outright (SIGKILL) while its jobs are queued | its jobs run on; `runs/<profile>/slurm/jobs.json` names them | waits for each recorded job still queued (`… is still RUNNING: this book waits for it instead of submitting the step again`), cancels those whose step changed | `test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results` |
+# | a second process on a run folder (a job a killed book left and its duplicate; a run started beside the book's) | the second stops at once in one line naming the first (`another book step is writing this folder (pid …, SLURM job …)`); the first goes on untouched | — | `test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results` |
+# | a SLURM job refused or stuck: an option sbatch does not know, resources no node has, a failed `setup:` line, no `SLURM_CONF`, no `sacct` | one line naming the cause (sbatch's own words folded in; SLURM's pending reason, the job cancelled; the log that holds the error) | completes once the config is fixed | `test_slurm_refusals_are_one_line_naming_their_cause` |
 # | a notebook's kernel killed (as the out-of-memory killer does) | one line: `<step>: its notebook's kernel died (out of memory, or killed)`; the other steps under way finish | runs only the killed step | `test_a_killed_kernel_fails_its_step_in_one_line_and_the_rerun_completes` |
 # | a step's worker process killed | one line naming the step; the steps under way finish | runs what did not finish | `test_a_dead_worker_stops_the_book_with_one_line` |
 # | the shared METEOR (Java) process killed mid-book | nothing: the run scores through a fresh METEOR process, the same score | — | `test_a_killed_meteor_process_is_replaced_and_scores_stay_exact` |

@@ -30,7 +30,7 @@
 # ## Quick start
 #
 # You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (it installs
-# Debian's). Each command first makes `.venv/` once (a minute or more).
+# Debian's). Each command first makes `.venv/` (once, a minute or more).
 #
 # ```bash
 # make docs                 # the published book's site, in runs/default/site/ (no training)
@@ -44,8 +44,8 @@
 # <!-- /booktime -->
 #
 # `make book` trains only what `figures/` lacks under today's code (`FORCE=1`: every step); part of the book:
-# `make book ONLY="03_spca*"`; each step a SLURM job: `.venv/bin/capbook book --executor slurm --executor-config
-# slurm.yaml` ([set-up](00nb_cluster.ipynb)); in Python: `import capbook`.
+# `make book ONLY="03_spca*"`; each step a SLURM job: `.venv/bin/capbook book --executor slurm` (a filesystem the
+# nodes share, and `sacct`; [set-up](00nb_cluster.ipynb)); in Python: `import capbook`.
 #
 # <!-- onechapter -->
 # <!-- /onechapter -->
@@ -79,7 +79,7 @@
 #
 # ## Read more
 #
-# - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb) (kills, full disks, contributing), [one chapter](00m_runner.ipynb) (parameters, checkpoints).
+# - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb) (kills, full disks), [one chapter](00m_runner.ipynb) (parameters, checkpoints).
 # - [Your own images](00q_caption.ipynb) (`capbook caption`), [scoring](00j_metrics.ipynb) (`capbook score`), [the package](00f_models.ipynb): a new model is a module and a registry entry. History: `CHANGELOG.md`.
 #
 # Chapters quote the papers by section or equation and mark capbook's remarks *capbook:*; each equation sits above

@@ -300,22 +300,27 @@ def test_tensorboard_shows_every_training_run_of_the_book(book):
 
 
 @pytest.mark.slow
-def test_a_killed_book_leaves_no_process_behind(smoke_data, tmp_path):
-    "SIGKILL to capbook book -j 2 mid-run: its workers and their kernels end with it (they used to live on, ~800 MB each). The session's smoke data, with the keys' fingerprints the first book of the run computed."
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGHUP"])
+def test_a_killed_book_leaves_no_process_behind(smoke_data, tmp_path, sig):
+    "SIGKILL to capbook book -j 2 mid-run: its workers and their kernels end with it (they used to live on, ~800 MB each). SIGHUP (a closed login shell; SIGTERM takes the same path): the book ends them at once instead of waiting for their steps, says so in one line and exits 128 + the signal. The session's smoke data, with the keys' fingerprints the first book of the run computed."
     import os, signal, time
     import psutil
     env = {**os.environ, "CAPBOOK_HOME": str(tmp_path), "CAPBOOK_DATA": str(smoke_data)}
     p = subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "-j", "2", "--no-docs"], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     book, t0, family = psutil.Process(p.pid), time.time(), []
     while time.time() - t0 < 300:                                   # until both workers run a notebook in a kernel
         family = book.children(recursive=True)
         if sum("ipykernel" in _cmd(c) for c in family) >= 2: break
         time.sleep(0.5)
     assert len(family) >= 4, [_cmd(c) for c in family]
-    os.kill(p.pid, signal.SIGKILL); p.wait()
+    t0 = time.time()
+    os.kill(p.pid, getattr(signal, sig)); err = p.communicate(timeout=60)[1]
     _, alive = psutil.wait_procs(family, timeout=60)
     assert not alive, [(a.pid, _cmd(a)[:120]) for a in alive]
+    if sig == "SIGHUP":
+        assert p.returncode == 128 + signal.SIGHUP and time.time() - t0 < 30, (p.returncode, err[-2000:])
+        assert "ended by SIGHUP: what finished is kept; the same command goes on from there" in err, err[-2000:]
 
 
 @contextlib.contextmanager
@@ -994,22 +999,23 @@ def slurm_book(book, tmp_path_factory):
     (copy / "slurm.yaml").write_text("cpus: 1\nmem_gb: 2\n")
     # a requeued job may start again 5 s after (cred_expire); a job that ends without a result is seen within 2 s (sacct)
     with one_node_slurm(tmp_path_factory.mktemp("slurm"), cred_expire=5) as cluster:
-        yield copy, {**os.environ, **cluster.env, "CAPBOOK_HOME": str(copy), "CAPBOOK_SACCT_S": "2"}, cluster
+        yield copy, {**os.environ, **cluster.env, "CAPBOOK_HOME": str(copy), "CAPBOOK_SACCT_S": "2", "CAPBOOK_QUEUE_S": "4"}, cluster
 
 
-def _slurm_book(env: dict, *only: str, ctrl_c: bool = False) -> subprocess.Popen:
-    "A SLURM book of the `only` steps; `ctrl_c`: with SIGINT's default action (a pytest-xdist worker ignores it, and so would the book)."
+def _slurm_book(env: dict, *only: str, ctrl_c: bool = False, argv: bool = False, options: tuple = ()) -> subprocess.Popen | list[str]:
+    "A SLURM book of the `only` steps, with `options`; `ctrl_c`: with SIGINT's default action (a pytest-xdist worker ignores it, and so would the book); `argv`: its command line alone."
     import signal
-    return subprocess.Popen([str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm",
-                             "--executor-config", str(Path(env["CAPBOOK_HOME"]) / "slurm.yaml"), "--only", *only],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    cmd = [str(BIN / "capbook"), "book", "--profile", "smoke", "--no-docs", "--executor", "slurm",
+           "--executor-config", str(Path(env["CAPBOOK_HOME"]) / "slurm.yaml"), *options, "--only", *only]
+    if argv: return cmd
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None)
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
 def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slurm_book):
-    "A training step's job requeued mid-training (`scontrol requeue`: what a preemption, or submitit at the time limit, does) starts again under its id and resumes the run from its checkpoint; cancelled then (scancel), it ends the book with one line naming the step, the job, its state and its log; Ctrl-C on the book run again cancels the job it submitted. (The next test's book finishes the step.)"
+    "A training step's job requeued mid-training (`scontrol requeue`: what a preemption, or submitit at the time limit, does) starts again under its id and resumes the run from its checkpoint, the book saying so when it sees it, and saying at a steady interval how its queue stands; cancelled then (scancel), it ends the book with one line naming the step, the job, its state and its log; Ctrl-C, SIGTERM and SIGHUP on the book run again each cancel the job it submitted, in one line naming it. (The next test's book finishes the step.)"
     import shutil, signal, time
     home, env, cluster = slurm_book
     step, runs = SLURM_CANCELLED, home / "runs" / "smoke" / SLURM_CANCELLED
@@ -1036,34 +1042,106 @@ def test_slurm_job_requeued_resumes_and_cancelled_ends_the_book_in_one_line(slur
     job_log = log_path.read_text()
     assert job_log.count("Starting with JobEnvironment") == 2 and job_log.count("signal SIGTERM: the job ends here") == 2, job_log
     assert not (runs / "done.json").exists()
-    p = _slurm_book(env, f"={step}", ctrl_c=True)                     # Ctrl-C on the book cancels its jobs
-    for l in p.stdout:
-        if m := re.search(rf"{step}: job (\d+) submitted", l): break
-    assert m, "no job submitted"
-    p.send_signal(signal.SIGINT)
-    out = p.communicate(timeout=120)[0]
-    assert p.returncode == 130 and f"cancelled 1 SLURM jobs: {m[1]}" in out and "interrupted: what finished is kept" in out, out
-    t0 = time.time()
-    while m[1] in cluster.run("squeue", "-h", "-o", "%A").stdout.split(): time.sleep(0.2); assert time.time() - t0 < 30, "the job still queued"
+    assert re.search(rf"{step}: job {job} requeued \(1 time so far\): it resumes from its checkpoint", out), out
+    assert re.search(rf"queue at [\d:]+: 1 running \({step} [\d:]+\)", out), out         # the queue's status line
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):        # Ctrl-C; a `timeout`, the book's own job cancelled; a closed shell
+        p = _slurm_book(env, f"={step}", ctrl_c=sig == signal.SIGINT)
+        for l in p.stdout:
+            if m := re.search(rf"{step}: job (\d+) submitted", l): break
+        assert m, "no job submitted"
+        p.send_signal(sig)
+        out = p.communicate(timeout=120)[0]
+        said = "interrupted" if sig == signal.SIGINT else f"ended by {sig.name}"
+        assert p.returncode == 128 + sig and f"cancelled 1 SLURM jobs: {m[1]}" in out and f"{said}: what finished is kept" in out, out
+        t0 = time.time()
+        while m[1] in cluster.run("squeue", "-h", "-o", "%A").stdout.split(): time.sleep(0.2); assert time.time() - t0 < 30, "the job still queued"
+        assert json.loads((home / "runs" / "smoke" / "slurm" / "jobs.json").read_text()) == {}     # nothing left for the next book to adopt
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
-def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(book, slurm_book):
-    "The book run through SLURM again finishes only its unfinished steps — a training run, the tables step that reads it, and the run the previous test cancelled, resumed from its checkpoint — each a job with the executor config's resources, in the plan's order, and publishes what the local book published: the same figures' bytes, tables and records (measured times aside)."
+def test_slurm_refusals_are_one_line_naming_their_cause(slurm_book, tmp_path, monkeypatch, capfd):
+    "Against the real cluster, each refusal is one line naming its cause: an sbatch option sbatch does not know (its own words folded in, nothing of them printed besides), a job no node can ever start (cancelled, with SLURM's reason), a failed `setup:` line (the line names the log its words went to), no SLURM configuration, no sacct."
+    import shutil
+    from capbook.book import run_step
+    from capbook.cluster import SlurmPool, executor_config
+    from capbook.plan import plan
+    home, env, cluster = slurm_book
+    for k, v in cluster.env.items(): monkeypatch.setenv(k, v)
+    monkeypatch.setenv("CAPBOOK_HOME", str(home))
+    step = next(s for s in plan("smoke") if s.name == SLURM_STEPS[0])
+    def pool(config: str) -> SlurmPool:
+        (tmp_path / "c.yaml").write_text(config)
+        return SlurmPool("smoke", executor_config(tmp_path / "c.yaml", "smoke"), tmp_path / "slurm", run_step, sacct_s=1, log=lambda _: None)
+    with pool("cpus: 1\nmem_gb: 1\nsbatch: {qoss: high}\n") as p, pytest.raises(CapbookError) as refused: p.submit_step(step, "k")
+    assert str(refused.value) == (f"{step.name}: sbatch refused its job (sbatch: unrecognized option '--qoss=high'); "
+                                  f"check the sbatch option 'qoss' in {tmp_path / 'c.yaml'}")
+    assert "sbatch" not in capfd.readouterr().err                     # sbatch's words are in the line, not printed besides it
+    with pool("cpus: 99\nmem_gb: 1\n") as p: never = p.submit_step(step, "k").exception(timeout=120)
+    assert re.fullmatch(rf"{step.name}: SLURM job \d+ can never start: PartitionConfig \(it asks for more CPUs, memory or GPUs than "
+                        rf"a node of its partition has\); it was cancelled: change its resources in the executor config \(\S+c.yaml\)", str(never)), never
+    with pool("cpus: 1\nmem_gb: 1\nsetup: ['echo the set-up failed here', 'exit 3']\n") as p: failed = p.submit_step(step, "k").exception(timeout=120)
+    assert re.fullmatch(rf"{step.name}: SLURM job \d+ ended FAILED .*; log: (\S+_0_log.out)", str(failed)), failed
+    assert "the set-up failed here" in Path(str(failed).rsplit("log: ", 1)[1]).read_text()    # the log it names holds the words
+    monkeypatch.delenv("SLURM_CONF")
+    with pytest.raises(CapbookError, match=r"^--executor slurm: SLURM finds no configuration here \(SLURM_CONF is not set; squeue: .*\); "
+                                           r"set SLURM_CONF to the cluster's slurm.conf"): pool("cpus: 1\n").__enter__()
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    bare = tmp_path / "bin"; bare.mkdir()
+    for cmd in ("sbatch", "squeue", "scancel"): (bare / cmd).symlink_to(shutil.which(cmd))
+    monkeypatch.setenv("PATH", str(bare))
+    with pytest.raises(CapbookError, match=r"^--executor slurm: sacct is not on PATH \(SLURM's accounting: the book reads how each job ended from it\)"):
+        pool("cpus: 1\n").__enter__()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(book, slurm_book, monkeypatch):
+    "The book run through SLURM again finishes only its unfinished steps — a training run, the tables step that reads it, and the run the previous test cancelled, resumed from its checkpoint — each a job with the executor config's resources, in the plan's order, and publishes what the local book published: the same figures' bytes, tables and records (measured times aside). A dry run first shows each job's sbatch script and submits nothing. The first book is SIGKILLed once its training jobs are queued: its record names them, a duplicate job of one of them stops in one line naming the live writer, and the next book waits for the recorded jobs instead of submitting them again."
+    import os, signal
+    from capbook.book import run_step
+    from capbook.cluster import SlurmPool, executor_config
+    from capbook.plan import plan
     from capbook.records import read_record
     local, _ = book
-    home, env, _ = slurm_book
+    home, env, cluster = slurm_book
     steps = [SLURM_CANCELLED, *SLURM_STEPS]
     unfinished = [s for s in steps if not (home / "runs" / "smoke" / s / "done.json").exists()]
     assert set(SLURM_STEPS) <= set(unfinished)
+    record = home / "runs" / "smoke" / "slurm" / "jobs.json"
+    dry = subprocess.run(_slurm_book(env, *[f"={s}" for s in steps], argv=True, options=("--dry-run",)), env=env, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    for s in unfinished:
+        script = dry.stdout.split(f"  {s}: would run", 1)[1].split("\n  0")[0]
+        assert "#SBATCH --cpus-per-task=1" in script and "#SBATCH --mem=2GB" in script and f"slurm/{s}/%j_0_log.out" in script, dry.stdout
+    assert f"dry run: {len(unfinished)} of {len(steps)} steps would run; nothing was submitted" in dry.stdout, dry.stdout
+    assert not cluster.run("squeue", "-h", "-o", "%A").stdout.split()
+    p = _slurm_book(env, *[f"={s}" for s in steps], options=("-j", "1"))   # one job at a time: a CPU of the node left for the twin
+    first = []
+    for l in p.stdout:
+        first.append(l)
+        if m := re.search(r"  (\S+): job (\d+) submitted", l): break
+    assert m, "".join(first)
+    twin, ids = m[1], {m[1]: m[2]}
+    os.kill(p.pid, signal.SIGKILL); p.wait()                           # killed outright: no chance to cancel its job
+    assert {s: e["job"] for s, e in json.loads(record.read_text()).items()} == ids, "".join(first)
+    for k, v in cluster.env.items(): monkeypatch.setenv(k, v)          # a second job on the step the live one is writing
+    monkeypatch.setenv("CAPBOOK_HOME", str(home))
+    with SlurmPool("smoke", executor_config(home / "slurm.yaml", "smoke"), home / "runs" / "smoke" / "slurm-twin", run_step, sacct_s=1, log=lambda _: None) as pool:
+        refused = pool.submit_step(next(s for s in plan("smoke") if s.name == twin), "another key").exception(timeout=300)
+    assert re.fullmatch(rf"\S+/runs/smoke/{twin}: another book step is writing this folder \(pid \d+ on \S+, SLURM job {ids[twin]}, since [\d: -]+\); .*", str(refused)), refused
     p = _slurm_book(env, *[f"={s}" for s in steps])
     out = p.communicate(timeout=600)[0]
     assert p.returncode == 0, out[-3000:]
+    assert f"{twin}: job {ids[twin]} of an earlier book that ended without cancelling it is still" in out and f"{twin}: waiting for job {ids[twin]}" in out, out
+    assert re.search(rf"{twin}: job {ids[twin]} submitted \(1 CPUs, 2 GB, 20 min\); log: \S+/slurm/{twin}/{ids[twin]}_0_log.out", "".join(first)), first
     for s in steps:
         if s in unfinished:
-            assert re.search(rf"{s}: job \d+ submitted \(1 CPUs, 2 GB, 20 min\)", out) and re.search(rf"{s}: ran in [\d.]+ s \(job \d+\)", out), out
+            assert re.search(rf"{s}: ran in [\d.]+ s \(job \d+\)", out), out
+            if s != twin: assert re.search(rf"{s}: job \d+ submitted \(1 CPUs, 2 GB, 20 min\)", out), out
         else: assert f"{s}: unchanged, skipped" in out, out
+    assert f"{twin}: job" not in out.replace(f"{twin}: job {ids[twin]} of", "")   # the adopted step: not submitted again
+    assert json.loads(record.read_text()) == {}
     assert "METEOR process scored" not in out                          # each job scored on its node, not through this machine
     if SLURM_CANCELLED in unfinished:                                  # from its checkpoint, not from scratch
         kept = (home / "runs" / "smoke" / SLURM_CANCELLED / "02_show_attend_tell.ipynb").read_text()
