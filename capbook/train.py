@@ -21,9 +21,10 @@ from .objectives import CrossEntropy, Objective, objective_for
 from .decode import decode_split
 
 # %% auto 0
-__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STEP_KEY', 'TrainConfig', 'lr_factor',
-           'ss_prob', 'val_score', 'book_step_key', 'check_vocab', 'dist_info', 'step_loss', 'train_step',
-           'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing', 'load_trained', 'load_ensemble']
+__all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STEP_KEY', 'TRAINING_KEY',
+           'TrainConfig', 'lr_factor', 'ss_prob', 'val_score', 'book_step_key', 'book_training_key', 'check_vocab',
+           'dist_info', 'step_loss', 'train_step', 'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing',
+           'load_trained', 'load_ensemble']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -148,16 +149,21 @@ def _recipe(cfg: dict, meta: dict | None) -> dict:
             "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
 STEP_KEY = "CAPBOOK_STEP_KEY"   # environment: the key of the book step this process runs (`capbook.book.run_step`), set in its kernel
+TRAINING_KEY = "CAPBOOK_TRAINING_KEY"   # environment: that step's training key (`capbook.results.Keys.training`), set beside it
 
 def book_step_key() -> str | None:
     "The key of the book step this process runs (`STEP_KEY`), or None outside a book."
     return os.environ.get(STEP_KEY) or None
 
+def book_training_key() -> str | None:
+    "The training key of the book step this process runs (`TRAINING_KEY`: its key without what only its tables and figures compute with), or None."
+    return os.environ.get(TRAINING_KEY) or None
+
 def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1,
-                   step: str | None = None) -> tuple[str, str] | None:
-    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to; a checkpoint written under the same key resumes whatever else in the package changed."
+                   step: str | None = None, training: str | None = None) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to, `training` its training key; a checkpoint written under the same key, or the same training key, resumes whatever else in the package changed."
     if ck is None: return None
-    same_step = step is not None and ck.get("step_key") == step
+    same_step = (step is not None and ck.get("step_key") == step) or (training is not None and ck.get("training_key") == training)
     if ck.get("code") != code and not same_step:
         return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code}{f'; book step {step}' if step else ''})"
     # DDP's batch is every process's batch: an unfinished run goes on only with as many processes as it trained with; a
@@ -325,7 +331,7 @@ class _Run:
         self.net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.avg = WeightAverage(model, cfg.ema) if cfg.ema else None
-        self.code, self.step_key, fp = package_hash(), book_step_key(), getattr(data, "fingerprint", None)
+        self.code, self.step_key, self.training_key, fp = package_hash(), book_step_key(), book_training_key(), getattr(data, "fingerprint", None)
         ck = load_torch(self.last) if self.last.exists() else None
         # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
         # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
@@ -336,7 +342,7 @@ class _Run:
         self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
         if fp: meta = {**(meta or {}), "data": fp}
         self.meta = meta
-        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key)
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key, self.training_key)
         if why:
             stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
             if world > 1: dist.barrier()
@@ -355,7 +361,9 @@ class _Run:
             r.resumed_from, r.world_size = (self.epoch, self.skip), ck.get("world_size", 1)
             _set_rng_state(ck["rng"])
             if ck.get("finished"): self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
-            same = f"same code ({self.code})" if ck.get("code") == self.code else f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})"
+            same = (f"same code ({self.code})" if ck.get("code") == self.code else
+                    f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})" if ck.get("step_key") == self.step_key else
+                    f"same training ({self.training_key}; book step {ck.get('step_key')} → {self.step_key}, code {ck.get('code')} → {self.code})")
             log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: {same}, same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
@@ -380,7 +388,7 @@ class _Run:
                                "epoch_batches": self.n, "bad_evals": self.bad, "decays": self.decays, "history": r.history,
                                "best_epoch": r.best_epoch, "best_at": r.best_at, "best_score": r.best_score, "train_seconds": r.train_seconds,
                                "val_seconds": r.val_seconds, "captions": r.captions, "val_captions": self.val_caps, "rng": _rng_state(),
-                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key,
+                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key, "training_key": self.training_key,
                                "world_size": self.world, "finished": finished})
         self.finished = finished
 

@@ -237,7 +237,11 @@ def val_score(model: CaptionModel, data, vocab, cfg: TrainConfig, device) -> dic
 # while its key (`capbook.results.Keys`: the behaviour of the code it runs, its parameters, its data) is unchanged,
 # whatever else in the package moved. The book hands that key to the step's kernel (`STEP_KEY`), the checkpoint keeps
 # it, and an unfinished step resumes under the same key — an edit elsewhere in the package no longer throws away hours
-# of a run the book would have kept had it finished. A run by hand has no step key and keeps the package's rule. The
+# of a run the book would have kept had it finished. The book also hands the step's training key (`TRAINING_KEY`,
+# `capbook.results.Keys.training`: the key without the statistics and the drawing, which no training computes with),
+# and a checkpoint written under the same training key resumes too: a step re-keyed because its tables' test or its
+# figures changed runs its notebook again on the checkpoints it finished (nothing left to train) instead of training
+# them again. A run by hand has no step key and keeps the package's rule. The
 # same holds for the data: `fit` keeps the data's fingerprint (`Prepared.fingerprint`: image contents, captions,
 # splits, encoder weights, vocabulary) in the checkpoint's meta, and a checkpoint trained on other data is moved aside
 # as `ckpt.data-<fingerprint>` — changed captions with the same vocabulary would otherwise resume, or report, the old
@@ -268,16 +272,21 @@ def _recipe(cfg: dict, meta: dict | None) -> dict:
             "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
 STEP_KEY = "CAPBOOK_STEP_KEY"   # environment: the key of the book step this process runs (`capbook.book.run_step`), set in its kernel
+TRAINING_KEY = "CAPBOOK_TRAINING_KEY"   # environment: that step's training key (`capbook.results.Keys.training`), set beside it
 
 def book_step_key() -> str | None:
     "The key of the book step this process runs (`STEP_KEY`), or None outside a book."
     return os.environ.get(STEP_KEY) or None
 
+def book_training_key() -> str | None:
+    "The training key of the book step this process runs (`TRAINING_KEY`: its key without what only its tables and figures compute with), or None."
+    return os.environ.get(TRAINING_KEY) or None
+
 def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1,
-                   step: str | None = None) -> tuple[str, str] | None:
-    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to; a checkpoint written under the same key resumes whatever else in the package changed."
+                   step: str | None = None, training: str | None = None) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to, `training` its training key; a checkpoint written under the same key, or the same training key, resumes whatever else in the package changed."
     if ck is None: return None
-    same_step = step is not None and ck.get("step_key") == step
+    same_step = (step is not None and ck.get("step_key") == step) or (training is not None and ck.get("training_key") == training)
     if ck.get("code") != code and not same_step:
         return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code}{f'; book step {step}' if step else ''})"
     # DDP's batch is every process's batch: an unfinished run goes on only with as many processes as it trained with; a
@@ -524,7 +533,7 @@ class _Run:
         self.net = DDP(model, device_ids=[local] if device.type == "cuda" else None) if world > 1 else model
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.avg = WeightAverage(model, cfg.ema) if cfg.ema else None
-        self.code, self.step_key, fp = package_hash(), book_step_key(), getattr(data, "fingerprint", None)
+        self.code, self.step_key, self.training_key, fp = package_hash(), book_step_key(), book_training_key(), getattr(data, "fingerprint", None)
         ck = load_torch(self.last) if self.last.exists() else None
         # the arithmetic, written into the config (so into the checkpoint, its recipe and the record): 'auto' is read from
         # the CPU's flags (`cpu_precision`), and a resumed run keeps the one its checkpoint trained in
@@ -535,7 +544,7 @@ class _Run:
         self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
         if fp: meta = {**(meta or {}), "data": fp}
         self.meta = meta
-        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key)
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key, self.training_key)
         if why:
             stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
             if world > 1: dist.barrier()
@@ -554,7 +563,9 @@ class _Run:
             r.resumed_from, r.world_size = (self.epoch, self.skip), ck.get("world_size", 1)
             _set_rng_state(ck["rng"])
             if ck.get("finished"): self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
-            same = f"same code ({self.code})" if ck.get("code") == self.code else f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})"
+            same = (f"same code ({self.code})" if ck.get("code") == self.code else
+                    f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})" if ck.get("step_key") == self.step_key else
+                    f"same training ({self.training_key}; book step {ck.get('step_key')} → {self.step_key}, code {ck.get('code')} → {self.code})")
             log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: {same}, same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
@@ -579,7 +590,7 @@ class _Run:
                                "epoch_batches": self.n, "bad_evals": self.bad, "decays": self.decays, "history": r.history,
                                "best_epoch": r.best_epoch, "best_at": r.best_at, "best_score": r.best_score, "train_seconds": r.train_seconds,
                                "val_seconds": r.val_seconds, "captions": r.captions, "val_captions": self.val_caps, "rng": _rng_state(),
-                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key,
+                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key, "training_key": self.training_key,
                                "world_size": self.world, "finished": finished})
         self.finished = finished
 
@@ -868,6 +879,7 @@ print(_logs[0])
 # %%
 _d2, _m = Path(tempfile.mkdtemp()), lambda: build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16)
 _c1 = TrainConfig(**{**asdict(_cfg), "epochs": 1})
+_env = {k: os.environ.pop(k, None) for k in (STEP_KEY, TRAINING_KEY)}          # (a book running this notebook sets both)
 try:
     os.environ[STEP_KEY] = "a"
     fit(_m(), _prep, _c1, _d2 / "ckpt", log=lambda s: None)
@@ -882,8 +894,18 @@ try:
     _logs = []
     assert fit(_m(), _prep, _c1, _d2 / "ckpt", log=_logs.append).resumed_from is None and (_d2 / "ckpt.code-0ldc0de").exists()
     print(_logs[0])
+    os.environ[STEP_KEY], os.environ[TRAINING_KEY] = "c", "t"                 # a step that kept its training key ...
+    fit(_m(), _prep, _c1, _d2 / "ckpt3", log=lambda s: None)
+    save_torch(_d2 / "ckpt3" / "last.pt", {**load_torch(_d2 / "ckpt3" / "last.pt"), "code": "0ldc0de"})
+    os.environ[STEP_KEY] = "d"                                                 # ... re-keyed by its statistics: resumed, not trained again
+    _logs = []
+    assert fit(_m(), _prep, _c1, _d2 / "ckpt3", log=_logs.append).resumed_from is not None
+    print(next(l for l in _logs if l.startswith("resumed")))
+    assert "same training (t; book step c → d" in next(l for l in _logs if l.startswith("resumed"))
 finally:
-    os.environ.pop(STEP_KEY, None)
+    for _name, _was in _env.items():
+        if _was is None: os.environ.pop(_name, None)
+        else: os.environ[_name] = _was
 
 # %% [markdown]
 # A step budget (`max_steps`) ends training wherever it falls, with a validation there:

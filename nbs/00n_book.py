@@ -32,7 +32,7 @@ from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, che
 from capbook.profiles import check_profile, out_dir, chapters, parameters_source
 from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
 from capbook.results import plan_keys
-from capbook.train import STEP_KEY
+from capbook.train import STEP_KEY, TRAINING_KEY
 
 # %% [markdown]
 # Profiles, run folders and results records live in `capbook.runner`, with the chapters' declarations.
@@ -501,8 +501,8 @@ def _shutdown_warm() -> None:
         try: run_sync(km.shutdown_kernel)(now=True)
         except Exception: pass                      # already gone (killed): nothing to stop
 
-def warm_kernel(cwd: Path, step_key: str | None = None):
-    "This process's kernel for the next notebook: the one the last notebook ran in, reset to a fresh kernel's state, if it is alive and was started with the same environment, folder and package code; else a new one. A kernel start and the import of torch are then paid once per process instead of once per notebook. `step_key`: the key of the book step it will run, set in its environment (`STEP_KEY`)."
+def warm_kernel(cwd: Path, step_key: str | None = None, training_key: str | None = None):
+    "This process's kernel for the next notebook: the one the last notebook ran in, reset to a fresh kernel's state, if it is alive and was started with the same environment, folder and package code; else a new one. A kernel start and the import of torch are then paid once per process instead of once per notebook. `step_key`: the key of the book step it will run, and `training_key` its training key, set in its environment (`STEP_KEY`, `TRAINING_KEY`)."
     from jupyter_client import BlockingKernelClient
     from jupyter_core.utils import run_sync
     key = stable_hash({"env": dict(os.environ), "cwd": str(cwd), "code": package_hash()}, 16)
@@ -517,7 +517,7 @@ def warm_kernel(cwd: Path, step_key: str | None = None):
     kc.load_connection_info(km.get_connection_info()); kc.start_channels()
     try:
         kc.wait_for_ready(timeout=120)
-        env = {STEP_KEY: step_key} if step_key else {}
+        env = {k: v for k, v in ((STEP_KEY, step_key), (TRAINING_KEY, training_key)) if v}
         reply = kc.execute_interactive(_RESET.format(cwd=str(cwd), env=env), timeout=120, output_hook=lambda msg: None)
     except (RuntimeError, TimeoutError): reply = None
     finally: kc.stop_channels()
@@ -526,7 +526,7 @@ def warm_kernel(cwd: Path, step_key: str | None = None):
         if fresh:                                                 # ... and a fresh one that cannot is no kernel to run in
             why = f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}" if reply else "no answer"
             raise CapbookError(f"a fresh Jupyter kernel could not be prepared for a notebook ({why})")
-        return warm_kernel(cwd, step_key)
+        return warm_kernel(cwd, step_key, training_key)
     return km
 
 def _published(f: Path) -> bool:
@@ -558,13 +558,14 @@ def skipped_line(step: Step, kept: Path) -> str:
     "The book's line for a step `unchanged` found current: run here, or stood in for by the published book."
     return f"  {step.name}: unchanged, skipped" + ("" if kept.is_relative_to(runs_dir()) else " (no run here: the published book's results stand in)")
 
-def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None) -> tuple[Path, bool]:
-    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it); return (executed notebook path, whether it ran)."
+def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None,
+             training_key: str | None = None) -> tuple[Path, bool]:
+    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume: `Keys.training`); return (executed notebook path, whether it ran)."
     import papermill as pm
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
-    if key is None: key = plan_keys(profile).get(step)
+    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.training(step)
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
     if not force and (kept := unchanged(step, profile, key)):
         log(skipped_line(step, kept)); return kept, False
@@ -579,7 +580,7 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
         t0 = time.time()
         try:
             pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(src.parent), progress_bar=False,
-                                kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent, key))
+                                kernel_name="python3", kernel_manager_class=kernel_manager(), km=warm_kernel(src.parent, key, training_key))
         except pm.PapermillExecutionError as e:
             _shutdown_warm()                          # a failed notebook's kernel is not reused
             raise CapbookError(f"notebook {src.name} failed in cell {e.cell_index} (execution count {e.exec_count}): "
@@ -592,6 +593,21 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
         save_json(done, {"key": key, "seconds": time.time() - t0, "machine": cpu_name()})   # the time table names the machine of each step's minutes
         log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
         return out, True
+
+def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
+    "Write today's training key (`capbook.results.Keys.training`) into the last checkpoints of every chapter run current under today's key whose checkpoints were written under that key before checkpoints kept a training key: they were trained as it says, so a later change to the statistics or the drawing resumes them instead of training them again. Returns the checkpoints stamped."
+    from capbook.core import load_torch, save_torch
+    K, out = plan_keys(profile), []
+    for s in K.steps:
+        d = runs_dir() / profile / s.name
+        if s.notebook not in chapters() or not (d / "done.json").exists() or load_json(d / "done.json").get("key") != K.get(s): continue
+        for last in sorted(d.glob("ckpt*/last.pt")):
+            if not (last.parent.name == "ckpt" or last.parent.name.startswith("ckpt-")): continue    # not a folder moved aside
+            ck = load_torch(last)
+            if ck.get("step_key") != K.get(s) or ck.get("training_key") == K.training(s): continue
+            save_torch(last, {**ck, "training_key": K.training(s)}); out.append(last)
+    log(f"{len(out)} checkpoints stamped with their step's training key")
+    return out
 
 PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a training run's phases (its record's timings)
 
@@ -814,11 +830,11 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         for k in threads: os.environ[k] = str(_threads(jobs))
     if executor == "slurm":
         pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
-        submit = lambda pool, s: pool.submit_step(s, keyring.get(s))
+        submit = lambda pool, s: pool.submit_step(s, keyring.get(s), keyring.training(s))
         adopt = lambda pool: pool.adopt({s.name: keyring.get(s) for s in steps})   # the jobs a killed book left: waited for, not duplicated
     else:
         pool_cm = _local_pool(jobs)
-        submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s))
+        submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.training(s))
         adopt = lambda pool: None
     try:
         with pool_cm as pool, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:

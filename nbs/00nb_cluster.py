@@ -199,7 +199,7 @@ except CapbookError as e: assert str(e) == f"{_cfg}: cpus must be a whole number
 
 # %%
 #| export
-def _step_call(run_step: Callable, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
+def _step_call(run_step: Callable, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0, training: str | None = None) -> tuple:
     "What a job runs: the step, through the function a local worker runs it with (`run_step`: the book's, handed down by the book, so this room never imports the book); ('ok', executed notebook, whether it ran, seconds) or ('failed', the book's one line)."
     os.environ.pop("CAPBOOK_METEOR", None)                  # the submitting host's METEOR socket: not on this node
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[k] = str(cpus)
@@ -209,7 +209,7 @@ def _step_call(run_step: Callable, step, profile: str, force: bool, key: str, cp
     with _signals_noted() as signalled:
         t0 = time.time()
         try:
-            out, ran = run_step(step, profile, force, print, key)
+            out, ran = run_step(step, profile, force, print, key, training)
             return "ok", str(out), ran, time.time() - t0
         except BaseException as e:
             if signalled: _await_kill(signalled)   # requeued or preempted: no result, or the host would read it as the step's end
@@ -242,8 +242,8 @@ def _await_kill(signalled: list) -> None:
 
 class StepJob(submitit.helpers.Checkpointable):
     "One book step as a requeueable job (`checkpoint`, inherited from submitit: the same call again, and the run resumes from its checkpoint)."
-    def __call__(self, run_step: Callable, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0) -> tuple:
-        return _step_call(run_step, step, profile, force, key, cpus, gpus)
+    def __call__(self, run_step: Callable, step, profile: str, force: bool, key: str, cpus: int, gpus: int = 0, training: str | None = None) -> tuple:
+        return _step_call(run_step, step, profile, force, key, cpus, gpus, training)
 
 # %% [markdown]
 # ## The pool: steps in, results out, failures in one line
@@ -481,8 +481,8 @@ class SlurmPool:
         t0 = time.time()                              # their writers' locks are free once they have left the queue
         while cancelled and queue_states(cancelled) and time.time() - t0 < 120: time.sleep(1)
 
-    def submit_step(self, step, key: str) -> Future:
-        "Submit `step` (its key computed here, before it runs) as one job, or wait for its job that an earlier book left (`adopt`); the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
+    def submit_step(self, step, key: str, training: str | None = None) -> Future:
+        "Submit `step` (its key and training key computed here, before it runs) as one job, or wait for its job that an earlier book left (`adopt`); the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
         r = self.config.resources(step.name)
         fut = Future(); fut.set_running_or_notify_cancel()
         if (e := self.adoptable.pop(step.name, None)) is not None:
@@ -493,7 +493,7 @@ class SlurmPool:
         executor = self._executor(step.name)
         try:
             with contextlib.redirect_stderr(io.StringIO()):   # submitit prints sbatch's stderr too: it is folded into the one line
-                job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force, key, r.cpus, r.gpus)
+                job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force, key, r.cpus, r.gpus, training)
         except Exception as e:                     # sbatch refused it: an unknown option, partition or account, a limit
             raise CapbookError(_refusal(step.name, e, r, self.config.source)) from None
         with self._lock: self.jobs[fut] = (step, job)

@@ -433,6 +433,7 @@ SHARED_NAMES = {"scorer": ("coco_scores", "evaluate", "semantic_scores", "attent
                 "stats": ("Claims", "seed_t_test", "holm", "merge_seeds", "row_record", "stage_stats", "compared_runs",
                           "simulate_verdicts", "size_sweep", "seed_means_t_test", "book_family", "chapter_verdicts", "paired_verdict"),
                 "drawing": ("attention_figure", "save_table", "show_table", "attention_rows", "label_points")}
+TABLES_ONLY = ("shared stats", "shared drawing")   # a key's parts that no training computes with: its claims' statistics, its figures (the scorer stays: validation picks the kept weights, SCST's reward is CIDEr-D)
 RUN_SHARED = ("scorer", "drawing")   # what a chapter's training run computes with beyond its model: its record's metrics, its figures
 
 def shared_used(path: Path, run: bool = False, tables: bool = False) -> list[str]:
@@ -519,8 +520,8 @@ class Keys:
         chs = chapters()
         return stable_hash(sorted({self.probe(s) for s in self.steps if s.notebook in chs}), 16)
 
-    def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None) -> str:
-        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here): its code, parameters, data and the fingerprints of what it computes with, never the machine's arithmetic."
+    def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None, training: bool = False) -> str:
+        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here): its code, parameters, data and the fingerprints of what it computes with, never the machine's arithmetic. `training`: its training key instead, the same without what only its tables and figures compute with (`TABLES_ONLY`, the drawing helpers)."
         from capbook.profiles import chapters
         ups = self.upstream(step, self.steps)
         if upstream_keys is None:
@@ -535,11 +536,17 @@ class Keys:
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for s in shared_used(path, run=ch is not None, tables=bool(ups)): part[f"shared {s}"] = self.shared(s)
         for h in helpers_used(path): part[f"helper {h}"] = self.helper(h)
+        if training: part = {k: v for k, v in part.items() if k not in TABLES_ONLY and not k.startswith("helper ")}
         return stable_hash(part, 16)
 
     def get(self, step) -> str:
         if step.name not in self._keys: self._keys[step.name] = self.key(step)
         return self._keys[step.name]
+
+    def training(self, step) -> str:
+        "A step's training key (`key(step, training=True)`), under which its training runs resume their checkpoints: a change to the statistics or the drawing re-keys the step, whose notebook then runs again on the checkpoints it finished instead of training them again."
+        if f"training {step.name}" not in self._keys: self._keys[f"training {step.name}"] = self.key(step, training=True)
+        return self._keys[f"training {step.name}"]
 
 def plan_keys(profile: str, made: bool = True, fresh: bool = False, procs: Callable[[Any], int] | None = None):
     "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process; `procs`: the processes each chapter step trains with (default: `capbook.profiles.train_procs`)."

@@ -121,15 +121,41 @@ def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
 def test_every_training_run_of_the_book_keeps_its_steps_key_for_resume(book):
-    "The book hands each step's key to its kernel, and every checkpoint its runs write keeps it: an unfinished run resumes under that key after an edit elsewhere in the package (`00i_train`)."
+    "The book hands each step's key and training key to its kernel, and every checkpoint its runs write keeps both: an unfinished run resumes under that key after an edit elsewhere in the package, a finished one under its training key after a change to the statistics or the drawing (`00i_train`). A checkpoint from before checkpoints kept a training key gets it stamped (`stamp_training_keys`), only where its step is current."
     import torch
+    from capbook.book import stamp_training_keys
+    from capbook.core import load_torch, save_torch
+    from capbook.results import plan_keys
     home, _ = book
     runs = home / "runs" / "smoke"
+    K = plan_keys("smoke")
+    steps = {s.name: s for s in K.steps}
     lasts = sorted(runs.glob("*/ckpt*/last.pt"))
     assert len(lasts) >= 10
     for last in lasts:
         key = json.loads((last.parent.parent / "done.json").read_text())["key"]
-        assert key and torch.load(last, map_location="cpu", weights_only=True)["step_key"] == key, last
+        ck = torch.load(last, map_location="cpu", weights_only=True)
+        assert key and ck["step_key"] == key and ck["training_key"] == K.training(steps[last.parent.parent.name]) != key, last
+    old = lasts[0]
+    save_torch(old, {k: v for k, v in load_torch(old).items() if k != "training_key"})     # as written before
+    assert stamp_training_keys("smoke", log=lambda s: None) == [old]
+    assert load_torch(old)["training_key"] == K.training(steps[old.parent.parent.name])
+    assert stamp_training_keys("smoke", log=lambda s: None) == []
+
+
+def test_a_runs_training_key_leaves_out_what_only_its_tables_and_figures_compute_with(monkeypatch):
+    "A chapter run's training key is its key without the statistics and the drawing: a change to either re-keys the step (its notebook runs again) but not its training (its checkpoints resume); the scorer, which picks the kept weights and is SCST's reward, re-keys both."
+    import capbook.results as R
+    monkeypatch.setattr(R, "data_key", lambda params, encoder=None: "data")
+    K = R.plan_keys("smoke", made=False, fresh=True)
+    step = next(s for s in K.steps if s.name == "06_baselines")          # its cells compare runs: the statistics are in its key
+    K._probes.update({K.row(step): "model", "shared scorer": "s1", "shared stats": "t1", "shared drawing": "d1"})
+    key, training = K.key(step), K.key(step, training=True)
+    assert key != training
+    K._probes.update({"shared stats": "t2", "shared drawing": "d2"})
+    assert K.key(step) != key and K.key(step, training=True) == training
+    K._probes["shared scorer"] = "s2"
+    assert K.key(step, training=True) != training
 
 
 @pytest.fixture(scope="module")
@@ -969,7 +995,7 @@ def test_a_step_job_runs_with_its_resources_and_leaves_the_signals_as_they_were(
     import os, signal
     from capbook import cluster
     seen = []
-    def run_step(step, profile, force, log, key):
+    def run_step(step, profile, force, log, key, training=None):
         seen.append((os.environ.get("CAPBOOK_TRAIN_PROCS"), os.environ["OMP_NUM_THREADS"], signal.getsignal(signal.SIGTERM) is not before))
         return tmp_path / "out.ipynb", True
     for k in ("CAPBOOK_TRAIN_PROCS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CAPBOOK_METEOR"): monkeypatch.setenv(k, "9")   # restored after
