@@ -13,8 +13,8 @@ from .metrics import FROM_SUMS
 # %% auto 0
 __all__ = ['SIZE_SETTINGS', 'LOOKS', 'FUTILE_BELOW', 'FUTILE_FROM', 'CI_METRICS', 'reach', 'pseudo_values', 'components',
            'pooled', 'seed_means_t_test', 'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'simulate_verdicts',
-           'size_sweep', 'spent', 'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted', 'simulate_design',
-           'interval_cells', 'paired_verdict', 'test_id', 'Claims', 'same_budget', 'book_family']
+           'simulated_p', 'size_sweep', 'spent', 'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted',
+           'simulate_design', 'interval_cells', 'paired_verdict', 'test_id', 'Claims', 'same_budget', 'book_family']
 
 # %% ../nbs/00ja_claims.ipynb
 def reach(V, df, level: float = 0.95, power: float = 0.8):
@@ -50,7 +50,7 @@ def _mean_squares(y: np.ndarray):
     resid = y - seed[..., :, None] - img[..., None, :] + seed.mean(-1)[..., None, None]
     return seed.var(-1, ddof=1), (resid ** 2).sum((-2, -1)) / ((S - 1) * (n - 1))
 
-def components(sides: list[tuple[float, np.ndarray]]) -> dict:
+def components(sides: list[tuple[float, np.ndarray]], df_rule: str = "satterthwaite") -> dict:
     "The crossed seeds × images decomposition of Σ_k sign_k · mean(y_k), each side `(sign, y)` with y (..., S_k, n) per-image values of S_k seeds on the same n images: the estimate, the variance parts with their degrees of freedom, the pooled variance V and df ν (Satterthwaite, each part at f = ν_k²/(ν_k + 4), at least min S - 1); a side of one seed: the images alone."
     n = sides[0][1].shape[-1]
     S = [y.shape[-2] for _, y in sides]
@@ -66,6 +66,7 @@ def components(sides: list[tuple[float, np.ndarray]]) -> dict:
     den = ms_d ** 2 / (n - 1) + sum((e / Sk) ** 2 / ((Sk - 1) * (n - 1)) for e, Sk in zip(ms_e, S))
     parts["model × image"] = (np.maximum(c, 0) / n, np.where(den > 0, c ** 2 / np.where(den > 0, den, 1), n - 1.0))
     V, df = pooled(parts, min(S) - 1.0)
+    if df_rule == "seeds": df = np.full_like(V, min(S) - 1.0)                      # Hsu's ν = min S − 1, never more, whatever the spreads
     return {"value": value, "V": V, "df": df, "images_only": False, "parts": parts}
 
 def pooled(parts: dict, floor: float):
@@ -126,13 +127,14 @@ def compound_p(ps: list[float], all_parts: bool = True) -> float:
 
 # %% ../nbs/00ja_claims.ipynb
 def simulated_scores(rng, spreads: tuple[float, float], seeds: tuple[int, int], trials: int, images: int = 1000,
-                     noise: float = 0.4, interaction: float = 0.15, delta: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    "Per-image scores of two models, (trials, S_a, images) and (trials, S_b, images), on shared test splits: image difficulty Γ(2, 0.5), a normal seed effect for each model (mean one, relative sd `spreads`), mean-one log-normal factors for its image effects (`interaction`) and each seed's per-image noise (`noise`); model a ahead by a factor 1 + `delta`."
+                     noise: float = 0.4, interaction: float = 0.15, delta: float = 0.0, seed_effects: str = "normal") -> tuple[np.ndarray, np.ndarray]:
+    "Per-image scores of two models, (trials, S_a, images) and (trials, S_b, images), on shared test splits: image difficulty Γ(2, 0.5), a seed effect for each model (mean one, relative sd `spreads`; `seed_effects` 'normal', or 'two-point': 1 ± sd, a seed either good or bad), mean-one log-normal factors for its image effects (`interaction`) and each seed's per-image noise (`noise`); model a ahead by a factor 1 + `delta`."
     g = rng.gamma(2.0, 0.5, (trials, 1, images))                                   # the split's difficulty: (T, 1, n)
     unit = lambda sd, shape: np.exp(sd * rng.standard_normal(shape) - sd ** 2 / 2)  # a mean-one factor
     out = []
     for sd, S, up in zip(spreads, seeds, (delta, 0.0)):
-        seed = np.maximum(1 + sd * rng.standard_normal((trials, S, 1)), 0.01)     # the seed's effect: N(1, sd²), kept above 0
+        z = rng.standard_normal((trials, S, 1)) if seed_effects == "normal" else rng.choice([-1.0, 1.0], (trials, S, 1))
+        seed = np.maximum(1 + sd * z, 0.01)                                        # the seed's effect: N(1, sd²) or 1 ± sd, kept above 0
         y = (1 + up) * g * seed * unit(interaction, (trials, 1, images)) * unit(noise, (trials, S, images))
         out.append(y)
     return out[0], out[1]
@@ -153,6 +155,19 @@ def simulate_verdicts(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[
     rate = out["holds"] + out["does not hold"]
     se = float(np.sqrt(max(rate * (1 - rate), 1 / trials) / trials))
     return {**out, "false verdicts": rate, "mc se": se, "mc 95%": (rate - 1.96 * se, rate + 1.96 * se), "trials": trials}
+
+def simulated_p(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[int, int] = (3, 3), delta: float = 0.0,
+                trials: int = 10_000, images: int = 1000, seed: int = 0, df_rule: str = "satterthwaite",
+                seed_effects: str = "normal", chunk: int = 500, **kw) -> np.ndarray:
+    "The two-sided p of the rule (`components` with `df_rule`: 'satterthwaite', the book's, or 'seeds', ν = min S − 1) on `trials` simulated comparisons (`simulated_scores`, `seed_effects` normal or two-point): (trials,), for the rule's size and its tail (P(p < α/m), where Holm's smallest threshold looks)."
+    rng = np.random.default_rng([seed, *seeds, *(int(round(s * 1e4)) for s in spreads), int(round(delta * 1e4)), images,
+                                 ("normal", "two-point").index(seed_effects)])
+    out = []
+    for start in range(0, trials, chunk):
+        a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, delta=delta, seed_effects=seed_effects, **kw)
+        c = components([(1.0, a), (-1.0, b)], df_rule)
+        out.append(_judged(c["value"], c["V"], c["df"])[2])
+    return np.concatenate(out)
 
 SIZE_SETTINGS = [(r, s) for s in ((3, 3), (3, 5), (5, 3), (5, 5)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
 
