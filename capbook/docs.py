@@ -222,7 +222,9 @@ def _merged(outputs: list) -> list:
 
 def _folded(out: nbformat.NotebookNode) -> nbformat.NotebookNode:
     "A stream of more than `LOG_LINES` lines as one folded block (HTML `details`): the summary names its length and shows its last line, where a run's log ends."
-    if out.get("output_type") != "stream" or (lines := out["text"].rstrip("\n").split("\n")) and len(lines) <= LOG_LINES: return out
+    if out.get("output_type") != "stream": return out
+    lines = out["text"].rstrip("\n").split("\n")
+    if len(lines) <= LOG_LINES: return out
     summary = f"The log, {len(lines)} lines (unfold to read it); its last: {_escape(lines[-1][:160])}"
     html = f'<details class="capbook-log"><summary>{summary}</summary><pre>{_escape(out["text"])}</pre></details>'
     return nbformat.v4.new_output("display_data", data={"text/html": html})
