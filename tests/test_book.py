@@ -246,7 +246,7 @@ def test_an_edit_made_while_a_step_runs_is_not_credited_to_it(home, monkeypatch)
     monkeypatch.setattr(results, "notebook_code", lambda path: {"cells": code[0], "layout": ""})
     monkeypatch.setattr(results.Keys, "shared", property(lambda self: {}))       # the fingerprints: not what this test is about
     monkeypatch.setattr(results.Keys, "all_models", lambda self: "models")
-    monkeypatch.setattr(book, "warm_kernel", lambda cwd, step_key=None: None); monkeypatch.setattr(book, "kernel_manager", lambda: None)
+    monkeypatch.setattr(book, "warm_kernel", lambda cwd, step_key=None, training_key=None: None); monkeypatch.setattr(book, "kernel_manager", lambda: None)
     def execute(src, out, **kw):
         Path(out).write_text(Path(src).read_text()); code[0] = "v2"        # someone edits the notebook meanwhile
     monkeypatch.setattr(pm, "execute_notebook", execute)
