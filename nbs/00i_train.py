@@ -914,3 +914,41 @@ finally:
 _rb = fit(build("sat_soft", len(_v), 8, (2, 2), emb_dim=16, hidden_dim=32, att_dim=16), _prep,
           TrainConfig(**{**asdict(_cfg), "max_steps": 3, "evals_per_epoch": 1}), Path(tempfile.mkdtemp()) / "ckpt", log=lambda s: None)
 assert [h["step"] for h in _rb.history] == [2, 3] and _rb.history[-1]["epochs"] == 1.5   # epoch 0's end, then step 3 mid-epoch 1
+
+
+# %% [markdown]
+# ## Pairing by construction
+#
+# Two rows compared seed by seed — a model and its ablation, trained at the same seeds — can be tested on their
+# per-seed differences only if a seed gives both the same start: the same batches in the same order, and the same
+# initial tensors for every parameter they share. Then what a seed draws is common to both and cancels in the
+# difference; if not, pairing them would be a choice made after looking. `same_start` checks it the way a chapter run
+# starts (the model built right after `seed_everything`, the epochs' batches a function of seed and epoch alone). The
+# 2D-LSTM and the 2D-LSTM with SPCA share every one of the LSTM's tensors at a seed (the SPCA parts are built after
+# them); soft attention and Up-Down share five parameter names and no tensor.
+
+# %%
+#| export
+def same_start(a: tuple[Callable, TrainConfig], b: tuple[Callable, TrainConfig], data, epochs: int = 1) -> dict:
+    "Whether two runs, each (a builder of its model, its config), start alike: each model built right after `seed_everything(cfg.seed)`, as a chapter run builds it, the parameters of one name and shape in both compared, and the first `epochs` epochs' batches (caption indices) compared. {'shared': n, 'differ': [names], 'same batches': bool, 'paired': whether both hold (and something is shared)}."
+    models = []
+    for build_model, cfg in (a, b):
+        seed_everything(cfg.seed); models.append(build_model())
+    pa, pb = dict(models[0].named_parameters()), dict(models[1].named_parameters())
+    shared = [k for k in pa if k in pb and pa[k].shape == pb[k].shape]
+    differ = [k for k in shared if not torch.equal(pa[k], pb[k])]
+    order = lambda cfg: [c.tolist() for e in range(epochs)
+                         for c in data.train._chunks(cfg.batch_size, e, cfg.seed, cfg.batch_order, cfg.max_words)]
+    same = order(a[1]) == order(b[1])
+    return {"shared": len(shared), "differ": differ, "same batches": same, "paired": bool(shared) and not differ and same}
+
+# %%
+_pair = lambda name, **kw: (lambda: build(name, len(_v), 8, (2, 2)), TrainConfig(**{**asdict(_cfg), **kw}))     # each at its default sizes
+_s = same_start(_pair("lstm2d"), _pair("lstm2d_spca"), _prep)
+print("2D-LSTM and 2D-LSTM + SPCA:", _s)
+assert _s["paired"] and _s["shared"] > 5
+_s = same_start(_pair("sat_soft"), _pair("updown"), _prep)
+print("soft attention and Up-Down:", _s)
+assert not _s["paired"] and _s["differ"]
+assert not same_start(_pair("lstm2d"), _pair("lstm2d_spca", seed=1), _prep)["paired"]          # another seed: another start
+assert not same_start(_pair("lstm2d"), _pair("lstm2d_spca", batch_size=3), _prep)["same batches"]
