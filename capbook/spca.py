@@ -411,4 +411,7 @@ SPCA_CHAPTER = register_chapter(Chapter(
     compares=("02_show_attend_tell", "06_baselines"),   # Table 4's Hard-Attention row and its baselines
     seeds={"map14": 1},                  # a pilot no verdict rests on; every other row over the profile's seeds
     only={t: ("default",) for t in ("c32", "map14")},   # the trial of the default profile's width and map
+    # the 2D-LSTM's every tensor at a seed shared by S‖C, the baseline, S, C-S and S-C (the SPCA parts built after it);
+    # C's convolution is built first, the kernel and width rows differ in shape: those are compared unpaired
+    paired=(("", "base"), ("", "S"), ("", "C-S"), ("", "S-C")),
 ))

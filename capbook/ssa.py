@@ -228,4 +228,5 @@ SSA = register_chapter(Chapter(
     tables={"Table 1": ssa_table1},
     figures=("fig_ssa_figure2.png",),
     compares=("02_show_attend_tell", "03_spca"),
+    paired=(("", "tau-standard"),),           # τ changes no tensor
 ))

@@ -600,15 +600,15 @@ def load_ensemble(run_dirs: list[str | Path], prep) -> CaptionModel:
     return Ensemble([load_trained(d, prep) for d in run_dirs]).eval()
 
 # %% ../nbs/00i_train.ipynb
-def same_start(a: tuple[Callable, TrainConfig], b: tuple[Callable, TrainConfig], data, epochs: int = 1) -> dict:
-    "Whether two runs, each (a builder of its model, its config), start alike: each model built right after `seed_everything(cfg.seed)`, as a chapter run builds it, the parameters of one name and shape in both compared, and the first `epochs` epochs' batches (caption indices) compared. {'shared': n, 'differ': [names], 'same batches': bool, 'paired': whether both hold (and something is shared)}."
+def same_start(a: tuple[Callable, TrainConfig], b: tuple[Callable, TrainConfig], data=None, epochs: int = 1) -> dict:
+    "Whether two runs, each (a builder of its model, its config), start alike: each model built right after `seed_everything(cfg.seed)`, as a chapter run builds it, the parameters of one name and shape in both compared, and the first `epochs` epochs' batches (caption indices) compared (`data` None: what decides them, batch size, order, caption filter and seed, on one data set). {'shared': n, 'differ': [names], 'same batches': bool, 'paired': whether both hold (and something is shared)}."
     models = []
     for build_model, cfg in (a, b):
         seed_everything(cfg.seed); models.append(build_model())
     pa, pb = dict(models[0].named_parameters()), dict(models[1].named_parameters())
     shared = [k for k in pa if k in pb and pa[k].shape == pb[k].shape]
     differ = [k for k in shared if not torch.equal(pa[k], pb[k])]
-    order = lambda cfg: [c.tolist() for e in range(epochs)
-                         for c in data.train._chunks(cfg.batch_size, e, cfg.seed, cfg.batch_order, cfg.max_words)]
+    order = lambda cfg: ((cfg.batch_size, cfg.batch_order, cfg.max_words, cfg.seed) if data is None else
+                         [c.tolist() for e in range(epochs) for c in data.train._chunks(cfg.batch_size, e, cfg.seed, cfg.batch_order, cfg.max_words)])
     same = order(a[1]) == order(b[1])
     return {"shared": len(shared), "differ": differ, "same batches": same, "paired": bool(shared) and not differ and same}

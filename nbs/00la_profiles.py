@@ -264,6 +264,7 @@ class Chapter:
     inputs: Callable[[Any, Any, Callable], dict] | None = None   # (prep, params, log) -> adds per-image inputs; a record entry
     seeds: dict[str, int] = field(default_factory=dict)   # tag -> seeds in place of SEEDS where a profile repeats runs: more for a headline claim in the 3-seed test's reach, 1 for a row no verdict rests on
     only: dict[str, tuple[str, ...]] = field(default_factory=dict)   # tag -> the only profiles that run it (a trial of one profile's sizes); every profile where absent
+    paired: tuple[tuple[str, str], ...] = ()    # pairs of row tags that start alike at each seed (`capbook.train.same_start`, tested): the only rows a claim may test on per-seed differences
 
     def resolve(self, p: Any) -> Any:
         "Parameters `p` with each `None` the profile sizes filled in (`sizes[p.profile]`: a value, or a function of `p`), and a learning rate left None the profile's (`PROFILE_LR`)."

@@ -388,6 +388,7 @@ SAT = register_chapter(Chapter(
     # not past Holm's correction over 02a's four claims; five seeds for both rows (and so for soft attention's others)
     seeds={"": 5, "none": 5, "e30": 5},
     only={"e30": ("default",)},                    # the other profiles train every row at one budget
+    paired=(("", "hard"), ("", "no-penalty"), ("", "e30"), ("hard", "hard-lr1")),   # one model's tensors at a seed; no attention and no gate differ
     epochs=protocol_epochs(),            # the protocol's budget: every epoch, the rate annealed to 0
     sizes=WIDTHS,
     label=lambda p: f"{p.attention.capitalize()}-Attention",

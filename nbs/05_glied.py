@@ -607,6 +607,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
     encoder="resnet101",
     figures=("fig_glied_figure3.png",),
     compares=("02_show_attend_tell", "06_baselines"),   # Table 2's LSTM and SoftAtt; Tables 1-2's baselines
+    paired=(("", "position-values"), ("", "position-qk")),   # the same modules at a seed; the ablations build fewer, in another order
 ))
 
 # %% [markdown]

@@ -223,3 +223,23 @@ def test_glied_and_the_baselines_its_claims_name_train_one_budget():
     assert budget("06_baselines", "att2in")[1] == budget("06_baselines", "")[1] == scst_budget(top)
     assert budget("06_baselines", "nic")[0] == BUDGET["default"]          # the other baselines keep the protocol's budget
     assert budget("05_glied", "", "paper")[0] == 25 and budget("05_glied", "", "smoke")[0] == BUDGET["smoke"]
+
+
+def test_every_declared_pair_starts_alike_at_each_seed_and_an_undeclared_one_does_not():
+    "Rows a chapter declares paired (`Chapter.paired`) start alike at a seed, as the default book builds them: every parameter they share has one initial tensor, and the same batches come in the same order (`capbook.train.same_start`); the check fails for a pair the book does not declare (SPCA's S‖C and C, whose convolution is built first)."
+    from capbook.models import build
+    from capbook.profiles import chapters, model_hparams, train_config
+    from capbook.train import same_start
+    def row(ch, tag, seed):
+        p = ch.resolve(ch.params(**{"profile": "default", **ch.runs[tag], "seed": seed}))
+        name = ch.model(p)
+        return (lambda: build(name, 300, 64, (7, 7), **model_hparams(name, p))), train_config(ch, p, name, 20)
+    declared = [(ch, a, b) for ch in chapters().values() for a, b in ch.paired]
+    assert len(declared) >= 10
+    for ch, a, b in declared:
+        for seed in (0, 2):
+            s = same_start(row(ch, a, seed), row(ch, b, seed))
+            assert s["paired"], (ch.notebook, a, b, seed, s)
+    spca = chapters()["03_spca"]
+    s = same_start(row(spca, "", 0), row(spca, "C", 0))
+    assert not s["paired"] and s["differ"], s
