@@ -363,6 +363,37 @@ display(Markdown(
     "answer for a difference smaller than about three times the seed spread, and says nothing about whether there is one."))
 
 # %% [markdown]
+# ## Seeds where they decide: the design, registered before its runs
+#
+# Three seeds a row leave most of the book's claims "cannot tell", and the simulation above says why. The book's
+# answer is a group-sequential design, written in code before any of its runs (`capbook.claims`, `00ja_claims`) and
+# here:
+#
+# - **Looks.** A claim is judged at 3, 5, 7, 9 and 10 seeds a row (`LOOKS`). At each look, only the rows of claims still
+#   undecided and still within reach get the next look's seeds; which runs exist at a look is a function of the earlier
+#   looks' verdicts alone (`seeds_wanted`, tested). A row in several claims gets the most any of them asks.
+# - **Error spending.** The 5 % is spent over the looks by the O'Brien–Fleming-type function of Lan and DeMets,
+#   α(t) = 2 − 2Φ(z₀.₉₇₅/√t) at information fraction t = S/10: a claim decided at three seeds needs p below 0.0003, at
+#   five 0.0054, at seven 0.017, at nine 0.032, at ten 0.035 (`boundaries`, checked against 200,000 simulated paths).
+#   The book's test at a look is a t over seeds and images; its p is what crosses the boundary.
+# - **Futility**, non-binding: from the second look on, a claim whose conditional power at ten seeds under the trend
+#   seen is below 10 % gets no more seeds and says "cannot tell" with the smallest difference the book could have seen
+#   (80 % power). Non-binding: the error spent does not count on it.
+# - **Pairs.** Rows that start alike at each seed — one initial tensor for every shared parameter, the same batches —
+#   are declared in their chapter (`Chapter.paired`: S‖C with the baseline, S, C-S and S-C; soft attention with hard,
+#   no-penalty and its 30-epoch row; GLIED with its position rows; the transformer with τ-standard), a test builds every
+#   declared pair as the book does and checks it, and only declared pairs may be tested on per-seed differences.
+# - **What a t over three seeds cannot do.** With seed effects that are not normal — a seed that lands in one of two
+#   modes — three seeds a side agree by chance often enough that any t says "holds" a quarter of the time with no true
+#   difference (`simulated_p`, two-point seed effects), and a randomisation test over 3 vs 3 seeds cannot go below
+#   p = 0.1. The first look's boundary (p below 0.0003) is the design's guard there.
+#
+# Simulated on the book's score model (1,000 test images, 400 trials each, `simulate_design`), with no true difference
+# the design gives a false verdict in 5.0 % of comparisons and runs 6.0 seeds a row on average; with a difference of
+# 4 % (about a seed's spread) it finds "holds" in 46.5 % with 7.8 seeds a row. The simulation at every published
+# comparison's own seed counts and spreads, and the looks themselves, run with the book.
+
+# %% [markdown]
 # ## Greedy, beam and length
 #
 # The same model (the protocol's row, its first seed) decoded five ways on the test split. On shapes the decoding rule
