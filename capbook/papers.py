@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 # %% auto 0
-__all__ = ['SSA_TRAINING_TIME', 'GLIED_ABSTRACT_CIDER', 'GLIED_TABLE1_NOT_RUN', 'GLIED_TABLE4_CLAIMS', 'CLAIM_SOURCES',
-           'sat_table1', 'spca_table', 'ssa_table1', 'glied_table2']
+__all__ = ['SAT_TABLE1_MARKS', 'SSA_TRAINING_TIME', 'GLIED_ABSTRACT_CIDER', 'GLIED_TABLE1_NOT_RUN', 'GLIED_TABLE4_CLAIMS',
+           'CLAIM_SOURCES', 'sat_table1', 'spca_table', 'ssa_table1', 'glied_table2']
 
 # %% ../nbs/00l_papers.ipynb
 _SAT_T1 = """dataset|model|BLEU-1|BLEU-2|BLEU-3|BLEU-4|METEOR|note
@@ -38,6 +38,11 @@ def _parse(table: str) -> pd.DataFrame:
 def sat_table1() -> pd.DataFrame:
     "Show-Attend-Tell Table 1 as published (BLEU-1..4, METEOR, ×100)."
     return _parse(_SAT_T1).assign(source="paper (quoted)")
+
+# the marks of Table 1's `note` column, as its caption gives them
+SAT_TABLE1_MARKS = {"†": "a different split", "—": "an unknown metric",
+                    "◦": "metrics the authors of the quoted work provided by personal communication",
+                    "Σ": "an ensemble", "a": "AlexNet features"}
 
 # %% ../nbs/00l_papers.ipynb
 _SPCA_T1 = """model|params (M)|ms/image|ms/image std

@@ -66,6 +66,11 @@ def sat_table1() -> pd.DataFrame:
     "Show-Attend-Tell Table 1 as published (BLEU-1..4, METEOR, ×100)."
     return _parse(_SAT_T1).assign(source="paper (quoted)")
 
+# the marks of Table 1's `note` column, as its caption gives them
+SAT_TABLE1_MARKS = {"†": "a different split", "—": "an unknown metric",
+                    "◦": "metrics the authors of the quoted work provided by personal communication",
+                    "Σ": "an ensemble", "a": "AlexNet features"}
+
 
 # %%
 _t = sat_table1()

@@ -42,7 +42,10 @@ def test_smoke_book_publishes_tables_figures_records(book):
     home, log = book
     figs = home / "runs" / "smoke" / "figures"
     table = (figs / "table_sat_table1.md").read_text()
-    assert "paper (quoted)" in table and "capbook (measured)" in table
+    assert "paper (quoted)" not in table and "capbook (measured)" in table
+    head = [c.strip() for c in table.splitlines()[0].split("|")]
+    assert all(re.fullmatch(r"\d+", l.split("|")[head.index("seeds")].strip()) for l in table.splitlines()[2:]), table   # whole seeds
+    assert "paper (quoted)" in (figs / "table_sat_table1_paper.md").read_text()      # the paper's own table, its marks under it
     for model in ["Soft-Attention", "Hard-Attention", "Hard-Attention, argmax location at test", "No attention"]:
         assert f"| {model}" in table
     measured = [l for l in table.splitlines() if "capbook (measured)" in l]
