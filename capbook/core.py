@@ -173,14 +173,14 @@ def one_writer(folder: str | Path, what: str = "training run", lock: str | Path 
     folder = Path(folder); lock = Path(lock) if lock else folder / ".writer.lock"
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        f = open(lock, "a+")
+        f = open(lock, "a+b", buffering=0)        # unbuffered: a holder's line a full disk refused is not written again at close
     except OSError as e: raise io_error(lock.parent, e, f"create the folder of this {what}") from None
     with f:
         try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0); who = f.read().strip() or "another process"
+            f.seek(0); who = f.read().decode(errors="replace").strip() or "another process"
             raise CapbookError(f"{folder}: " + refusal.format(what=what, who=who)) from None
-        try: f.seek(0); f.truncate(); f.write(_holder()); f.flush()
+        try: f.seek(0); f.truncate(); f.write(_holder().encode())
         except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
         yield
 

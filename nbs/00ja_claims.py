@@ -415,7 +415,7 @@ def spent(t, alpha: float = 0.05):
     return 2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / np.sqrt(t))
 
 def boundaries(looks: tuple[int, ...] = LOOKS, alpha: float = 0.05, grid: int = 2001) -> np.ndarray:
-    "The two-sided boundaries c_k for |Z_k| at each look (seeds `looks`), each spending α(t_k) − α(t_{k−1}) (`spent`) given no earlier stop: the density of the unstopped Brownian motion B(t_k) = Z_k √t_k carried on a grid of `grid` points (Simpson's rule) from look to look. (K,)"
+    "The two-sided boundaries c_k for the absolute z of each look (seeds `looks`), each spending α(t_k) − α(t_{k−1}) (`spent`) given no earlier stop: the density of the unstopped Brownian motion B(t_k) = Z_k √t_k carried on a grid of `grid` points (Simpson's rule) from look to look. (K,)"
     return np.array(_boundaries(tuple(looks), alpha, grid))
 
 @functools.lru_cache(None)
@@ -442,7 +442,7 @@ def _boundaries(looks: tuple[int, ...], alpha: float, grid: int) -> tuple[float,
     return tuple(float(x) for x in c)
 
 def conditional_power(z: float, look: int, looks: tuple[int, ...] = LOOKS, alpha: float = 0.05) -> float:
-    "The chance that |Z| crosses the last boundary if the trend seen at look `look` (an index into `looks`, |Z| = `z` there) is the truth: Φ((|B(t_k)| + θ̂(1 − t_k) − c_K) / √(1 − t_k)), θ̂ = B(t_k)/t_k; 1 or 0 at the last look."
+    "The chance that the absolute z crosses the last boundary if the trend seen at look `look` (an index into `looks`, where the absolute z is `z`) is the truth: Φ((b + θ̂(1 − t_k) − c_K) / √(1 − t_k)), b = z √t_k, θ̂ = b / t_k; 1 or 0 at the last look."
     from scipy.stats import norm
     t, cK = looks[look] / looks[-1], boundaries(looks, alpha)[-1]
     b = abs(z) * np.sqrt(t)                                                   # B(t_k)
@@ -452,7 +452,7 @@ def conditional_power(z: float, look: int, looks: tuple[int, ...] = LOOKS, alpha
 
 def look_verdict(value: float, p: float | None, look: int, looks: tuple[int, ...] = LOOKS, alpha: float = 0.05,
                  futile_below: float = FUTILE_BELOW, futile_from: int = FUTILE_FROM) -> str:
-    "A claim at look `look` (index into `looks`), its test's difference `value` and two-sided `p`: 'holds' or 'does not hold' if |Z| = Φ⁻¹(1 − p/2) crosses the look's boundary; else 'cannot tell' at the last look, 'futile' where the conditional power is below `futile_below` (from look `futile_from` on), and 'next look' otherwise."
+    "A claim at look `look` (index into `looks`), its test's difference `value` and two-sided `p`: 'holds' or 'does not hold' if the absolute z, Φ⁻¹(1 − p/2), crosses the look's boundary; else 'cannot tell' at the last look, 'futile' where the conditional power is below `futile_below` (from look `futile_from` on), and 'next look' otherwise."
     from scipy.stats import norm
     if p is None: return "next look" if look < len(looks) - 1 else "cannot tell"
     z = float(norm.isf(max(p, 1e-300) / 2))

@@ -283,6 +283,7 @@ def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
     class Keyring:                                                # the keys are not what is tested: no fingerprints computed
         def __init__(self, profile, **how): self.steps = steps
         def get(self, step): return f"key of {step.name}"
+        def training(self, step): return f"training key of {step.name}"
     monkeypatch.setattr(book, "plan_keys", Keyring)
     monkeypatch.setattr(book, "run_step", dying_worker.run_step)
     with pytest.raises(CapbookError) as e:
@@ -1127,7 +1128,7 @@ def test_slurm_refusals_are_one_line_naming_their_cause(slurm_book, tmp_path, mo
 @pytest.mark.xdist_group("book")
 def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(book, slurm_book, monkeypatch):
     "The book run through SLURM again finishes only its unfinished steps — a training run, the tables step that reads it, and the run the previous test cancelled, resumed from its checkpoint — each a job with the executor config's resources, in the plan's order, and publishes what the local book published: the same figures' bytes, tables and records (measured times aside). A dry run first shows each job's sbatch script and submits nothing. The first book is SIGKILLed once its training jobs are queued: its record names them, a duplicate job of one of them stops in one line naming the live writer, and the next book waits for the recorded jobs instead of submitting them again."
-    import os, signal
+    import os, signal, time
     from capbook.book import run_step
     from capbook.cluster import SlurmPool, executor_config
     from capbook.plan import plan
@@ -1145,13 +1146,17 @@ def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(boo
         assert "#SBATCH --cpus-per-task=1" in script and "#SBATCH --mem=2GB" in script and f"slurm/{s}/%j_0_log.out" in script, dry.stdout
     assert f"dry run: {len(unfinished)} of {len(steps)} steps would run; nothing was submitted" in dry.stdout, dry.stdout
     assert not cluster.run("squeue", "-h", "-o", "%A").stdout.split()
-    p = _slurm_book(env, *[f"={s}" for s in steps], options=("-j", "1"))   # one job at a time: a CPU of the node left for the twin
+    twin = SLURM_STEPS[0]                                              # trained from scratch: its job runs a while
+    p = _slurm_book(env, f"={twin}")                                   # one job: a CPU of the node left for the twin
     first = []
     for l in p.stdout:
         first.append(l)
-        if m := re.search(r"  (\S+): job (\d+) submitted", l): break
+        if m := re.search(rf"  {twin}: job (\d+) submitted", l): break
     assert m, "".join(first)
-    twin, ids = m[1], {m[1]: m[2]}
+    ids, lock, t0 = {twin: m[1]}, home / "runs" / "smoke" / twin / ".writer.lock", time.time()
+    while f"SLURM job {m[1]}," not in (lock.read_text() if lock.exists() else ""):   # until its job holds the step's folder
+        assert time.time() - t0 < 120, "the job never took its run folder"; time.sleep(0.2)
+    cluster.run("scontrol", "suspend", ids[twin])                      # held still (its processes stopped), its lock held: no race below
     os.kill(p.pid, signal.SIGKILL); p.wait()                           # killed outright: no chance to cancel its job
     assert {s: e["job"] for s, e in json.loads(record.read_text()).items()} == ids, "".join(first)
     for k, v in cluster.env.items(): monkeypatch.setenv(k, v)          # a second job on the step the live one is writing
@@ -1160,9 +1165,14 @@ def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(boo
         refused = pool.submit_step(next(s for s in plan("smoke") if s.name == twin), "another key").exception(timeout=300)
     assert re.fullmatch(rf"\S+/runs/smoke/{twin}: another book step is writing this folder \(pid \d+ on \S+, SLURM job {ids[twin]}, since [\d: -]+\); .*", str(refused)), refused
     p = _slurm_book(env, *[f"={s}" for s in steps])
-    out = p.communicate(timeout=600)[0]
+    seen = []
+    for l in p.stdout:                                                 # the recorded job adopted while it is held still ...
+        seen.append(l)
+        if f"{twin}: waiting for job {ids[twin]}" in l: break
+    cluster.run("scontrol", "resume", ids[twin])                       # ... then let go: the book waits for it to finish
+    out = "".join(seen) + p.communicate(timeout=600)[0]
     assert p.returncode == 0, out[-3000:]
-    assert f"{twin}: job {ids[twin]} of an earlier book that ended without cancelling it is still" in out and f"{twin}: waiting for job {ids[twin]}" in out, out
+    assert f"{twin}: job {ids[twin]} of an earlier book that ended without cancelling it is still SUSPENDED" in out and f"{twin}: waiting for job {ids[twin]}" in out, out
     assert re.search(rf"{twin}: job {ids[twin]} submitted \(1 CPUs, 2 GB, 20 min\); log: \S+/slurm/{twin}/{ids[twin]}_0_log.out", "".join(first)), first
     for s in steps:
         if s in unfinished:
