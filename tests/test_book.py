@@ -1153,10 +1153,12 @@ def test_slurm_book_finishes_what_is_unfinished_with_the_local_books_results(boo
         first.append(l)
         if m := re.search(rf"  {twin}: job (\d+) submitted", l): break
     assert m, "".join(first)
-    ids, lock, t0 = {twin: m[1]}, home / "runs" / "smoke" / twin / ".writer.lock", time.time()
-    while f"SLURM job {m[1]}," not in (lock.read_text() if lock.exists() else ""):   # until its job holds the step's folder
-        assert time.time() - t0 < 120, "the job never took its run folder"; time.sleep(0.2)
-    cluster.run("scontrol", "suspend", ids[twin])                      # held still (its processes stopped), its lock held: no race below
+    ids, t0 = {twin: m[1]}, time.time()
+    held = lambda f: f"SLURM job {m[1]}," in (f.read_text() if f.exists() else "")
+    while not held(home / "runs" / "smoke" / twin / ".ckpt.writer.lock"):   # until its training holds the checkpoint folder
+        assert time.time() - t0 < 180, "the job never started training"; time.sleep(0.1)
+    assert held(home / "runs" / "smoke" / twin / ".writer.lock")         # (its step holds the run folder from the start)
+    cluster.run("scontrol", "suspend", ids[twin])                      # held still mid-training (its processes stopped), its locks held: no race below
     os.kill(p.pid, signal.SIGKILL); p.wait()                           # killed outright: no chance to cancel its job
     assert {s: e["job"] for s, e in json.loads(record.read_text()).items()} == ids, "".join(first)
     for k, v in cluster.env.items(): monkeypatch.setenv(k, v)          # a second job on the step the live one is writing
