@@ -717,11 +717,6 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
-    if dry_run: return would_run(profile, steps, keyring, ups, force, log, SlurmPool(profile, config, runs_dir() / profile / "slurm",
-                                                                                     run_step, force, log=log) if executor == "slurm" else None)
-    threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
-        for k in threads: os.environ[k] = str(_threads(jobs))
     if executor == "slurm":
         pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
         submit = lambda pool, s: pool.submit_step(s, keyring.get(s), keyring.training(s))
@@ -730,6 +725,10 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         pool_cm = _local_pool(jobs)
         submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.training(s))
         adopt = lambda pool: None
+    if dry_run: return would_run(profile, steps, keyring, ups, force, log, pool_cm if executor == "slurm" else None)
+    threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
+        for k in threads: os.environ[k] = str(_threads(jobs))
     try:
         with pool_cm as pool, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             adopt(pool)

@@ -538,7 +538,8 @@ class SlurmPool:
                 self.log(f"  {s.name}: job {j.job_id} requeued ({restarts} {'time' if restarts == 1 else 'times'} so far"
                          f"{f'; SLURM says {reason}' if reason not in ('', 'None') else ''}): it resumes from its checkpoint")
             if state == "PENDING" and reason in NEVER_STARTS:
-                _slurm(["scancel", j.job_id])
+                try: j.cancel(check=False)                # as `cancel` ends a job
+                except Exception: pass
                 self._end(f, s, j, f"{s.name}: SLURM job {j.job_id} can never start: {reason} ({NEVER_STARTS[reason]}); it was cancelled: "
                                    f"change its resources in the executor config ({self.config.source})")
                 continue
@@ -582,8 +583,7 @@ class SlurmPool:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and (ids := self.cancel()):          # Ctrl-C, SIGTERM, SIGHUP, or the book stopping on an error of its own
             self.log(f"cancelled {len(ids)} SLURM jobs: {' '.join(ids)}" + (f" (the book was ended by {exc})" if getattr(exc, "signum", None) else ""))
-        self._stop.set()
-        if self._watcher.is_alive(): self._watcher.join(timeout=10)
+        self._stop.set(); self._watcher.join(timeout=10)
 
 # %% [markdown]
 # A step's job parameters as submitit receives them, its sbatch script, and the lines of a failed job and a refused one:
