@@ -11,26 +11,81 @@ from .core import CapbookError, stable_hash
 from .metrics import FROM_SUMS
 
 # %% auto 0
-__all__ = ['SIZE_SETTINGS', 'LOOKS', 'FUTILE_BELOW', 'FUTILE_FROM', 'CI_METRICS', 'reach', 'pseudo_values', 'components',
-           'pooled', 'seed_means_t_test', 'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'simulate_verdicts',
-           'simulated_p', 'size_sweep', 'spent', 'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted',
-           'simulate_design', 'interval_cells', 'paired_verdict', 'test_id', 'Claims', 'same_budget', 'book_family']
+__all__ = ['RULES', 'SIZE_SETTINGS', 'LOOKS', 'FUTILE_BELOW', 'FUTILE_FROM', 'CI_METRICS', 'reach', 'book_reach', 'least_p',
+           'randomisation_p', 'pseudo_values', 'components', 'sign_p', 'sign_floor', 'book_floor', 'pooled',
+           'seed_means_t_test', 'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'rule_p', 'simulate_verdicts',
+           'verdict_shares', 'simulated_p', 'simulated_sides', 'configuration_size', 'size_sweep', 'spent',
+           'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted', 'simulate_design', 'interval_cells',
+           'paired_verdict', 'test_id', 'at_look', 'at_look_verdict', 'look_record', 'Claims', 'same_budget',
+           'book_family']
 
 # %% ../nbs/00ja_claims.ipynb
-def reach(V, df, level: float = 0.95, power: float = 0.8):
-    "The smallest true difference the test of variance `V` and `df` degrees of freedom would find at `power` (two-sided, at 1 - `level`): (t_{ν, (1+level)/2} + t_{ν, power}) √V, elementwise."
+def reach(V, df, level: float = 0.95, power: float = 0.8, floor=0.0):
+    "The smallest true difference a t of variance `V` and `df` degrees of freedom would find at `power` (two-sided, at 1 - `level`): (t_{ν, (1+level)/2} + t_{ν, power}) √V, elementwise; infinite where the least p of the seeds (`least_p`) is at or above 1 - `level`. The book's own test, with its sign tests, is `book_reach`."
     from scipy.stats import t
     # Δ_80 = (t_{ν, 0.975} + t_{ν, 0.80}) √V
-    return (t.ppf((1 + level) / 2, df) + t.ppf(power, df)) * np.sqrt(V)
+    d = (t.ppf((1 + level) / 2, df) + t.ppf(power, df)) * np.sqrt(V)
+    return np.where(np.asarray(floor) < 1 - level, d, np.inf)
 
-def _judged(value, V, df, level: float = 0.95):
-    "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = P(|T_ν| > |value| / √V) (0 or 1 where V = 0) and the verdict read off the interval, elementwise: the one place every test of the book turns its variance into a verdict."
+def book_reach(seeds: tuple[int, ...], seed_sd: tuple[float, ...], image_v: float = 0.0, level: float = 0.95, power: float = 0.8,
+               trials: int = 2000) -> float:
+    "The smallest true difference the book's test (Hsu's t and the sign tests, `book_floor`) calls 'holds' with probability `power`, simulated at a comparison's own seeds and seed sds (per side; one side: a stage's per-seed differences), normal seeds, and its model × image part `image_v` (a shift all of the first row's seeds share): the same `trials` draws at every difference (so the power rises with it), bisected; infinite where the seeds cannot reach p below 1 - `level`."
+    from scipy.stats import t
+    if least_p(min(seeds)) >= 1 - level: return float("inf")
+    rng = np.random.default_rng([len(seeds), *seeds])
+    z = [rng.standard_normal((trials, S)) for S in seeds]
+    shift = np.sqrt(image_v) * rng.standard_normal((trials, 1))
+    def found(d):
+        x = [d + shift + seed_sd[0] * z[0]] + ([seed_sd[1] * z[1]] if len(seeds) > 1 else [])   # each seed's score: (trials, S)
+        value = x[0].mean(-1) - (x[1].mean(-1) if len(x) > 1 else 0.0)
+        V = sum(y.var(-1, ddof=1) / y.shape[-1] for y in x) + image_v
+        p = np.maximum(2 * t.sf(np.abs(value) / np.sqrt(V), min(seeds) - 1), sign_floor(x))
+        return float(((p < 1 - level) & (value > 0)).mean())
+    lo, hi = 0.0, 10.0 * (max(seed_sd) + np.sqrt(image_v)) + 1e-9
+    if found(hi) < power: return float("inf")
+    for _ in range(30):                                                       # bisection: the power rises with the difference
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if found(mid) < power else (lo, mid)
+    return float(hi)
+
+def least_p(seeds) -> np.ndarray:
+    "The least two-sided p a test over `seeds` seeds a side may claim without assuming the shape of the seeds' distribution, 2^(1−S): the chance that S seeds of one recipe all land on one side of its centre (the sign test's least p); elementwise."
+    # p_min(S) = 2 · 2^(−S)
+    return 2.0 ** (1 - np.asarray(seeds, dtype=np.float64))
+
+def randomisation_p(sides: list[tuple[float, np.ndarray]], most: int = 5000, seed: int = 0) -> np.ndarray:
+    "The randomisation test over seeds, on sides `(sign, m)` of seed scores m (..., S) (each seed's mean over the test images): two sides, the two rows' seeds relabelled (every split of the S_a + S_b seeds into S_a and S_b); one side (a stage less its start, seed by seed), every seed's sign flipped. The statistic is the difference of the seed means; p is the share of arrangements at least as far from 0 as the observed one (which counts). Every arrangement where there are at most `most`, else `most` drawn at random (`seed`; the observed one first): exact either way when the seeds are exchangeable. (...)"
+    x = np.concatenate([np.atleast_1d(m) for _, m in sides], -1)              # each seed's score: (..., N)
+    arr = _arrangements(x.shape[-1], np.atleast_1d(sides[0][1]).shape[-1] if len(sides) > 1 else 0, most, seed)   # (P, N)
+    # one side: the mean of the sign-flipped scores; two: the mean of those labelled a less the mean of the rest
+    stat = x @ arr.T / x.shape[-1] if len(sides) == 1 else x @ arr.T / arr[0].sum() - x @ (1 - arr).T / (1 - arr[0]).sum()   # (..., P)
+    # p = #{arrangements with |stat| ≥ |observed|} / #arrangements, the observed one counted
+    return (np.abs(stat) >= np.abs(stat[..., :1]) * (1 - 1e-12)).mean(-1)
+
+@functools.lru_cache(None)
+def _arrangements(N: int, Sa: int, most: int, seed: int) -> np.ndarray:
+    "The randomisation test's arrangements of N seeds, the observed one first: Sa = 0, sign flips (P, N) of ±1; else relabellings (P, N) of 1 (labelled a, Sa of them) and 0; every one where there are at most `most`, else `most` drawn."
+    import itertools, math
+    rng = np.random.default_rng(seed)
+    if Sa == 0:
+        if 2 ** N <= most: return np.array(list(itertools.product([1.0, -1.0], repeat=N)))
+        return np.vstack([np.ones(N), rng.choice([1.0, -1.0], (most - 1, N))])
+    if math.comb(N, Sa) <= most: idx = np.array(list(itertools.combinations(range(N), Sa)))
+    else: idx = np.vstack([np.arange(Sa), np.argsort(rng.random((most - 1, N)), -1)[:, :Sa]])
+    arr = np.zeros((len(idx), N)); arr[np.arange(len(idx))[:, None], idx] = 1.0
+    return arr
+
+def _judged(value, V, df, level: float = 0.95, floor=0.0):
+    "The interval value ± t_{ν, (1+level)/2} √V, the two-sided p = max(P(|T_ν| > |value| / √V), `floor`) (0 or 1 where V = 0) and the verdict: read off the interval, and 'cannot tell' wherever the floor (`least_p`) keeps p at or above 1 − `level`; elementwise: the one place every test of the book turns its variance into a verdict."
     from scipy.stats import t
     value, V, df = np.asarray(value, dtype=np.float64), np.asarray(V, dtype=np.float64), np.asarray(df, dtype=np.float64)
     half = t.ppf((1 + level) / 2, df) * np.sqrt(V)
     lo, hi = value - half, value + half
     p = np.where(V > 0, 2 * t.sf(np.abs(value) / np.sqrt(np.where(V > 0, V, 1)), df), np.where(value != 0, 0.0, 1.0))
-    return lo, hi, p, np.where(lo > 0, "holds", np.where(hi < 0, "does not hold", "cannot tell"))
+    # p = max(p_t, 2^(1−S)): no verdict stronger than S seeds can carry whatever their distribution
+    p = np.maximum(p, floor)
+    ok = p < 1 - level
+    return lo, hi, p, np.where(ok & (lo > 0), "holds", np.where(ok & (hi < 0), "does not hold", "cannot tell"))
 
 def pseudo_values(stats: np.ndarray, metric: str) -> np.ndarray:
     "Per-image values (×100) whose mean is the corpus metric and whose spread over images its sampling spread: CIDEr's own per-image scores; for a ratio of sums (corpus BLEU-4, micro F1) the delta method's linearisation at the corpus sums T, u_i = m(T) + n ∇m(T)·(t_i - t̄). (n,) for `image_stats`' (n, ...) rows."
@@ -50,15 +105,15 @@ def _mean_squares(y: np.ndarray):
     resid = y - seed[..., :, None] - img[..., None, :] + seed.mean(-1)[..., None, None]
     return seed.var(-1, ddof=1), (resid ** 2).sum((-2, -1)) / ((S - 1) * (n - 1))
 
-def components(sides: list[tuple[float, np.ndarray]], df_rule: str = "satterthwaite") -> dict:
-    "The crossed seeds × images decomposition of Σ_k sign_k · mean(y_k), each side `(sign, y)` with y (..., S_k, n) per-image values of S_k seeds on the same n images: the estimate, the variance parts with their degrees of freedom, the pooled variance V and df ν (Satterthwaite, each part at f = ν_k²/(ν_k + 4), at least min S - 1); a side of one seed: the images alone."
+def components(sides: list[tuple[float, np.ndarray]], df_rule: str = "seeds") -> dict:
+    "The crossed seeds × images decomposition of Σ_k sign_k · mean(y_k), each side `(sign, y)` with y (..., S_k, n) per-image values of S_k seeds on the same n images: the estimate, the variance parts with their degrees of freedom, the pooled variance V, its df ν (`df_rule` 'seeds', the book's: Hsu's min S − 1 whatever the spreads; 'satterthwaite': each part at f = ν_k²/(ν_k + 4), at least min S − 1) and the sign floor of the p (`least_p` of min S); a side of one seed: the images alone."
     n = sides[0][1].shape[-1]
     S = [y.shape[-2] for _, y in sides]
     value = sum(sg * y.mean((-2, -1)) for sg, y in sides)                          # Δ̂: (...)
     d = sum(sg * y.mean(-2) for sg, y in sides)                                     # d_i, seed-averaged: (..., n)
     ms_d = d.var(-1, ddof=1)                                                        # MS_d, n - 1 df
     if min(S) < 2:                                                                  # no seed spread: the images alone
-        return {"value": value, "V": ms_d / n, "df": np.full_like(ms_d, n - 1.0), "images_only": True, "parts": {}}
+        return {"value": value, "V": ms_d / n, "df": np.full_like(ms_d, n - 1.0), "images_only": True, "parts": {}, "floor": 0.0}
     seeds, ms_e = zip(*(_mean_squares(y) for _, y in sides))
     parts = {f"seeds {k}": (v / Sk, np.full_like(v, Sk - 1.0)) for k, (v, Sk) in enumerate(zip(seeds, S))}
     # σ̂²_c = MS_d - Σ_m MS_e,m / S_m, its Satterthwaite df; the part is σ̂²_c / n, never below 0
@@ -67,7 +122,32 @@ def components(sides: list[tuple[float, np.ndarray]], df_rule: str = "satterthwa
     parts["model × image"] = (np.maximum(c, 0) / n, np.where(den > 0, c ** 2 / np.where(den > 0, den, 1), n - 1.0))
     V, df = pooled(parts, min(S) - 1.0)
     if df_rule == "seeds": df = np.full_like(V, min(S) - 1.0)                      # Hsu's ν = min S − 1, never more, whatever the spreads
-    return {"value": value, "V": V, "df": df, "images_only": False, "parts": parts}
+    return {"value": value, "V": V, "df": df, "images_only": False, "parts": parts, "floor": float(least_p(min(S))), "ms_e": ms_e}
+
+def sign_p(x: np.ndarray, centre) -> np.ndarray:
+    "The two-sided sign test of seed scores x (..., S) against `centre` (...): with k of the S seeds above it, 2 P(Bin(S, ½) ≥ max(k, S − k)), at most 1; exact for any distribution of the seeds whose median is the centre. (...)"
+    x = np.asarray(x, dtype=np.float64)
+    k = (x > np.asarray(centre, dtype=np.float64)[..., None]).sum(-1)
+    return _sign_table(x.shape[-1])[k]
+
+@functools.lru_cache(None)
+def _sign_table(S: int) -> np.ndarray:
+    "The sign test's two-sided p for k = 0 … S of S seeds above the centre: (S + 1,)"
+    from scipy.stats import binom
+    k = np.arange(S + 1)
+    # p = 2 P(Bin(S, ½) ≥ max(k, S − k))
+    return np.minimum(1.0, 2 * binom.sf(np.maximum(k, S - k) - 1, S, 0.5))
+
+def sign_floor(seeds: list[np.ndarray]) -> np.ndarray:
+    "The book's test's second p, from the seed scores alone: one side (a stage less its start, seed by seed, (..., S)), the sign test of the per-seed differences against 0; two sides, the sign test of each row's seeds against the other row's mean, the larger p. At least 2^(1−min S) (`least_p`). (...)"
+    if len(seeds) == 1: return sign_p(seeds[0], np.zeros(seeds[0].shape[:-1]))
+    a, b = seeds
+    return np.maximum(sign_p(a, b.mean(-1)), sign_p(b, a.mean(-1)))
+
+def book_floor(sides: list[tuple[float, np.ndarray]], comp: dict) -> np.ndarray:
+    "What the book's test keeps its p above, for sides y (..., S, n) and their `components`: the sign tests over the seeds (`sign_floor`, on each seed's mean over the images), never below 2^(1−min S); 0 where a side has one seed (no test). (...)"
+    if comp["images_only"]: return np.zeros_like(np.asarray(comp["value"], dtype=np.float64))
+    return np.maximum(comp["floor"], sign_floor([y.mean(-1) for _, y in sides]))
 
 def pooled(parts: dict, floor: float):
     "The variance parts `{name: (v_k, ν_k)}` pooled: V = Σ v_k and Satterthwaite's ν = V² / Σ_k v_k² / f_k, each part at f_k = ν_k² / (ν_k + 4), never below `floor` (Hsu's min S - 1)."
@@ -75,15 +155,17 @@ def pooled(parts: dict, floor: float):
     inv = sum(np.where(v > 0, v ** 2 * (f + 4) / np.maximum(f, 1e-12) ** 2, 0.0) for v, f in parts.values())   # v_k² / f_k
     return V, np.maximum(floor, np.where(inv > 0, V ** 2 / np.where(inv > 0, inv, 1), np.inf))
 
-def seed_means_t_test(a, b, level: float = 0.95) -> dict:
-    "The rule on one number per seed (a measurement with no per-image part, e.g. attention correctness over a run's words): the difference of the seed means, the seeds' parts pooled as `components` pools them, its interval, p and verdict on 'a > b'."
+def seed_means_t_test(a, b, level: float = 0.95, with_reach: bool = True) -> dict:
+    "The rule on one number per seed (a measurement with no per-image part, e.g. attention correctness over a run's words): the difference of the seed means, Hsu's t and the sign tests as the book's test takes them, its interval, p and verdict on 'a > b', and (`with_reach`) what it could have seen (`book_reach`)."
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     value = float(a.mean() - b.mean())
     if min(len(a), len(b)) < 2: return {"value": value, "p": None, "verdict": "one seed: no verdict", "images_only": True}
-    V, df = pooled({"a": (a.var(ddof=1) / len(a), len(a) - 1.0), "b": (b.var(ddof=1) / len(b), len(b) - 1.0)}, min(len(a), len(b)) - 1.0)
-    lo, hi, p, verdict = _judged(value, V, df, level)
+    S = min(len(a), len(b))
+    V, df, least = a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b), S - 1.0, float(least_p(S))   # Hsu's ν and the sign floor, as `components`
+    floor = max(least, float(sign_floor([a, b])))                                                  # and the sign tests, as `book_floor`
+    lo, hi, p, verdict = _judged(value, V, df, level, floor)
     return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict),
-            "reach": float(reach(V, df, level))}
+            "reach": book_reach((len(a), len(b)), (a.std(ddof=1), b.std(ddof=1)), level=level) if with_reach else None, "least p": least}
 
 def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
                 paired: bool = False) -> dict:
@@ -99,15 +181,20 @@ def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = N
     sides = [(1.0, ya - yb)] if paired else [(1.0, ya)] + ([(-1.0, yb)] if yb is not None else [])
     c = components(sides)
     value, df = float(c["value"]), float(c["df"])
-    lo, hi, p, verdict = _judged(value, c["V"], df, level)
+    floor = float(book_floor(sides, c))
+    lo, hi, p, verdict = _judged(value, c["V"], df, level, floor)
     out = {"value": value, "lo": float(lo), "hi": float(hi), "df": df, "level": level, "paired": paired,
            "images_only": c["images_only"], "parts": {k: float(v) for k, (v, _) in c["parts"].items()},
            "seeds": len(a) if b is None else (len(a), len(b)), "images": n,
            "seed sd": tuple(float(np.std(y.mean(-1), ddof=1)) if len(y) > 1 else None for _, y in sides),   # per side, ×100
            "mean": tuple(float(y.mean()) for _, y in sides),
-           "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None}
+           "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None,
+           "noise sd": tuple(float(np.sqrt(e)) for e in c.get("ms_e", ())), "least p": c["floor"], "sign p": None}
     out["p"] = None if c["images_only"] else float(p)
-    out["reach"] = None if c["images_only"] else float(reach(c["V"], df, level))     # what this test could have seen (80 % power)
+    out["trend"] = None if c["images_only"] or not c["V"] > 0 else float(value / np.sqrt(c["V"]))   # the difference over its standard error: what futility reads
+    if not c["images_only"]: out["sign p"] = float(sign_floor([y.mean(-1) for _, y in sides]))
+    out["reach"] = None if c["images_only"] else book_reach(tuple(y.shape[-2] for _, y in sides), out["seed sd"],
+                                                            c["parts"]["model × image"][0], level)     # what this test could have seen (80 % power)
     if b is not None: out["verdict"] = "one seed: no verdict" if c["images_only"] else str(verdict)
     return out
 
@@ -139,42 +226,85 @@ def simulated_scores(rng, spreads: tuple[float, float], seeds: tuple[int, int], 
         out.append(y)
     return out[0], out[1]
 
+RULES = ("book", "satterthwaite", "hsu", "hsu + floor", "randomisation")   # the book's test and the candidates it was chosen from
+
+def rule_p(sides: list[tuple[float, np.ndarray]], rule: str = "book", most: int = 2000) -> np.ndarray:
+    "The two-sided p of a test `rule` on batched sides (`components`' layout, y (T, S, n)): 'book' (Hsu's t and the sign tests over the seeds, `book_floor`, the larger p), 'satterthwaite' (the pooled ν: the book's earlier rule), 'hsu' (Hsu's ν = min S − 1), 'hsu + floor' (and the sign floor, `least_p`), 'randomisation' (`randomisation_p`, over seeds on these test images, `most` arrangements at most: a simulation's thousands of tests draw fewer than a published one's 5,000, an exact test either way). (T,)"
+    if rule not in RULES: raise CapbookError(f"rule_p: rule {rule!r}; allowed: {', '.join(RULES)}")
+    if rule == "randomisation": return randomisation_p([(sg, y.mean(-1)) for sg, y in sides], most)
+    c = components(sides, "satterthwaite" if rule == "satterthwaite" else "seeds")
+    floor = book_floor(sides, c) if rule == "book" else c["floor"] if rule == "hsu + floor" else 0.0
+    return _judged(c["value"], c["V"], c["df"], floor=floor)[2]
+
 def simulate_verdicts(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[int, int] = (3, 3), delta: float = 0.0,
                       trials: int = 10_000, images: int = 1000, noise: float = 0.4, interaction: float = 0.15,
-                      seed: int = 0, level: float = 0.95, chunk: int = 500) -> dict:
-    "The verdicts of the book's rule (`components`, as `seed_t_test` applies it to CIDEr) on `trials` simulated comparisons (`simulated_scores`): the shares of 'holds', 'does not hold' and 'cannot tell', the false-verdict rate ('holds' or 'does not hold') with its Monte-Carlo standard error and 95 % interval."
+                      seed: int = 0, level: float = 0.95, chunk: int = 500, seed_effects: str = "normal", rule: str = "book",
+                      tails: tuple[float, ...] = (0.05 / 9, 0.05 / 36)) -> dict:
+    "The verdicts of a test `rule` (`rule_p`; the book's by default) on `trials` simulated comparisons (`simulated_scores`, `seed_effects` normal or two-point): the shares of 'holds', 'does not hold' and 'cannot tell', the false-verdict rate ('holds' or 'does not hold') with its Monte-Carlo standard error and 95 % interval, and the share of p below each of `tails` (Holm's smallest thresholds)."
     rng = np.random.default_rng([seed, *seeds, *(int(round(s * 1e4)) for s in spreads), int(round(delta * 1e4)),
-                                 int(round(noise * 1e4)), int(round(interaction * 1e4)), images])
-    count = {"holds": 0, "does not hold": 0, "cannot tell": 0}
+                                 int(round(noise * 1e4)), int(round(interaction * 1e4)), images,
+                                 ("normal", "two-point").index(seed_effects), RULES.index(rule)])
+    p, value = [], []
     for start in range(0, trials, chunk):
-        a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, noise, interaction, delta)
-        c = components([(1.0, a), (-1.0, b)])
-        v = _judged(c["value"], c["V"], c["df"], level)[3]
-        for k in count: count[k] += int((v == k).sum())
-    out = {k: v / trials for k, v in count.items()}
+        a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, noise, interaction, delta, seed_effects)
+        p.append(rule_p([(1.0, a), (-1.0, b)], rule)); value.append(a.mean((-2, -1)) - b.mean((-2, -1)))
+    return verdict_shares(np.concatenate(p), np.concatenate(value), 1 - level, tails)
+
+def verdict_shares(p: np.ndarray, value: np.ndarray, alpha: float = 0.05, tails: tuple[float, ...] = ()) -> dict:
+    "The shares of simulated verdicts at `alpha` from their p and difference: 'holds', 'does not hold', 'cannot tell', the false-verdict rate (where there is no true difference) with its Monte-Carlo se and 95 % interval, and `p below` each of `tails`."
+    n = len(p)
+    out = {"holds": float(((p < alpha) & (value > 0)).mean()), "does not hold": float(((p < alpha) & (value <= 0)).mean())}
+    out["cannot tell"] = 1 - out["holds"] - out["does not hold"]
     rate = out["holds"] + out["does not hold"]
-    se = float(np.sqrt(max(rate * (1 - rate), 1 / trials) / trials))
-    return {**out, "false verdicts": rate, "mc se": se, "mc 95%": (rate - 1.96 * se, rate + 1.96 * se), "trials": trials}
+    se = float(np.sqrt(max(rate * (1 - rate), 1 / n) / n))
+    return {**out, "false verdicts": rate, "mc se": se, "mc 95%": (rate - 1.96 * se, rate + 1.96 * se), "trials": n,
+            "p below": {float(q): float((p < q).mean()) for q in tails}}
 
 def simulated_p(spreads: tuple[float, float] = (0.04, 0.04), seeds: tuple[int, int] = (3, 3), delta: float = 0.0,
-                trials: int = 10_000, images: int = 1000, seed: int = 0, df_rule: str = "satterthwaite",
+                trials: int = 10_000, images: int = 1000, seed: int = 0, rule: str = "book",
                 seed_effects: str = "normal", chunk: int = 500, **kw) -> np.ndarray:
-    "The two-sided p of the rule (`components` with `df_rule`: 'satterthwaite', the book's, or 'seeds', ν = min S − 1) on `trials` simulated comparisons (`simulated_scores`, `seed_effects` normal or two-point): (trials,), for the rule's size and its tail (P(p < α/m), where Holm's smallest threshold looks)."
+    "The two-sided p of a test `rule` (`rule_p`) on `trials` simulated comparisons (`simulated_scores`, `seed_effects` normal or two-point): (trials,), for the rule's size and its tail (P(p < α/m), where Holm's smallest threshold looks)."
     rng = np.random.default_rng([seed, *seeds, *(int(round(s * 1e4)) for s in spreads), int(round(delta * 1e4)), images,
-                                 ("normal", "two-point").index(seed_effects)])
+                                 ("normal", "two-point").index(seed_effects), RULES.index(rule)])
     out = []
     for start in range(0, trials, chunk):
         a, b = simulated_scores(rng, spreads, seeds, min(chunk, trials - start), images, delta=delta, seed_effects=seed_effects, **kw)
-        c = components([(1.0, a), (-1.0, b)], df_rule)
-        out.append(_judged(c["value"], c["V"], c["df"])[2])
+        out.append(rule_p([(1.0, a), (-1.0, b)], rule))
     return np.concatenate(out)
 
-SIZE_SETTINGS = [(r, s) for s in ((3, 3), (3, 5), (5, 3), (5, 5)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
+def simulated_sides(rng, trials: int, seeds: tuple[int, ...], seed_sd: tuple[float, ...], image_sd: float, noise_sd: tuple[float, ...],
+                    images: int, seed_effects: str = "normal", delta: float = 0.0) -> list[tuple[float, np.ndarray]]:
+    "One published comparison's configuration in its own units (×100 of its metric), additive: each side's seeds (`seeds`, one side for a stage less its start) with a seed effect of sd `seed_sd` (normal, or two-point ±sd), per-image noise of sd `noise_sd`, the model × image effect of sd `image_sd` on the first side, the first side ahead by `delta`; `components`' sides, (trials, S, images) each. The image main effect cancels in every part of the test and is left out."
+    sides = []
+    for k, (S, sd, e) in enumerate(zip(seeds, seed_sd, noise_sd)):
+        z = rng.standard_normal((trials, S, 1)) if seed_effects == "normal" else rng.choice([-1.0, 1.0], (trials, S, 1))
+        y = sd * z + e * rng.standard_normal((trials, S, images))
+        if k == 0: y = y + delta + image_sd * rng.standard_normal((trials, 1, images))
+        sides.append((1.0 if k == 0 else -1.0, y))
+    return sides
 
-def size_sweep(trials: int = 10_000, base: float = 0.03, images: int = 1000, **kw) -> list[dict]:
-    "`simulate_verdicts` with no true difference over the settings the book works in (`SIZE_SETTINGS`): model a's seed spread `ratio` times model b's (`base`, relative), 3 or 5 seeds a side."
+def configuration_size(seeds: tuple[int, ...], seed_sd: tuple[float, ...], image_sd: float, noise_sd: tuple[float, ...],
+                       images: int = 1000, seed_effects: str = "normal", rule: str = "book", trials: int = 10_000,
+                       tails: tuple[float, ...] = (), sim_images: int = 200, seed: int = 0, chunk: int = 500) -> dict:
+    "A test `rule`'s verdicts with no true difference at one comparison's own configuration (`simulated_sides`: its seed counts, seed sds, image sd and noise sds, paired when one side): `verdict_shares` with the tails. The n test images are simulated as `sim_images` with their noise and image sds scaled by √(sim_images / n), which keeps every variance of the test and the degrees of freedom of the book's (Hsu's) rule."
+    k = np.sqrt(min(sim_images, images) / images)
+    # the seed effect's sd: the seed means' observed sd less the noise they hold, sd_a² = s² − σ_e²/n
+    sd = tuple(float(np.sqrt(max(s ** 2 - e ** 2 / images, 0.0))) for s, e in zip(seed_sd, noise_sd))
+    rng = np.random.default_rng([seed, *seeds, *(int(round(x * 1e3)) for x in (*sd, image_sd, *noise_sd)), images,
+                                 ("normal", "two-point").index(seed_effects), RULES.index(rule)])
+    p, value = [], []
+    for start in range(0, trials, chunk):
+        sides = simulated_sides(rng, min(chunk, trials - start), seeds, sd, image_sd * k, tuple(e * k for e in noise_sd),
+                                min(sim_images, images), seed_effects)
+        p.append(rule_p(sides, rule)); value.append(sum(sg * y.mean((-2, -1)) for sg, y in sides))
+    return verdict_shares(np.concatenate(p), np.concatenate(value), tails=tails)
+
+SIZE_SETTINGS = [(r, s) for s in ((3, 3), (5, 5), (7, 7), (10, 10), (5, 7)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
+
+def size_sweep(trials: int = 10_000, base: float = 0.03, images: int = 1000, settings=SIZE_SETTINGS, **kw) -> list[dict]:
+    "`simulate_verdicts` with no true difference over the settings the book works in (`settings`, `SIZE_SETTINGS` by default): model a's seed spread `ratio` times model b's (`base`, relative), the design's seed counts a side."
     return [{"spread ratio": r, "seeds": f"{s[0]} vs {s[1]}",
-             **simulate_verdicts((base * r, base), s, trials=trials, images=images, **kw)} for r, s in SIZE_SETTINGS]
+             **simulate_verdicts((base * r, base), s, trials=trials, images=images, **kw)} for r, s in settings]
 
 # %% ../nbs/00ja_claims.ipynb
 LOOKS = (3, 5, 7, 9, 10)     # seeds a row at each look of the sequential design
@@ -225,14 +355,15 @@ def conditional_power(z: float, look: int, looks: tuple[int, ...] = LOOKS, alpha
     return float(norm.cdf((b + b / t * (1 - t) - cK) / np.sqrt(1 - t)))
 
 def look_verdict(value: float, p: float | None, look: int, looks: tuple[int, ...] = LOOKS, alpha: float = 0.05,
-                 futile_below: float = FUTILE_BELOW, futile_from: int = FUTILE_FROM) -> str:
-    "A claim at look `look` (index into `looks`), its test's difference `value` and two-sided `p`: 'holds' or 'does not hold' if the absolute z, Φ⁻¹(1 − p/2), crosses the look's boundary; else 'cannot tell' at the last look, 'futile' where the conditional power is below `futile_below` (from look `futile_from` on), and 'next look' otherwise."
+                 futile_below: float = FUTILE_BELOW, futile_from: int = FUTILE_FROM, trend: float | None = None) -> str:
+    "A claim at look `look` (index into `looks`), its test's difference `value` and two-sided `p`: 'holds' or 'does not hold' if the absolute z, Φ⁻¹(1 − p/2), crosses the look's boundary; else 'cannot tell' at the last look, 'futile' where the conditional power under the trend (`trend`: the difference over its standard error, |Δ̂| / √V; the z of p where not given) is below `futile_below` (from look `futile_from` on), and 'next look' otherwise."
     from scipy.stats import norm
     if p is None: return "next look" if look < len(looks) - 1 else "cannot tell"
     z = float(norm.isf(max(p, 1e-300) / 2))
     if z >= boundaries(looks, alpha)[look]: return "holds" if value > 0 else "does not hold"
     if look == len(looks) - 1: return "cannot tell"
-    return "futile" if look >= futile_from and conditional_power(z, look, looks, alpha) < futile_below else "next look"
+    cp = conditional_power(abs(trend) if trend is not None else z, look, looks, alpha)
+    return "futile" if look >= futile_from and cp < futile_below else "next look"
 
 def seeds_wanted(claims: Mapping[str, dict], looks: tuple[int, ...] = LOOKS) -> dict[str, int]:
     "The seeds each row needs after the looks so far, from the claims' verdicts alone: `claims` {label: {'rows': [row, ...], 'look': index of its last look, 'verdict': `look_verdict`'s}}; a claim going on ('next look') asks the next look's seeds of its rows, any other keeps what it had; a row in several claims gets the most any asks."
@@ -257,14 +388,15 @@ def simulate_design(spreads: tuple[float, float] = (0.03, 0.03), delta: float = 
         live = np.ones(T, dtype=bool)
         for k, S in enumerate(looks):
             seeds_run += S * live.sum() - (looks[k - 1] * live.sum() if k else 0)   # the seeds added at this look
-            comp = components([(1.0, a[:, :S]), (-1.0, b[:, :S])])
-            p = _judged(comp["value"], comp["V"], comp["df"])[2]
+            sides = [(1.0, a[:, :S]), (-1.0, b[:, :S])]
+            comp = components(sides)
+            p = _judged(comp["value"], comp["V"], comp["df"], floor=book_floor(sides, comp))[2]
             z = norm.isf(np.maximum(p, 1e-300) / 2)                                  # |Z_k|: (T,)
             cross = live & (z >= c[k])
             ends["holds"] += int((cross & (comp["value"] > 0)).sum()); ends["does not hold"] += int((cross & (comp["value"] <= 0)).sum())
             live &= ~cross
             if k == len(looks) - 1: ends["cannot tell"] += int(live.sum()); break
-            b_t = z * np.sqrt(t[k])                                                  # |B(t_k)|
+            b_t = np.abs(comp["value"]) / np.sqrt(comp["V"]) * np.sqrt(t[k])        # |B(t_k)| from the trend |Δ̂| / √V, as `look_verdict` reads it
             cp = norm.cdf((b_t + b_t / t[k] * (1 - t[k]) - c[-1]) / np.sqrt(1 - t[k]))
             futile = live & (cp < futile_below) & (k >= futile_from)
             ends["futile"] += int(futile.sum()); live &= ~futile
@@ -306,8 +438,9 @@ def paired_verdict(a: dict | list | None, b: dict | list | None, metric: str = "
         if r["images_only"]:
             return f"{r['verdict']} ({m} {r['value']:+.1f}; over the test images alone 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])"
         over = f"paired t over {len(A)} seeds" if paired else f"t over {len(A)} vs {len(B)} seeds"
+        floor = f", the least {min(np.atleast_1d(r['seeds']))} seeds can give" if r["p"] <= r["least p"] else ""   # the sign floor
         return (f"{r['verdict']} ({m} {r['value']:+.1f}, 95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}], "
-                f"{over} and the test images, df {r['df']:.1f}, " + (f"p {r['p']:.3f})" if r["p"] >= 0.001 else "p < 0.001)"))
+                f"{over} and the test images, df {r['df']:.1f}, " + (f"p {r['p']:.3f}{floor})" if r["p"] >= 0.001 else "p < 0.001)"))
     r, others = test(metric), {m: test(m) for m in also if m != metric and m in A[0]}
     text = fmt(metric, r) + "".join(f"; on {m}: {fmt(m, o)}" for m, o in others.items())
     if not r["images_only"] and any(o["verdict"] != r["verdict"] for o in others.values()): text += " - the metrics disagree"
@@ -320,21 +453,61 @@ def test_id(a, b, metric: str, paired: bool = False) -> str | None:
     side = lambda X: hashlib.sha256(b"".join(np.ascontiguousarray(s[metric], dtype=np.float64).tobytes() for s in X)).hexdigest()
     return stable_hash([metric, paired, *sorted([side(A), side(B)])], 10)      # 'a above b' and 'b above a': one test
 
+def at_look(a, b) -> tuple[Any, Any, int | None]:
+    "Two rows' per-seed statistics cut to the sequential design's look (`LOOKS`): the first S seeds of each, S the largest look at most the smaller row's seeds (a claim is tested on as many seeds a side as its look, whatever more a row holds for another claim); the look's index, None where a row has fewer seeds than the first look (or kept no captions): the rows as they are."
+    A, B = _seeds(a), _seeds(b)
+    if A is None or B is None: return a, b, None
+    S = max((x for x in LOOKS if x <= min(len(A), len(B))), default=None)
+    return (a, b, None) if S is None else (A[:S], B[:S], LOOKS.index(S))
+
+def at_look_verdict(r: dict, look: int | None) -> dict:
+    "A test's verdict under the sequential design at `look` (`look_verdict`): 'holds' or 'does not hold' only where its p crosses the look's boundary, else 'cannot tell', with the look's own word ('next look', 'futile', 'cannot tell') kept as `look verdict` and named in the text; the test as it is where there is no look or no p."
+    if look is None or r.get("p") is None: return {**r, "look": look}
+    lv = look_verdict(r["value"], r["p"], look, trend=r.get("trend"))
+    verdict = lv if lv in ("holds", "does not hold") else "cannot tell"
+    limit = float(2 * _norm_sf(boundaries()[look]))
+    text = r.get("text", verdict)
+    if verdict != r["verdict"] and text.startswith(r["verdict"]): text = verdict + text[len(r["verdict"]):]
+    what = {"next look": f"more seeds to come, to {LOOKS[min(look + 1, len(LOOKS) - 1)]} a side", "futile": "no more seeds: out of reach (futility)",
+            "cannot tell": "the last look", "holds": "decided", "does not hold": "decided"}[lv]
+    return {**r, "verdict": verdict, "look": look, "look verdict": lv,
+            "text": text + f" [look {look + 1} of {len(LOOKS)}, {LOOKS[look]} seeds a side: p must be below {limit:.4f}; {what}]"}
+
+def _norm_sf(x):
+    from scipy.stats import norm
+    return norm.sf(x)
+
+def look_record(tables: Mapping[str, Any]) -> dict[str, dict]:
+    "The sequential design's state from published verdict tables (`{chapter: DataFrame}`, each `Claims.table`'s columns): each distinct test's rows, its last look and that look's verdict — what `seeds_wanted` reads. A test claimed in two chapters is one entry; a table without looks (one seed a row, or the book before the design) gives none."
+    import pandas as pd
+    out: dict[str, dict] = {}
+    for ch, df in tables.items():
+        if not {"look", "look verdict", "rows"} <= set(df.columns): continue
+        for r in df.to_dict("records"):
+            lv, look, rows = r["look verdict"], r["look"], r["rows"]
+            if pd.isna(look) or not isinstance(lv, str) or not isinstance(rows, str) or not rows: continue
+            key = r["test"] if isinstance(r["test"], str) and r["test"] else f"{ch}:{r['claim']}"
+            e = out.setdefault(key, {"rows": [], "look": int(look), "verdict": lv})
+            e["rows"] = list(dict.fromkeys(e["rows"] + rows.split(", ")))
+    return out
+
 class Claims:
     "The verdicts of one paper chapter, judged as one family: `test` is `paired_verdict` under a label with the paper's words it tests (`source`); the same comparison named twice is one test (`test_id`), and Holm's correction runs over the chapter's distinct tests; `table(section)` and `note(section)` show one table's share of the family."
     def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
     def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
-             paired: bool = False, caveat: str = "", **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start; `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
+             paired: bool = False, caveat: str = "", rows: tuple[str, ...] = (), **kw) -> dict:
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start; `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
         metric = kw.pop("metric", self.metric)
         if epochs is not None and epochs[0] != epochs[1]:
             raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
                                "twin at the longer budget (capbook.profiles.ladder_twin)")
-        r = paired_verdict(a, b, metric, paired=paired, **kw)
+        a, b, look = at_look(a, b)
+        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired, **kw), look)
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
-        self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat}
+        self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat,
+                             "rows": tuple(dict.fromkeys(rows))}
         return self.tests[label]
 
     def text(self, label: str, a, b, **kw) -> str:
@@ -357,8 +530,15 @@ class Claims:
         ids = sorted(t.get("test") or "" for t in parts.values())
         tid = hashlib.sha256("|".join([str(all_parts), *ids]).encode()).hexdigest()[:10] if p is not None else None
         if tid and len(parts) == 1: tid = ids[0]                 # one part: the same test as that part's
-        self.tests[label] = r = {"verdict": verdict, "p": p, "test": tid, "source": source, "section": section,
-                                 "parts": parts, "all_parts": all_parts, "text": verdict}
+        rows = tuple(dict.fromkeys(x for t in parts.values() for x in t.get("rows", ())))
+        looks = [t.get("look") for t in parts.values()]
+        look = None if None in looks or not looks else min(looks)
+        r = {"verdict": verdict, "p": p, "test": tid, "source": source, "section": section, "parts": parts, "all_parts": all_parts,
+             "text": verdict, "rows": rows}
+        if look is not None and verdict in ("holds", "does not hold", "cannot tell") and p is not None:
+            sign = 1.0 if all(t.get("value", 0) > 0 for t in parts.values()) else -1.0      # the claim's direction: every part above
+            r = at_look_verdict({**r, "value": sign}, look)
+        self.tests[label] = r
         return r
 
     def _family(self) -> dict[str, float]:
@@ -412,11 +592,14 @@ class Claims:
         design = lambda r: ({"design": ("paired" if r.get("paired") else "unpaired") + f" {r.get('metric', '')}",
                              "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
                              "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
-                             "image sd": r.get("image sd"), "could see (80 % power)": r.get("reach")} if "seed sd" in r and r.get("p") is not None else {})
-        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "caveat", "design", "seeds", "images", "seed sd", "mean", "image sd",
-                "could see (80 % power)"]
+                             "image sd": r.get("image sd"), "noise sd": ", ".join(f"{x:.2f}" for x in r.get("noise sd", ())),
+                             "least p": r.get("least p"), "could see (80 % power)": r.get("reach")} if "seed sd" in r and r.get("p") is not None else {})
+        cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "rows", "look", "look verdict", "caveat", "design", "seeds", "images",
+                "seed sd", "mean", "image sd", "noise sd", "least p", "could see (80 % power)"]
         return pd.DataFrame([{"claim": k, "in the paper": r.get("source", ""), "verdict": r["verdict"], "p": r.get("p"),
-                              "Holm": self.holm_cell(k), "test": r.get("test") or "", "caveat": r.get("caveat", ""), **design(r)}
+                              "Holm": self.holm_cell(k), "test": r.get("test") or "", "rows": ", ".join(r.get("rows", ())),
+                              "look": r.get("look"), "look verdict": r.get("look verdict"),
+                              "caveat": r.get("caveat", ""), **design(r)}
                              for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)
 
 def same_budget(a: Any, b: Any, epochs: Callable[[Any], float], twins: Mapping[Any, Any]) -> tuple[Any, Any]:

@@ -186,8 +186,8 @@ def step_record(profile: str, step: Step) -> dict:
     return same[-1]
 
 def row_record(profile: str, step: Step) -> dict:
-    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`merge_seeds`)."
-    return merge_seeds([step_record(profile, r) for r in replicas(profile, step)])
+    "A table row's record: the results of a chapter run and of its repeats over training seeds, merged (`merge_seeds`); `row` names its step (the plan's name of its first seed), which a claim on it records (`capbook.claims.Claims.test`)."
+    return {**merge_seeds([step_record(profile, r) for r in replicas(profile, step)]), "row": step.name}
 
 def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[dict, dict]:
     "Steps and results records, keyed (name, tag), of the runs an assembly notebook compares: `{name: (notebook, tags or None for all)}`; stops unless every run was trained on the first one's data."

@@ -224,7 +224,8 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
             if p and r["verdict"] in ("holds", "does not hold"):   # Holm named only where it bears on the reading
                 p += "; survives Holm's correction" if r["Holm"] == "survives" else "; not after Holm's correction over the chapter"
             if p and r["verdict"] == "cannot tell" and (could := r.get("could see (80 % power)")) == could and could is not None:
-                p += f"; it could have seen a difference of {could:.1f} or more"   # what the seeds could have told (capbook.claims.reach)
+                p += (f"; it could have seen a difference of {could:.1f} or more" if could != float("inf")   # what the seeds could have told (capbook.claims.reach)
+                      else f"; no difference was within reach of {r.get('seeds', 'its')} seeds")
             claim = re.sub(r"([*_\[\]`])", r"\\\1", r["claim"])      # as written: Soft-Attention* is no emphasis
             claim = f"{part}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
             lines.setdefault(step, []).append(f"- {claim}: **{r['verdict']}**" + (f" ({p})" if p else ""))

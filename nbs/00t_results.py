@@ -345,7 +345,7 @@ def scorer_probe() -> dict:
                      "cider_d": cider.score(words, prep.test.refs)})
 
 def stats_probe() -> dict:
-    "The numbers and words the tables' statistics give on fixed inputs: per-image statistics, seed t-tests (unpaired, paired, a kept start, a compound claim), Holm's correction over a chapter and over the book, a claims note and table, the rule's simulated size, merged seeds."
+    "The numbers and words the tables' statistics give on fixed inputs: per-image statistics, the book's test over seeds (unpaired, paired, a kept start, a compound claim; its sign tests and reach), Holm's correction over a chapter and over the book, a claims note and table, the rule's simulated size, merged seeds."
     from capbook.metrics import image_stats
     from capbook.claims import seed_t_test, seed_means_t_test, simulate_verdicts
     from capbook.claims import Claims, book_family
@@ -353,7 +353,7 @@ def stats_probe() -> dict:
     _, _, words = _candidates(prep)
     st = image_stats(list(prep.test.keys), words, prep.test.refs, prep.gt)
     g = np.random.default_rng(PROBE_SEED)
-    seeds = lambda shift: [{k: v + shift + 0.05 * g.standard_normal(v.shape) for k, v in st.items()} for _ in range(3)]
+    seeds = lambda shift: [{k: v + shift + 0.05 * g.standard_normal(v.shape) for k, v in st.items()} for _ in range(7)]   # 7 seeds: past the sign tests' floor
     a, b = seeds(0.1), seeds(0.0)
     claims = Claims()
     t = claims.test("a above b", a, b, source="the paper")
@@ -366,7 +366,7 @@ def stats_probe() -> dict:
                      "text": t["text"], "note": claims.note(), "table": claims.table().to_dict("list"),
                      "family": book_family({"a": claims.table()}).to_dict("list"),
                      "seed means": seed_means_t_test([1.0, 1.2, 1.1], [0.8, 0.9, 1.0]),
-                     "size": simulate_verdicts((0.05, 0.02), (3, 5), trials=200, images=50, seed=PROBE_SEED),
+                     "size": simulate_verdicts((0.05, 0.02), (7, 7), trials=200, images=50, seed=PROBE_SEED),
                      "merged": {k: v for k, v in merge_seeds([rec(0, 1.0), rec(1, 1.2), rec(2, 0.9)]).items() if k != "seed_runs"}})
 
 def drawing_probe() -> dict:

@@ -255,7 +255,7 @@ display(Markdown(save_table(abl, run.path("table_sat_ablation"), floatfmt=".2f")
 A = abl.set_index("run")
 full, nopen, nogate = A.index
 claims = Claims()                                                  # the chapter's claims: one family
-v = lambda label, a, b, source, **kw: claims.text(label, stats[a], stats[b], source=source, **kw)   # "a scores higher than b": t over seeds and images
+v = lambda label, a, b, source, **kw: claims.text(label, stats[a], stats[b], source=source, rows=(recs[a]["row"], recs[b]["row"]), **kw)   # "a scores higher than b"
 def measured(a, b):                                                # a difference the paper states no claim about: measured, not tested
     r = paired_verdict(stats[a], stats[b], also=())
     return f"{r['value']:+.1f} CIDEr" + (f" (95% CI [{r['lo']:+.1f}, {r['hi']:+.1f}])" if "lo" in r else "")

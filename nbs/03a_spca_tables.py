@@ -218,14 +218,14 @@ CLAIMS = [("Table 2: S‖C above the baseline (no attention)", "", "base"), ("Ta
           ("Table 4: 2D-latent-LSTM + SPCA above SCA-CNN", "", "sca-cnn"),
           ("Table 4: 1D-LSTM + SPCA above ATT2in", "1d", "att2in")]
 judged = Claims()                                     # the chapter's claims: one family
-tests = [(c, judged.test(c, ST[a], ST[b], source=CLAIM_SOURCES[c])) for c, a, b in CLAIMS]
+tests = [(c, judged.test(c, ST[a], ST[b], source=CLAIM_SOURCES[c], rows=(recs[a]["row"], recs[b]["row"]))) for c, a, b in CLAIMS]
 # SPCA's central claim, that convolutional attention localises more precisely than grid attention, on the same decoder
 # (1D-LSTM + SPCA against Soft-Attention) and the same reference words: higher attention mass on the named object and
 # a peak on it more often, each over the rows' seeds (one number per seed; the section below shows the numbers)
 LOCALISES = "SPCA's attention is more precise than grid attention (1D-LSTM + SPCA above Soft-Attention, mass and hit)"
 loc = {k: seed_means_t_test(*([s["attention_on_references"][k] for s in recs[t]["seed_runs"]] for t in ("1d", "soft")))
        for k in ("mass", "hit") if all("attention_on_references" in s for t in ("1d", "soft") for s in recs[t]["seed_runs"])}
-for k, t in loc.items(): t["test"] = f"attention {k}: 1d vs soft"
+for k, t in loc.items(): t["test"], t["rows"] = f"attention {k}: 1d vs soft", (recs["1d"]["row"], recs["soft"]["row"])
 if loc: judged.add(LOCALISES, loc, all_parts=True, source=CLAIM_SOURCES[LOCALISES], section="localisation")
 claims = pd.DataFrame([{"claim": c, "in the paper": CLAIM_SOURCES[c], **{k: t.get(k) for k in ("value", "lo", "hi")},
                         "interval over": "images only" if t.get("images_only") else "seeds and images",

@@ -95,7 +95,7 @@ display(Markdown(
     f"Measured on this run of the book (the mean over each row's seeds): the transformer scores {gap('BLEU-4'):+.1f} BLEU-4, "
     f"{gap('METEOR'):+.1f} METEOR and {gap('CIDEr'):+.1f} CIDEr against soft attention{both}; on the same test "
     f"images, soft attention above the transformer in BLEU-4 (the direction of the paper's Table 1) "
-    f"{judged.text(soft_above, stats[SOFT], stats['ssa', ''], metric='BLEU-4', epochs=(E(SOFT), E(('ssa', ''))), source=CLAIM_SOURCES[soft_above])}; "
+    f"{judged.text(soft_above, stats[SOFT], stats['ssa', ''], metric='BLEU-4', epochs=(E(SOFT), E(('ssa', ''))), source=CLAIM_SOURCES[soft_above], rows=(recs[SOFT]['row'], recs['ssa', '']['row']))}; "
     f"the paper reports no CIDEr. The paper's Table 1: "
     f"{P.loc['Proposed Model', 'BLEU-4'] - P.loc['Show, Attend and Tell', 'BLEU-4']:+.1f} BLEU-4 and "
     f"{P.loc['Proposed Model', 'METEOR'] - P.loc['Show, Attend and Tell', 'METEOR']:+.1f} METEOR (the transformer "
@@ -135,7 +135,7 @@ display(Markdown(
     f"with it on the first seed's captions (a measurement, not a tested verdict). BLEU-4: paper {H.loc['paper', 'BLEU-4']:.1f}, standard {H.loc['standard', 'BLEU-4']:.1f}; CIDEr: "
     f"paper {H.loc['paper', 'CIDEr']:.1f}, standard {H.loc['standard', 'CIDEr']:.1f}. That the larger τ is beneficial "
     f"(\"beneficial\" read as a higher CIDEr, on the same test images): "
-    f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'], source=CLAIM_SOURCES[warmer])}.\n\n"
+    f"{judged.text(warmer, stats['ssa', ''], stats['ssa', 'tau-standard'], source=CLAIM_SOURCES[warmer], rows=(recs['ssa', '']['row'], recs['ssa', 'tau-standard']['row']))}.\n\n"
     + judged.note()))
 _ = save_table(judged.table(), run.path("table_ssa_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
 

@@ -123,10 +123,10 @@ E = lambda k: row_epochs(recs[k])                         # a row's cross-entrop
 def v(a, b_):                                              # the claim "a scores a higher CIDEr than b", with the paper's words
     label = f"{name(a)} above {name(b_)}"
     ra, rb = same_budget(a[0], b_[0], E, {})               # one budget: the chapter's rows train as long as the baselines
-    return judged.text(label, ST[ra, a[1]], ST[rb, b_[1]], epochs=(E(ra), E(rb)), source=CLAIM_SOURCES[label])
+    return judged.text(label, ST[ra, a[1]], ST[rb, b_[1]], epochs=(E(ra), E(rb)), source=CLAIM_SOURCES[label], rows=(recs[ra]["row"], recs[rb]["row"]))
 def raised(k):                                             # a self-critical stage against its own start, seed by seed
     label = f"self-critical training raised {NAMES[k]}"
-    return judged.text(label, ST[k, "scst"], ST[k, "xe"], paired=True, best=stage_best(recs[k]), source=CLAIM_SOURCES[label])
+    return judged.text(label, ST[k, "scst"], ST[k, "xe"], paired=True, best=stage_best(recs[k]), source=CLAIM_SOURCES[label], rows=(recs[k]["row"],))
 display(Markdown(
     "On this run of the book (each claim on the same test images, Student's t over the rows' seeds and the images, "
     "a stage against its own start paired seed by seed; one seed: no verdict):\n\n"
@@ -260,11 +260,12 @@ def delta(row, col): return T4.loc[row, col] - T4.loc["Base", col] if col in T4 
 NEEDS = {"+ global visual": ("CIDEr", "relations F1", "counts F1"), "+ global attribute": ("attributes F1", "relations F1", "counts F1"),
          "+ global": ("CIDEr",), "+ local": ("CIDEr",), "GLIED": ("CIDEr", "relations F1", "counts F1")}
 T4_STATS = {name: stage_stats(recs["glied", tag], prep, "xe") for name, tag in order + ABLATIONS}   # Table 4 is under cross-entropy
+T4_ROWS = {name: recs["glied", tag]["row"] for name, tag in order + ABLATIONS}
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
     tests = {c: paired_verdict(T4_STATS[row], T4_STATS["Base"], c, also=()) for c in NEEDS[row]}   # the row's claim: judged once, below
-    for t, c in zip(tests.values(), tests): t["test"] = test_id(T4_STATS[row], T4_STATS["Base"], c)
+    for t, c in zip(tests.values(), tests): t["test"], t["rows"] = test_id(T4_STATS[row], T4_STATS["Base"], c), (T4_ROWS[row], T4_ROWS["Base"])
     says = None
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
     elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"

@@ -140,10 +140,12 @@ def test_verdicts_over_seeds_state_cider_and_semantic_f1():
     def seed_stats(shift_c, shift_f):                 # per-image statistics as image_stats gives them (CIDEr, semantic F1 counts)
         f = np.zeros((50, 4)); f[:, 0] = rng.integers(2, 5, 50) + shift_f; f[:, 1] = 5; f[:, 2] = f[:, 0]; f[:, 3] = 5
         return {"CIDEr": rng.uniform(0.5, 1.5, 50) + shift_c, "semantic F1": f}
-    a = [seed_stats(0.5, 0.0) for _ in range(3)]; b = [seed_stats(0.0, 0.0) for _ in range(3)]
+    a = [seed_stats(0.5, 0.0) for _ in range(7)]; b = [seed_stats(0.0, 0.0) for _ in range(7)]
     v = paired_verdict(a, b)
     assert v["verdict"] == "holds" and v["also"]["semantic F1"]["verdict"] == "cannot tell"
-    assert "on semantic F1" in v["text"] and "the metrics disagree" in v["text"] and "t over 3 vs 3 seeds" in v["text"]
+    assert "on semantic F1" in v["text"] and "the metrics disagree" in v["text"] and "t over 7 vs 7 seeds" in v["text"]
+    three = paired_verdict(a[:3], b[:3])               # three seeds a side: the sign tests' least p is 0.25
+    assert three["verdict"] == "cannot tell" and three["lo"] > 0 and "the least 3 seeds can give" in three["text"]
     one = paired_verdict(a[0], b[0])                   # one seed each: the training variance is unknown, no verdict
     assert one["verdict"] == "one seed: no verdict" and one["p"] is None and "over the test images alone" in one["text"]
     assert "disagree" not in one["text"]

@@ -332,10 +332,11 @@ def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(
     "A chapter's findings: a 'holds' or 'does not hold' says whether it survives Holm's correction, a 'cannot tell' gives no Holm word but the difference its test could have seen (80 % power, `capbook.claims.reach`); README's headline counts a test claimed in two chapters once."
     from capbook.book import SAY_SCST, SAY_SEMANTIC, SAY_VERDICTS, findings, headline
     from capbook.core import save_json
-    cols = "claim,in the paper,verdict,p,Holm,test,could see (80 % power)\n"
-    (tmp_path / "table_sat_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,3.0\nc above d,,holds,0.03,does not survive,t2,9.0\n"
-                                                      "e above f,,cannot tell,0.4,does not survive,t3,12.34\n")
-    (tmp_path / "table_baselines_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,3.0\n")
+    cols = "claim,in the paper,verdict,p,Holm,test,seeds,could see (80 % power)\n"
+    (tmp_path / "table_sat_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,7 vs 7,3.0\nc above d,,holds,0.03,does not survive,t2,7 vs 7,9.0\n"
+                                                      "e above f,,cannot tell,0.4,does not survive,t3,7 vs 7,12.34\n"
+                                                      "i above j,,cannot tell,0.25,does not survive,t4,3 vs 3,inf\n")
+    (tmp_path / "table_baselines_verdicts.csv").write_text(cols + "a above b,,holds,0.001,survives,t1,7 vs 7,3.0\n")
     save_json(tmp_path / "book.json", {"files": {"table_sat_verdicts.csv": {"step": "02a_soft_vs_hard"},
                                                  "table_baselines_verdicts.csv": {"step": "06a_baselines_tables"}}, "steps": {}})
     text = findings(tmp_path)["02a_soft_vs_hard"][0]
@@ -343,14 +344,15 @@ def test_findings_name_holm_where_it_bears_and_what_cannot_tell_could_have_seen(
     assert "- c above d: **holds** (p 0.03; not after Holm's correction over the chapter)" in text
     claims = [l for l in text.splitlines() if l.startswith("- ")]
     assert "- e above f: **cannot tell** (p 0.4; it could have seen a difference of 12.3 or more)" in claims and sum("Holm" in l for l in claims) == 2
+    assert "- i above j: **cannot tell** (p 0.25; no difference was within reach of 3 vs 3 seeds)" in claims    # below the sign floor
     assert text.endswith(SAY_SEMANTIC) and SAY_VERDICTS in text and SAY_SCST not in text     # the words defined once, under the claims
-    (tmp_path / "table_ssa_verdicts.csv").write_text(cols + "g above h,,one seed: no verdict,,—,,\n")   # a smoke book's: no test at all
+    (tmp_path / "table_ssa_verdicts.csv").write_text(cols + "g above h,,one seed: no verdict,,—,,,\n")   # a smoke book's: no test at all
     alone = tmp_path / "alone"; alone.mkdir(); (tmp_path / "table_ssa_verdicts.csv").rename(alone / "table_ssa_verdicts.csv")
     assert headline(alone).startswith("**What it found:** 0 distinct tests of the papers' claims: the seeds confirm 0, refute 0, "
                                       "cannot tell 0 (untested: 1 with one seed); 0 survive"), headline(alone)
     line = headline(tmp_path)
-    assert line.startswith("**What it found:** 3 distinct tests of the papers' claims (1 claimed in two chapters, counted once): "
-                           "the seeds confirm 2, refute 0, cannot tell 1; 1 survives Holm's correction in its chapter."), line
+    assert line.startswith("**What it found:** 4 distinct tests of the papers' claims (1 claimed in two chapters, counted once): "
+                           "the seeds confirm 2, refute 0, cannot tell 2; 1 survives Holm's correction in its chapter."), line
 
 
 def test_the_published_time_table_has_no_negative_minute():
