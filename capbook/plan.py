@@ -12,7 +12,7 @@ from .core import CapbookError
 from .profiles import SEEDS, check_profile, chapters
 
 # %% auto 0
-__all__ = ['Step', 'replicas', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'chapter_steps', 'upstream_of']
+__all__ = ['Step', 'replicas', 'design_seeds', 'nbs_dir', 'notebooks', 'nb_defaults', 'plan', 'chapter_steps', 'upstream_of']
 
 # %% ../nbs/00ma_plan.ipynb
 @dataclass
@@ -26,11 +26,26 @@ class Step:
     def name(self) -> str: return self.notebook + (f"-{self.tag}" if self.tag else "")
 
 def replicas(profile: str, step: Step) -> list[Step]:
-    "A chapter run and its repeats over the profile's training seeds (`capbook.profiles.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`): the rows a table averages."
+    "A chapter run and its repeats over the profile's training seeds (`capbook.profiles.SEEDS`, or more where the chapter asks for them: `Chapter.seeds`, or where the sequential design's next look asks for them: `design_seeds`): the rows a table averages."
     tag = lambda s: "-".join(t for t in (step.tag, f"seed{s}") if t)
     n = SEEDS[profile]
     if n > 1 and (ch := chapters().get(step.notebook)) is not None: n = ch.seeds.get(step.tag, n)   # a row with no verdict: 1
+    if n > 1: n = max(n, design_seeds(profile).get(step.name, 0))      # the seeds the claims on this row still need
     return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
+
+def design_seeds(profile: str, folder: Path | None = None) -> dict[str, int]:
+    "The seeds each row needs under the sequential design after the looks the published verdicts record (`capbook.claims.look_record` over `folder`'s `table_*_verdicts.csv`, the profile's published book by default; `seeds_wanted`): a function of the earlier looks' verdicts alone. Empty where nothing with looks is published yet."
+    from capbook.profiles import out_dir
+    files = sorted(Path(folder or out_dir(profile)).glob("table_*_verdicts.csv"))
+    return dict(_design_seeds(tuple((str(f), f.stat().st_mtime_ns) for f in files)))
+
+@lru_cache(maxsize=None)
+def _design_seeds(files: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    import pandas as pd
+    from capbook.claims import look_record, seeds_wanted
+    try: tables = {Path(f).stem: pd.read_csv(f) for f, _ in files}
+    except (OSError, ValueError) as e: raise CapbookError(f"the published verdict tables: not readable ({e})") from None
+    return tuple(sorted(seeds_wanted(look_record(tables)).items()))
 
 def nbs_dir() -> Path:
     "The notebook sources."

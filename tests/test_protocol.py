@@ -245,3 +245,25 @@ def test_every_declared_pair_starts_alike_at_each_seed_and_an_undeclared_one_doe
     spca = chapters()["03_spca"]
     s = same_start(row(spca, "", 0), row(spca, "C", 0))
     assert not s["paired"] and s["differ"], s
+
+
+def test_which_runs_exist_at_a_look_is_a_function_of_the_earlier_looks_verdicts_alone(tmp_path, monkeypatch):
+    "The sequential design: the plan gives a row the seeds the next look of a claim on it asks for (`design_seeds`, from the published verdict tables' looks); a claim decided or futile asks for none, a row in two claims gets the most; the numbers beside a verdict (its p, its interval) do not move the plan, only the looks' verdicts do."
+    import capbook.profiles as P
+    from capbook.plan import chapter_steps, design_seeds, replicas
+    monkeypatch.setattr(P, "out_dir", lambda profile: tmp_path)
+    soft, hard = chapter_steps("default", "02_show_attend_tell")[""], chapter_steps("default", "02_show_attend_tell")["hard"]
+    assert [len(replicas("default", s)) for s in (soft, hard)] == [5, 3]              # nothing published with looks: the chapter's (soft: 5) or 3
+    def publish(rows):
+        (tmp_path / "table_sat_verdicts.csv").write_text("claim,test,rows,look,look verdict,p\n" + rows)
+    publish('hard above soft,t1,"02_show_attend_tell-hard, 02_show_attend_tell",0,next look,0.25\n')
+    assert [len(replicas("default", s)) for s in (soft, hard)] == [5, 5] and design_seeds("default") == {"02_show_attend_tell": 5, "02_show_attend_tell-hard": 5}
+    publish('hard above soft,t1,"02_show_attend_tell-hard, 02_show_attend_tell",0,next look,0.9\n')   # another p, the same verdict
+    assert [len(replicas("default", s)) for s in (soft, hard)] == [5, 5]
+    publish('hard above soft,t1,"02_show_attend_tell-hard, 02_show_attend_tell",1,next look,0.2\n'
+            'soft above none,t2,"02_show_attend_tell, 02_show_attend_tell-none",1,futile,0.7\n')
+    assert [len(replicas("default", s)) for s in (soft, hard)] == [7, 7]               # the row in two claims: the most any asks
+    assert design_seeds("default")["02_show_attend_tell-none"] == 5                    # futile at the second look: no more seeds
+    publish('hard above soft,t1,"02_show_attend_tell-hard, 02_show_attend_tell",2,holds,0.01\n')
+    assert [len(replicas("default", s)) for s in (soft, hard)] == [7, 7]               # decided: it keeps what it had
+    assert len(replicas("smoke", chapter_steps("smoke", "02_show_attend_tell")[""])) == 1   # one seed a row: no design
