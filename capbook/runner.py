@@ -189,9 +189,11 @@ def beside(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[dict]:
         row, theirs = _compared(ch, step.params)
         differ = sorted(k for k in mine if mine[k] != theirs.get(k))
         if len(differ) > 1: continue
-        seeds = replicas(p.profile, step)
-        try: recs = [step_record(p.profile, s) for s in seeds]
-        except CapbookError: continue                                     # a row the book has not made (yet)
+        recs, seeds = [], []
+        for s in replicas(p.profile, step):
+            try: recs.append(step_record(p.profile, s)); seeds.append(s)
+            except CapbookError: pass                                     # a seed the book has not made (yet: the design's next look)
+        if not recs: continue                                             # a row the book has not made (yet)
         if any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, seeds)): continue   # only the book's own runs (or their published records), never a run by hand
         if any(r["data"]["fingerprint"] != record["data"]["fingerprint"] for r in recs): continue   # other data: not comparable
         xs = np.array([100 * r["metrics"][metric] for r in recs])

@@ -24,7 +24,7 @@
 # %%
 #| export
 from __future__ import annotations
-import ast, json, re
+import ast, json, os, re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -66,8 +66,9 @@ def replicas(profile: str, step: Step) -> list[Step]:
     return [step] + [Step(step.notebook, {**step.params, "seed": s}, tag(s), replica=s) for s in range(1, n)]
 
 def design_seeds(profile: str, folder: Path | None = None) -> dict[str, int]:
-    "The seeds each row needs under the sequential design after the looks the published verdicts record (`capbook.claims.look_record` over `folder`'s `table_*_verdicts.csv`, the profile's published book by default; `seeds_wanted`): a function of the earlier looks' verdicts alone. Empty where nothing with looks is published yet."
+    "The seeds each row needs under the sequential design after the looks the published verdicts record (`capbook.claims.look_record` over `folder`'s `table_*_verdicts.csv`, the profile's published book by default; `seeds_wanted`): a function of the earlier looks' verdicts alone. Empty where nothing with looks is published yet, or with `CAPBOOK_DESIGN=off` (the rows as they stand: a tables chapter run again before its next look's seeds)."
     from capbook.profiles import out_dir
+    if os.environ.get("CAPBOOK_DESIGN") == "off": return {}           # the book as it stands: tabulate the looks already run
     files = sorted(Path(folder or out_dir(profile)).glob("table_*_verdicts.csv"))
     return dict(_design_seeds(tuple((str(f), f.stat().st_mtime_ns) for f in files)))
 

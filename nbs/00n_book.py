@@ -263,9 +263,11 @@ def run_summary(folder: Path, notebook: str, metric: str = "CIDEr") -> str | Non
             f"(×100, beam {p.beam_size}). Beside it, the book's rows of this chapter that differ from it in one parameter, each over "
             "its seeds (the mean's interval: t over the seeds):\n\n" + "\n".join(table))
 
-SAY_VERDICTS = ("*holds*: the 95 % interval of the difference is above zero; *does not hold*: below zero; *cannot tell*: it "
-            "contains zero, a difference these seeds cannot resolve. Holm's correction asks more of each verdict the more "
-            "claims a chapter tests: a verdict that does not survive it may be one of the chance findings among many.")
+SAY_VERDICTS = ("*holds*: the difference is above zero beyond what the seeds could give by chance — its 95 % interval above "
+            "zero, and its p (never below that of the sign tests over the seeds) under the bound of the sequential design's "
+            "look; *does not hold*: the same, below zero; *cannot tell*: neither, a difference these seeds cannot resolve "
+            "(below six seeds a side, none can). Holm's correction asks more of each verdict the more claims a chapter tests: "
+            "a verdict that does not survive it may be one of the chance findings among many.")
 SAY_SCST = "SCST: self-critical training on CIDEr-D, the model's greedy caption (or its other samples) as the baseline."
 SAY_SEMANTIC = "Semantic F1: the objects, attributes, counts and relations a caption states, checked against the image."
 

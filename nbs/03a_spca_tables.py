@@ -218,7 +218,8 @@ CLAIMS = [("Table 2: S‖C above the baseline (no attention)", "", "base"), ("Ta
           ("Table 4: 2D-latent-LSTM + SPCA above SCA-CNN", "", "sca-cnn"),
           ("Table 4: 1D-LSTM + SPCA above ATT2in", "1d", "att2in")]
 judged = Claims()                                     # the chapter's claims: one family
-tests = [(c, judged.test(c, ST[a], ST[b], source=CLAIM_SOURCES[c], rows=(recs[a]["row"], recs[b]["row"]))) for c, a, b in CLAIMS]
+ROW = {**{t: r["row"] for t, r in recs.items()}, "hard": hard_rec["row"], **{t: base_recs[t]["row"] for t in ("nic", "sca-cnn", "att2in")}}   # each row's step
+tests = [(c, judged.test(c, ST[a], ST[b], source=CLAIM_SOURCES[c], rows=(ROW[a], ROW[b]))) for c, a, b in CLAIMS]
 # SPCA's central claim, that convolutional attention localises more precisely than grid attention, on the same decoder
 # (1D-LSTM + SPCA against Soft-Attention) and the same reference words: higher attention mass on the named object and
 # a peak on it more often, each over the rows' seeds (one number per seed; the section below shows the numbers)

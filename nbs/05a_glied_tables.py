@@ -38,7 +38,7 @@ from IPython.display import Image as IPImage, Markdown, display
 from capbook.runner import start_run
 from capbook.profiles import read_params, epochs_trained, row_epochs
 from capbook.records import record_stage, stage_stats, seed_cells, stage_best
-from capbook.claims import interval_cells, Claims, paired_verdict, same_budget, test_id
+from capbook.claims import interval_cells, Claims, at_look, paired_verdict, same_budget, test_id
 from capbook.papers import CLAIM_SOURCES
 from capbook.records import compared_runs, run_file
 from capbook.prepare import prepare
@@ -264,8 +264,9 @@ T4_ROWS = {name: recs["glied", tag]["row"] for name, tag in order + ABLATIONS}
 def verdict(row):
     d = {c: delta(row, c) for c in ("CIDEr", "objects F1", "attributes F1", "counts F1", "relations F1")}
     never = [c for c in NEEDS[row] if c.endswith("F1") and c in T4 and (T4[c] == 0).all()]
-    tests = {c: paired_verdict(T4_STATS[row], T4_STATS["Base"], c, also=()) for c in NEEDS[row]}   # the row's claim: judged once, below
-    for t, c in zip(tests.values(), tests): t["test"], t["rows"] = test_id(T4_STATS[row], T4_STATS["Base"], c), (T4_ROWS[row], T4_ROWS["Base"])
+    A, B, look = at_look(T4_STATS[row], T4_STATS["Base"])   # the sequential design's look: as many seeds a side as it has reached
+    tests = {c: {**paired_verdict(A, B, c, also=()), "look": look} for c in NEEDS[row]}   # the row's claim: judged once, below
+    for t, c in zip(tests.values(), tests): t["test"], t["rows"] = test_id(A, B, c), (T4_ROWS[row], T4_ROWS["Base"])
     says = None
     if any(np.isnan(d[c]) for c in NEEDS[row]): says = "cannot tell (no sub-category scores on this data)"
     elif never: says = f"cannot tell (no model states {', '.join(c.split()[0] for c in never)})"

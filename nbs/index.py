@@ -61,10 +61,13 @@
 #
 # Every model below was trained on the same shapes data, features and trainer under one protocol (15 epochs, or 30
 # where a row needed them; the best validation CIDEr kept), over three or more seeds, and tested on the same 1,000
-# images with beam 3; a claim compares its rows at one budget. A claim holds when the 95 % interval of the difference
-# (t over seeds and images) is above zero, does not hold when below, "cannot tell" when it contains zero. Scores
-# ×100; SCST: self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations
-# checked against the image.
+# images with beam 3; a claim compares its rows at one budget. A claim holds when the difference is above zero beyond
+# what the seeds could give by chance (a t over seeds and images whose p is never below that of sign tests over the
+# seeds, so that no shape of the seeds' distribution can fool it), does not hold when below zero on the same terms,
+# and "cannot tell" otherwise: below six seeds a side it cannot tell, whatever the difference. A claim still undecided
+# gets more seeds, look by look, by a design registered before its runs (up to ten a row). Scores ×100; SCST:
+# self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations checked
+# against the image.
 #
 # <!-- results -->
 # <!-- /results -->
