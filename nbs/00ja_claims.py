@@ -616,7 +616,7 @@ def conditional_power(z: float, look: int, looks: tuple[int, ...] = LOOKS, alpha
 
 def look_verdict(value: float, p: float | None, look: int, looks: tuple[int, ...] = LOOKS, alpha: float = 0.05,
                  futile_below: float = FUTILE_BELOW, futile_from: int = FUTILE_FROM, trend: float | None = None) -> str:
-    "A claim at look `look` (index into `looks`), its test's difference `value` and two-sided `p`: 'holds' or 'does not hold' if the absolute z, Φ⁻¹(1 − p/2), crosses the look's boundary; else 'cannot tell' at the last look, 'futile' where the conditional power under the trend (`trend`: the difference over its standard error, |Δ̂| / √V; the z of p where not given) is below `futile_below` (from look `futile_from` on), and 'next look' otherwise."
+    "A claim at look `look` (index into `looks`), its test's difference `value` and two-sided `p`: 'holds' or 'does not hold' if the absolute z, Φ⁻¹(1 − p/2), crosses the look's boundary; else 'cannot tell' at the last look, 'futile' where the conditional power under the trend (`trend`: the difference over its standard error, abs(Δ̂) / √V; the z of p where not given) is below `futile_below` (from look `futile_from` on), and 'next look' otherwise."
     from scipy.stats import norm
     if p is None: return "next look" if look < len(looks) - 1 else "cannot tell"
     z = float(norm.isf(max(p, 1e-300) / 2))
