@@ -54,9 +54,10 @@ def test_every_notebook_is_in_the_plan_and_runnable_ones_have_one_parameters_cel
         assert [s.tag for s in steps if s.notebook == name] == [t for t in ch.runs if "smoke" in ch.only.get(t, ("smoke",))], name
 
 
-def test_derived_parameters_cells_and_readme_are_current():
+def test_derived_parameters_cells_and_readme_are_current(monkeypatch):
     "README.md is the index notebook's text with its blocks generated from figures/ (the chapters' currency as the README states it: the currency test checks that); the parameters cells are their dataclasses'."
     from capbook.book import sync_parameters, sync_readme
+    monkeypatch.setenv("CAPBOOK_HOME", str(ROOT))      # the checkout's book (its plan reads the looks it published), whatever home an earlier test of this process set
     assert sync_parameters(write=False) == [], "a parameters cell differs from its dataclass: run make sync"
     assert not sync_readme(write=False), "README.md is not what the index notebook and figures/ make: run capbook readme"
 
