@@ -16,8 +16,8 @@ __all__ = ['RULES', 'SIZE_SETTINGS', 'LOOKS', 'FUTILE_BELOW', 'FUTILE_FROM', 'CI
            'seed_means_t_test', 'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'rule_p', 'simulate_verdicts',
            'verdict_shares', 'simulated_p', 'simulated_sides', 'configuration_size', 'size_sweep', 'spent',
            'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted', 'simulate_design', 'interval_cells',
-           'paired_verdict', 'test_id', 'at_look', 'at_look_verdict', 'look_record', 'Claims', 'same_budget',
-           'book_family']
+           'paired_verdict', 'test_id', 'declared_pair', 'at_look', 'at_look_verdict', 'look_record', 'Claims',
+           'same_budget', 'book_family']
 
 # %% ../nbs/00ja_claims.ipynb
 def reach(V, df, level: float = 0.95, power: float = 0.8, floor=0.0):
@@ -453,6 +453,15 @@ def test_id(a, b, metric: str, paired: bool = False) -> str | None:
     side = lambda X: hashlib.sha256(b"".join(np.ascontiguousarray(s[metric], dtype=np.float64).tobytes() for s in X)).hexdigest()
     return stable_hash([metric, paired, *sorted([side(A), side(B)])], 10)      # 'a above b' and 'b above a': one test
 
+def declared_pair(a: str, b: str) -> bool:
+    "Whether two rows (their steps' names, `row_record`'s `row`) are declared to start alike at each seed, the same batches and one initial tensor for every parameter they share (`Chapter.paired` of their chapter, tested by `train.same_start`): the only rows a claim tests on per-seed differences."
+    from capbook.profiles import chapters
+    for nb, ch in chapters().items():
+        tag = lambda s, nb=nb: "" if s == nb else s[len(nb) + 1:] if s.startswith(nb + "-") else None
+        ta, tb = tag(a), tag(b)
+        if ta is not None and tb is not None and ((ta, tb) in ch.paired or (tb, ta) in ch.paired): return True
+    return False
+
 def at_look(a, b) -> tuple[Any, Any, int | None]:
     "Two rows' per-seed statistics cut to the sequential design's look (`LOOKS`): the first S seeds of each, S the largest look at most the smaller row's seeds (a claim is tested on as many seeds a side as its look, whatever more a row holds for another claim); the look's index, None where a row has fewer seeds than the first look (or kept no captions): the rows as they are."
     A, B = _seeds(a), _seeds(b)
@@ -498,13 +507,15 @@ class Claims:
 
     def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
              paired: bool = False, caveat: str = "", rows: tuple[str, ...] = (), **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start; `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start (two rows declared to start alike, `declared_pair`, are tested seed by seed too); `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
         metric = kw.pop("metric", self.metric)
         if epochs is not None and epochs[0] != epochs[1]:
             raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
                                "twin at the longer budget (capbook.profiles.ladder_twin)")
         a, b, look = at_look(a, b)
-        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired, **kw), look)
+        declared = not paired and len(rows) == 2 and declared_pair(*rows)   # rows built to start alike at each seed: tested seed by seed
+        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, **kw), look)
+        if declared: r = {**r, "declared pair": True, "text": r["text"].replace("paired t over", "paired t (rows declared to start alike) over", 1)}
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
         self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat,
                              "rows": tuple(dict.fromkeys(rows))}

@@ -763,6 +763,15 @@ def test_id(a, b, metric: str, paired: bool = False) -> str | None:
     side = lambda X: hashlib.sha256(b"".join(np.ascontiguousarray(s[metric], dtype=np.float64).tobytes() for s in X)).hexdigest()
     return stable_hash([metric, paired, *sorted([side(A), side(B)])], 10)      # 'a above b' and 'b above a': one test
 
+def declared_pair(a: str, b: str) -> bool:
+    "Whether two rows (their steps' names, `row_record`'s `row`) are declared to start alike at each seed, the same batches and one initial tensor for every parameter they share (`Chapter.paired` of their chapter, tested by `train.same_start`): the only rows a claim tests on per-seed differences."
+    from capbook.profiles import chapters
+    for nb, ch in chapters().items():
+        tag = lambda s, nb=nb: "" if s == nb else s[len(nb) + 1:] if s.startswith(nb + "-") else None
+        ta, tb = tag(a), tag(b)
+        if ta is not None and tb is not None and ((ta, tb) in ch.paired or (tb, ta) in ch.paired): return True
+    return False
+
 def at_look(a, b) -> tuple[Any, Any, int | None]:
     "Two rows' per-seed statistics cut to the sequential design's look (`LOOKS`): the first S seeds of each, S the largest look at most the smaller row's seeds (a claim is tested on as many seeds a side as its look, whatever more a row holds for another claim); the look's index, None where a row has fewer seeds than the first look (or kept no captions): the rows as they are."
     A, B = _seeds(a), _seeds(b)
@@ -808,13 +817,15 @@ class Claims:
 
     def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
              paired: bool = False, caveat: str = "", rows: tuple[str, ...] = (), **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start; `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start (two rows declared to start alike, `declared_pair`, are tested seed by seed too); `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
         metric = kw.pop("metric", self.metric)
         if epochs is not None and epochs[0] != epochs[1]:
             raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
                                "twin at the longer budget (capbook.profiles.ladder_twin)")
         a, b, look = at_look(a, b)
-        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired, **kw), look)
+        declared = not paired and len(rows) == 2 and declared_pair(*rows)   # rows built to start alike at each seed: tested seed by seed
+        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, **kw), look)
+        if declared: r = {**r, "declared pair": True, "text": r["text"].replace("paired t over", "paired t (rows declared to start alike) over", 1)}
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
         self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat,
                              "rows": tuple(dict.fromkeys(rows))}
@@ -981,6 +992,10 @@ assert interval_cells(_base)["CIDEr 95% CI"].startswith("[") and interval_cells(
 _fam = book_family({"a": _cl.table(), "b": _cl2.table()})
 assert len(_fam) == _cl.distinct() and "same" in "".join(_fam["claims"])       # the same test in two chapters: once
 assert set(_fam["Holm over the book"]) <= {"survives", "does not survive"}
+assert declared_pair("03_spca", "03_spca-base") and declared_pair("02_show_attend_tell-hard", "02_show_attend_tell")
+assert not declared_pair("03_spca", "03_spca-C") and not declared_pair("03_spca", "02_show_attend_tell-hard")
+_pr2 = Claims().test("declared", _up, _base, rows=("03_spca", "03_spca-base"))   # a declared pair: per-seed differences
+assert _pr2["paired"] and _pr2["declared pair"] and "rows declared to start alike" in _pr2["text"]
 _lk = Claims()                                                                       # the sequential design at work
 _r7 = _lk.test("eight against seven", _row(0.4, 8), _row(0.0, 7), rows=("up", "base"))
 assert _r7["look"] == 2 and _r7["seeds"] == (7, 7) and "look 3 of 5, 7 seeds a side" in _r7["text"]   # tested at its look's seeds

@@ -268,3 +268,20 @@ def test_which_runs_exist_at_a_look_is_a_function_of_the_earlier_looks_verdicts_
     publish('hard above soft,t1,"02_show_attend_tell-hard, 02_show_attend_tell",2,holds,0.01\n')
     assert [len(replicas("default", s)) for s in (soft, hard)] == [7, 7]               # decided: it keeps what it had
     assert len(replicas("smoke", chapter_steps("smoke", "02_show_attend_tell")[""])) == 1   # one seed a row: no design
+
+
+def test_only_declared_pairs_are_tested_on_per_seed_differences():
+    "A claim between two rows their chapter declares to start alike (`Chapter.paired`) is tested seed by seed; any other pair of rows is not, whatever their numbers."
+    from capbook.claims import Claims, declared_pair
+    from capbook.profiles import chapters
+    rng = np.random.default_rng(7)
+    img = rng.gamma(2.0, 0.5, 200)
+    row = lambda shift: [{"CIDEr": img + shift + s + rng.normal(0, 0.2, 200)} for s in rng.normal(0, 0.05, 7)]
+    a, b = row(0.1), row(0.0)
+    for nb, ch in chapters().items():
+        for x, y in ch.paired:
+            name = lambda t, nb=nb: nb + (f"-{t}" if t else "")
+            assert declared_pair(name(x), name(y)) and declared_pair(name(y), name(x))
+            assert Claims().test("declared", a, b, rows=(name(x), name(y)))["paired"]
+    assert not Claims().test("undeclared", a, b, rows=("03_spca", "03_spca-C"))["paired"]     # C builds its convolution first
+    assert not Claims().test("across chapters", a, b, rows=("03_spca-soft", "02_show_attend_tell"))["paired"]
