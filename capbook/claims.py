@@ -424,13 +424,13 @@ def interval_cells(stats: dict | list[dict] | None, metrics: tuple[str, ...] = C
     return {f"{m} 95% CI": cell(m) for m in metrics}
 
 def paired_verdict(a: dict | list | None, b: dict | list | None, metric: str = "CIDEr", also: tuple[str, ...] = ("semantic F1",),
-                   paired: bool = False, best: str | None = None) -> dict:
-    "The test of the claim 'a scores higher than b' on the same test images with the seed as the unit of replication (`capbook.claims.seed_t_test`): difference, 95 % t-interval, p, and holds / does not hold / cannot tell — or 'one seed: no verdict' where a row has one seed; the text adds the verdict on each `also` metric and says where they disagree. `paired`: `a` is a stage that continued `b` seed by seed (self-critical after cross-entropy): the test is on the per-seed differences, and a stage that kept its start in every seed is no test at all ('kept its start in every seed', `best` the stage's own best score beside it)."
+                   paired: bool = False, best: str | None = None, stage: bool = True) -> dict:
+    "The test of the claim 'a scores higher than b' on the same test images with the seed as the unit of replication (`capbook.claims.seed_t_test`): difference, 95 % t-interval, p, and holds / does not hold / cannot tell — or 'one seed: no verdict' where a row has one seed; the text adds the verdict on each `also` metric and says where they disagree. `paired`: `a` is a stage that continued `b` seed by seed (self-critical after cross-entropy; or, with `stage` False, a row built to start as `b` does at each seed): the test is on the per-seed differences, and a stage that kept its start in every seed is no test at all ('kept its start in every seed', `best` the stage's own best score beside it)."
     from capbook.claims import seed_t_test
     A, B = _seeds(a), _seeds(b)
     if A is None or B is None: return {"verdict": "cannot tell: captions not kept", "p": None, "text": "cannot tell: a run kept no test captions"}
     if metric not in A[0]: return {"verdict": f"cannot tell: no {metric}", "p": None, "text": f"cannot tell: no {metric} on this data"}
-    if paired and len(A) == len(B) and all(np.array_equal(x[metric], y[metric]) for x, y in zip(A, B)):
+    if paired and stage and len(A) == len(B) and all(np.array_equal(x[metric], y[metric]) for x, y in zip(A, B)):
         return {"verdict": "kept its start in every seed", "p": None, "value": 0.0, "paired": True,
                 "text": "kept its start in every seed: no test" + (f" ({best})" if best else "")}
     test = lambda m: seed_t_test([s[m] for s in A], m, [s[m] for s in B], paired=paired)
@@ -514,7 +514,7 @@ class Claims:
                                "twin at the longer budget (capbook.profiles.ladder_twin)")
         a, b, look = at_look(a, b)
         declared = not paired and len(rows) == 2 and declared_pair(*rows)   # rows built to start alike at each seed: tested seed by seed
-        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, **kw), look)
+        r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, stage=not declared, **kw), look)
         if declared: r = {**r, "declared pair": True, "text": r["text"].replace("paired t over", "paired t (rows declared to start alike) over", 1)}
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
         self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat,

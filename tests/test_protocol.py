@@ -285,3 +285,11 @@ def test_only_declared_pairs_are_tested_on_per_seed_differences():
             assert Claims().test("declared", a, b, rows=(name(x), name(y)))["paired"]
     assert not Claims().test("undeclared", a, b, rows=("03_spca", "03_spca-C"))["paired"]     # C builds its convolution first
     assert not Claims().test("across chapters", a, b, rows=("03_spca-soft", "02_show_attend_tell"))["paired"]
+
+
+def test_a_declared_pair_with_the_same_captions_is_no_kept_start():
+    "Two rows declared to start alike that write the same captions (a smoke book's one seed) are two rows, not a stage that kept its start: one seed states no verdict."
+    from capbook.claims import Claims
+    st = [{"CIDEr": np.linspace(0.5, 1.5, 50)}]
+    r = Claims().test("same", st, st, rows=("03_spca", "03_spca-base"))
+    assert r["verdict"] == "one seed: no verdict" and not r["verdict"].startswith("kept")
