@@ -457,12 +457,12 @@ def skipped_line(step: Step, kept: Path) -> str:
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None,
              training_key: str | None = None) -> tuple[Path, bool]:
-    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume: `Keys.training`); return (executed notebook path, whether it ran)."
+    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume, then its training keys at the ladder's lower rungs: `Keys.resuming`); return (executed notebook path, whether it ran)."
     import papermill as pm
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
-    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.training(step)
+    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.resuming(step)
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
     if not force and (kept := unchanged(step, profile, key)):
         log(skipped_line(step, kept)); return kept, False
@@ -722,11 +722,11 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
     if executor == "slurm":
         pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
-        submit = lambda pool, s: pool.submit_step(s, keyring.get(s), keyring.training(s))
+        submit = lambda pool, s: pool.submit_step(s, keyring.get(s), keyring.resuming(s))
         adopt = lambda pool: pool.adopt({s.name: keyring.get(s) for s in steps})   # the jobs a killed book left: waited for, not duplicated
     else:
         pool_cm = _local_pool(jobs)
-        submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.training(s))
+        submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.resuming(s))
         adopt = lambda pool: None
     if dry_run: return would_run(profile, steps, keyring, ups, force, log, pool_cm if executor == "slurm" else None)
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}

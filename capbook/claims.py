@@ -505,13 +505,14 @@ class Claims:
     def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
-    def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
+    def test(self, label: str, a, b, epochs: tuple | None = None, source: str = "", section: str = "",
              paired: bool = False, caveat: str = "", rows: tuple[str, ...] = (), **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start (two rows declared to start alike, `declared_pair`, are tested seed by seed too); `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' budgets (`row_epochs`; a self-critical stage's row, `row_budget`: its cross-entropy and its stage's epochs), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start (two rows declared to start alike, `declared_pair`, are tested seed by seed too); `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
         metric = kw.pop("metric", self.metric)
         if epochs is not None and epochs[0] != epochs[1]:
-            raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
-                               "twin at the longer budget (capbook.profiles.ladder_twin)")
+            say = lambda e: " + ".join(f"{x:g}" for x in (e if isinstance(e, tuple) else (e,)))
+            raise CapbookError(f"claim {label!r} compares rows trained {say(epochs[0])} and {say(epochs[1])} epochs: compare the shorter row's "
+                               "twin at the longer budget (capbook.profiles.ladder_twin, scst_budget)")
         a, b, look = at_look(a, b)
         declared = not paired and len(rows) == 2 and declared_pair(*rows)   # rows built to start alike at each seed: tested seed by seed
         r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, stage=not declared, **kw), look)

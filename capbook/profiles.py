@@ -15,8 +15,8 @@ __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_SCST', 'PROFILE_PREC
            'RISING', 'CHAPTERS', 'SEEDS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS', 'check_profile',
            'out_dir', 'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin', 'RunConfig',
            'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
-           'epochs_trained', 'row_epochs', 'late_gain', 'curve_end', 'scst_budget', 'scst_arms', 'decoding',
-           'train_config', 'train_procs']
+           'epochs_trained', 'row_epochs', 'row_budget', 'late_gain', 'curve_end', 'scst_budget', 'rungs_below',
+           'scst_arms', 'decoding', 'train_config', 'train_procs']
 
 # %% ../nbs/00la_profiles.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -240,6 +240,11 @@ def row_epochs(rec: dict) -> float:
     "A row's budget: the epochs its cross-entropy training ran (its first seed's), as a claim across rows names it where two differ (`Claims.test`)."
     return epochs_trained((rec.get("seed_runs") or [rec])[0]["history"])
 
+def row_budget(rec: dict, stage: str = "xe") -> tuple[float, ...]:
+    "A row's budget as a claim across rows must match it (`Claims.test`): its cross-entropy epochs (`row_epochs`), and for a self-critical stage's row (`stage`, a key of the record's `stages`) the epochs that stage trained after them (its first seed's)."
+    rec0 = (rec.get("seed_runs") or [rec])[0]
+    return (row_epochs(rec),) if stage == "xe" else (row_epochs(rec), epochs_trained(rec0["stages"][stage]["history"]))
+
 def late_gain(history: list[dict], last: int = 3) -> float | None:
     "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
@@ -256,9 +261,15 @@ def curve_end(gains: list[float | None], margin: float = RISING) -> str:
 
 SCST_SHARE = 2 / 3    # a self-critical stage's most epochs, as a share of its cross-entropy run's: the peers' (ruotianluo's recipes: 20 after 30)
 
-def scst_budget(xe_epochs: int) -> int:
-    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up."
-    return math.ceil(SCST_SHARE * xe_epochs)
+def scst_budget(xe_epochs: int, climbed: bool = False) -> int:
+    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up; `climbed`: the ladder's next rung, `LADDER` times that, for a row whose stages were still rising at the end of the first (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."
+    return math.ceil(SCST_SHARE * xe_epochs) * (LADDER if climbed else 1)
+
+def rungs_below(epochs: int) -> list[int]:
+    "The ladder's rungs below a budget of `epochs` (each `LADDER` times the one below it), from the nearest: the budgets a run that climbed trained at first."
+    out = []
+    while epochs % LADDER == 0 and epochs // LADDER >= 1: epochs //= LADDER; out.append(epochs)
+    return out
 
 SCST_ARMS = {"greedy": ("greedy",), "mean": ("mean",), "both": ("greedy", "mean")}   # a run's `scst_baseline`: the stage's arms, by baseline
 

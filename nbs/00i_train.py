@@ -272,21 +272,33 @@ def _recipe(cfg: dict, meta: dict | None) -> dict:
             "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
 STEP_KEY = "CAPBOOK_STEP_KEY"   # environment: the key of the book step this process runs (`capbook.book.run_step`), set in its kernel
-TRAINING_KEY = "CAPBOOK_TRAINING_KEY"   # environment: that step's training key (`capbook.results.Keys.training`), set beside it
+TRAINING_KEY = "CAPBOOK_TRAINING_KEY"   # environment: that step's training key (`capbook.results.Keys.training`), set beside it; after it, space-separated, the step's training keys at the ladder's lower rungs (`Keys.resuming`)
 
 def book_step_key() -> str | None:
     "The key of the book step this process runs (`STEP_KEY`), or None outside a book."
     return os.environ.get(STEP_KEY) or None
 
 def book_training_key() -> str | None:
-    "The training key of the book step this process runs (`TRAINING_KEY`: its key without what only its tables and figures compute with), or None."
-    return os.environ.get(TRAINING_KEY) or None
+    "The training key of the book step this process runs (`TRAINING_KEY`'s first: its key without what only its tables and figures compute with), or None."
+    return next(iter(os.environ.get(TRAINING_KEY, "").split()), None)
+
+def book_shorter_keys() -> tuple[str, ...]:
+    "The training keys the book step this process runs had at the ladder's lower rungs of its budget (`TRAINING_KEY` after its first): a checkpoint its run finished at a shorter budget goes on from where it stopped (`_extends`)."
+    return tuple(os.environ.get(TRAINING_KEY, "").split()[1:])
+
+def _extends(was: dict, now: dict) -> bool:
+    "Whether a run of recipe `now` (`_recipe`) is a run of recipe `was` given more epochs that trains its first epochs step for step as `was` did, so that `was`'s finished checkpoint goes on from where it stopped: the two differ in `epochs` alone, `now` has more, and nothing either trained read its budget — the rate follows a schedule that is not the cosine (whose rate at each step depends on the run's length: the step, plateau and inverse-square-root schedules do not) and no step budget (`max_steps`) ended it."
+    a, b = was["config"], now["config"]
+    others = {k for k in a.keys() | b.keys() if k != "epochs" and a.get(k) != b.get(k)}
+    return (was["model"] == now["model"] and was["hparams"] == now["hparams"] and not others and a.get("epochs", 0) < b.get("epochs", 0)
+            and b.get("schedule") != "cosine" and not b.get("max_steps"))
 
 def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1,
-                   step: str | None = None, training: str | None = None) -> tuple[str, str] | None:
-    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to, `training` its training key; a checkpoint written under the same key, or the same training key, resumes whatever else in the package changed."
+                   step: str | None = None, training: str | None = None, shorter: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to, `training` its training key, `shorter` its training keys at the ladder's lower rungs; a checkpoint written under the same key, or one of those training keys, resumes whatever else in the package changed. A checkpoint whose recipe this run's extends (`_extends`: more epochs of a budget-free schedule) goes on from where it stopped, finished or not."
     if ck is None: return None
-    same_step = (step is not None and ck.get("step_key") == step) or (training is not None and ck.get("training_key") == training)
+    same_step = ((step is not None and ck.get("step_key") == step) or (training is not None and ck.get("training_key") == training)
+                 or ck.get("training_key") in shorter)
     if ck.get("code") != code and not same_step:
         return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code}{f'; book step {step}' if step else ''})"
     # DDP's batch is every process's batch: an unfinished run goes on only with as many processes as it trained with; a
@@ -298,6 +310,8 @@ def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | No
     if fp and old != fp: return f"data-{old}", f"was trained on other data (fingerprint {old}, this run's is {fp})"
     if recipe is not None:
         was = _recipe(ck.get("config") or {}, ck.get("meta"))
+        if was != recipe and _extends(was, recipe):
+            return None if was_world == world else (f"world-{was_world}", f"was trained by {was_world} processes, this run, which extends it, has {world}")
         if was != recipe:
             diff = [k for k in ("model", "hparams") if was[k] != recipe[k]] + sorted(
                 k for k in set(was["config"]) | set(recipe["config"]) if was["config"].get(k) != recipe["config"].get(k))
@@ -544,7 +558,7 @@ class _Run:
         self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
         if fp: meta = {**(meta or {}), "data": fp}
         self.meta = meta
-        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key, self.training_key)
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key, self.training_key, book_shorter_keys())
         if why:
             stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
             if world > 1: dist.barrier()
@@ -562,10 +576,16 @@ class _Run:
             r.train_seconds, r.val_seconds, r.captions = ck["train_seconds"], ck["val_seconds"], ck["captions"]
             r.resumed_from, r.world_size = (self.epoch, self.skip), ck.get("world_size", 1)
             _set_rng_state(ck["rng"])
-            if ck.get("finished"): self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
+            was_epochs = (ck.get("config") or {}).get("epochs", cfg.epochs)
+            # a finished run given more epochs (`_extends`) goes on, unless it had stopped early: the longer run stops there too
+            grows = ck.get("finished") and was_epochs < cfg.epochs and self.epoch >= was_epochs and not (cfg.patience and self.bad >= cfg.patience)
+            if ck.get("finished") and not grows: self.epoch, self.finished = cfg.epochs, True   # nothing to train, nothing to write again
             same = (f"same code ({self.code})" if ck.get("code") == self.code else
                     f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})" if ck.get("step_key") == self.step_key else
-                    f"same training ({self.training_key}; book step {ck.get('step_key')} → {self.step_key}, code {ck.get('code')} → {self.code})")
+                    f"same training ({self.training_key}; book step {ck.get('step_key')} → {self.step_key}, code {ck.get('code')} → {self.code})"
+                    if ck.get("training_key") == self.training_key else
+                    f"the same training at a shorter budget ({ck.get('training_key')}; code {ck.get('code')} → {self.code})")
+            if grows: same += f"; its {was_epochs} epochs extended to {cfg.epochs}, which its schedule ({cfg.schedule}) does not read"
             log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: {same}, same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
         if ck is None and rank == 0 and (ckpt_dir / "tb").exists():
@@ -906,6 +926,57 @@ finally:
     for _name, _was in _env.items():
         if _was is None: os.environ.pop(_name, None)
         else: os.environ[_name] = _was
+
+# %% [markdown]
+# ### A budget that grows
+#
+# The ladder rule (`02b_protocol`) moves a row still rising at the end of its budget to the next rung. Where the
+# schedule does not read the budget — a self-critical stage's constant rate after its warm-up, the step, plateau and
+# inverse-square-root schedules; not the cosine, whose rate at every step depends on the run's length — the first
+# epochs of the longer run are the shorter run's, step for step: the same batches (an epoch's order is a function of
+# seed and epoch), the same rates, the same draws (the generators are in the checkpoint). So a checkpoint whose recipe
+# differs from this run's in `epochs` alone, fewer of them, goes on from where it stopped instead of training those
+# epochs again (`_extends`), and ends as the longer run trained from the start would: the same weights, the same
+# history. In the book the step's key moved with its budget, so the book also hands the step's training keys at the
+# ladder's lower rungs (`capbook.results.Keys.resuming`), under which those checkpoints were written. A run that had
+# stopped early (`patience`) is finished at any budget: the longer run stops there too. Here, two epochs of a step
+# schedule grown to three, against three from the start; then the cosine, which is moved aside:
+
+# %%
+_d3, _step = Path(tempfile.mkdtemp()), dict(schedule="step", lr_step=2, lr_gamma=0.5, warmup=0.5, ema=0.9)
+_c2, _c3 = (TrainConfig(**{**asdict(_cfg), **_step, "epochs": e, "evals_per_epoch": 2}) for e in (2, 3))
+_seeded = lambda: (torch.manual_seed(0), _m())[1]                             # a model built as a chapter run builds it: after its seed
+fit(_seeded(), _prep, _c2, _d3 / "grown", log=lambda s: None)
+_logs, _m3 = [], _seeded()
+_grown = fit(_m3, _prep, _c3, _d3 / "grown", log=_logs.append)
+_m3b = _seeded()
+_whole = fit(_m3b, _prep, _c3, _d3 / "whole", log=lambda s: None)
+_drop = lambda h: [{k: v for k, v in e.items() if not k.endswith("_s")} for e in h]
+assert _grown.resumed_from == (2, 0) and _drop(_grown.history) == _drop(_whole.history) and len(_whole.history) == 6
+assert all(torch.equal(a, b) for a, b in zip(_m3.state_dict().values(), _m3b.state_dict().values()))     # the best weights, bit for bit
+_last = lambda d: load_torch(d / "last.pt")
+assert all(torch.equal(a, b) for a, b in zip(_last(_d3 / "grown")["model"].values(), _last(_d3 / "whole")["model"].values()))
+print(next(l for l in _logs if l.startswith("resumed")))
+_env = {k: os.environ.pop(k, None) for k in (STEP_KEY, TRAINING_KEY)}          # in a book: the step's key moved with its budget
+try:
+    os.environ[STEP_KEY], os.environ[TRAINING_KEY] = "at 2", "t2"
+    fit(_seeded(), _prep, _c2, _d3 / "book", log=lambda s: None)
+    save_torch(_d3 / "book" / "last.pt", {**load_torch(_d3 / "book" / "last.pt"), "code": "0ldc0de"})
+    os.environ[STEP_KEY], os.environ[TRAINING_KEY] = "at 3", "t3 t2"          # its training key, then the rung below's
+    assert book_training_key() == "t3" and book_shorter_keys() == ("t2",)
+    _logs, _m3c = [], _seeded()
+    assert fit(_m3c, _prep, _c3, _d3 / "book", log=_logs.append).resumed_from == (2, 0)
+    assert all(torch.equal(a, b) for a, b in zip(_m3c.state_dict().values(), _m3b.state_dict().values()))
+    assert "the same training at a shorter budget (t2" in next(l for l in _logs if l.startswith("resumed"))
+finally:
+    for _name, _was in _env.items():
+        if _was is None: os.environ.pop(_name, None)
+        else: os.environ[_name] = _was
+fit(_m(), _prep, TrainConfig(**{**asdict(_cfg), "epochs": 2}), _d3 / "cosine", log=lambda s: None)
+_logs = []
+fit(_m(), _prep, TrainConfig(**{**asdict(_cfg), "epochs": 3}), _d3 / "cosine", log=_logs.append)   # the cosine reads its budget
+assert "was trained with other parameters (epochs)" in _logs[0]
+print(_logs[0])
 
 # %% [markdown]
 # A step budget (`max_steps`) ends training wherever it falls, with a validation there:

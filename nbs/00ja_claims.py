@@ -815,13 +815,14 @@ class Claims:
     def __init__(self, metric: str = "CIDEr", alpha: float = 0.05):
         self.metric, self.alpha, self.tests = metric, alpha, {}
 
-    def test(self, label: str, a, b, epochs: tuple[float, float] | None = None, source: str = "", section: str = "",
+    def test(self, label: str, a, b, epochs: tuple | None = None, source: str = "", section: str = "",
              paired: bool = False, caveat: str = "", rows: tuple[str, ...] = (), **kw) -> dict:
-        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' cross-entropy budgets (`row_epochs`), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start (two rows declared to start alike, `declared_pair`, are tested seed by seed too); `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
+        "`paired_verdict(a, b, self.metric, ...)`, kept under `label` with the paper's words or cells it tests (`source`) and the rows it compares (`rows`: their steps, `row_record`'s `row`, which the sequential design gives seeds); `epochs`: the two rows' budgets (`row_epochs`; a self-critical stage's row, `row_budget`: its cross-entropy and its stage's epochs), which must be one (a claim across budgets would judge the budget: the shorter row's twin at the longer one, `ladder_twin`, is compared instead); `paired`: a stage against its own start (two rows declared to start alike, `declared_pair`, are tested seed by seed too); `caveat`: what a reader must know beside the verdict (what the stage did to the captions), shown with it."
         metric = kw.pop("metric", self.metric)
         if epochs is not None and epochs[0] != epochs[1]:
-            raise CapbookError(f"claim {label!r} compares rows trained {epochs[0]:g} and {epochs[1]:g} epochs: compare the shorter row's "
-                               "twin at the longer budget (capbook.profiles.ladder_twin)")
+            say = lambda e: " + ".join(f"{x:g}" for x in (e if isinstance(e, tuple) else (e,)))
+            raise CapbookError(f"claim {label!r} compares rows trained {say(epochs[0])} and {say(epochs[1])} epochs: compare the shorter row's "
+                               "twin at the longer budget (capbook.profiles.ladder_twin, scst_budget)")
         a, b, look = at_look(a, b)
         declared = not paired and len(rows) == 2 and declared_pair(*rows)   # rows built to start alike at each seed: tested seed by seed
         r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, stage=not declared, **kw), look)
@@ -982,6 +983,8 @@ assert "1 of them the same test as another claim, counted once" in _cl.note() an
 _cl2 = Claims(); _cl2.test("same", _up, _base, epochs=(15, 15))
 try: _cl2.test("longer", _up, _base, epochs=(30, 15)); raise AssertionError("a claim across budgets")
 except CapbookError as e: assert "trained 30 and 15 epochs" in str(e)                # one budget per claim: the twin is compared
+try: _cl2.test("stages", _up, _base, epochs=((30, 40), (30, 20))); raise AssertionError("a claim across stage budgets")
+except CapbookError as e: assert "trained 30 + 40 and 30 + 20 epochs" in str(e)      # a self-critical stage's budget counts too
 assert list(_cl2.tests) == ["same"]
 _E = {"soft": 15, "soft at 30": 30, "up-down": 30, "ct": 30}.get
 assert same_budget("up-down", "soft", _E, {"soft": "soft at 30"}) == ("up-down", "soft at 30")   # the shorter row's twin

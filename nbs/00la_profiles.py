@@ -335,6 +335,11 @@ def row_epochs(rec: dict) -> float:
     "A row's budget: the epochs its cross-entropy training ran (its first seed's), as a claim across rows names it where two differ (`Claims.test`)."
     return epochs_trained((rec.get("seed_runs") or [rec])[0]["history"])
 
+def row_budget(rec: dict, stage: str = "xe") -> tuple[float, ...]:
+    "A row's budget as a claim across rows must match it (`Claims.test`): its cross-entropy epochs (`row_epochs`), and for a self-critical stage's row (`stage`, a key of the record's `stages`) the epochs that stage trained after them (its first seed's)."
+    rec0 = (rec.get("seed_runs") or [rec])[0]
+    return (row_epochs(rec),) if stage == "xe" else (row_epochs(rec), epochs_trained(rec0["stages"][stage]["history"]))
+
 def late_gain(history: list[dict], last: int = 3) -> float | None:
     "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
@@ -351,9 +356,15 @@ def curve_end(gains: list[float | None], margin: float = RISING) -> str:
 
 SCST_SHARE = 2 / 3    # a self-critical stage's most epochs, as a share of its cross-entropy run's: the peers' (ruotianluo's recipes: 20 after 30)
 
-def scst_budget(xe_epochs: int) -> int:
-    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up."
-    return math.ceil(SCST_SHARE * xe_epochs)
+def scst_budget(xe_epochs: int, climbed: bool = False) -> int:
+    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up; `climbed`: the ladder's next rung, `LADDER` times that, for a row whose stages were still rising at the end of the first (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."
+    return math.ceil(SCST_SHARE * xe_epochs) * (LADDER if climbed else 1)
+
+def rungs_below(epochs: int) -> list[int]:
+    "The ladder's rungs below a budget of `epochs` (each `LADDER` times the one below it), from the nearest: the budgets a run that climbed trained at first."
+    out = []
+    while epochs % LADDER == 0 and epochs // LADDER >= 1: epochs //= LADDER; out.append(epochs)
+    return out
 
 SCST_ARMS = {"greedy": ("greedy",), "mean": ("mean",), "both": ("greedy", "mean")}   # a run's `scst_baseline`: the stage's arms, by baseline
 
@@ -393,7 +404,10 @@ def train_procs() -> int:
 # %% [markdown]
 # Whether a row's budget was long enough, read off its seeds' validation curves: what a run gained in its last three
 # epochs, and a row most of whose seeds gained more than a flat tail's wobble (`RISING`), which then trains at the
-# ladder's next budget (`protocol_epochs`); `02b_protocol` states the rule and checks it on synthetic curves.
+# ladder's next budget (`protocol_epochs`); `02b_protocol` states the rule and checks it on synthetic curves. The rule
+# reads a self-critical stage's curve the same way (its history after the start's evaluation), and a row whose stages
+# were still rising trains them at the next rung (`scst_budget(..., climbed=True)`); its stages' checkpoints at the rung
+# below go on where they stopped (`capbook.train`, *A budget that grows*), the rate of a stage not reading its budget.
 
 # %%
 _curve = lambda *v: [{"epoch": -1, "val CIDEr": 0.0}] + [{"epoch": i, "epochs": i + 1, "val CIDEr": c} for i, c in enumerate(v)]
@@ -403,3 +417,4 @@ assert curve_end([1.8, -0.1, 1.9]) == "still rising" and curve_end([1.8, 0.9, -1
 assert curve_end([0.3, 0.2, 0.9]) == "flat or falling" and curve_end([1.8, 1.1, -3, -2]) == "flat or falling"   # within a flat tail's wobble; half is not most
 assert ladder_twin({"model": "x"}) == {"model": "x", "epochs": 30}
 assert protocol_epochs()["default"] == 15 and protocol_epochs(longer=True)["default"](None) == 30
+assert scst_budget(30) == 20 and scst_budget(30, climbed=True) == 40 and rungs_below(40) == [20, 10, 5] and rungs_below(15) == []

@@ -520,8 +520,9 @@ class Keys:
         chs = chapters()
         return stable_hash(sorted({self.probe(s) for s in self.steps if s.notebook in chs}), 16)
 
-    def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None, training: bool = False) -> str:
-        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here): its code, parameters, data and the fingerprints of what it computes with, never the machine's arithmetic. `training`: its training key instead, the same without what only its tables and figures compute with (`TABLES_ONLY`, the drawing helpers)."
+    def key(self, step, upstream_keys: dict | None = None, nb: dict | None = None, training: bool = False,
+            scst_epochs: int | None = None) -> str:
+        "A step's key (`upstream_keys`: the keys of the runs it tabulates, as they were made; default: as computed here): its code, parameters, data and the fingerprints of what it computes with, never the machine's arithmetic. `training`: its training key instead, the same without what only its tables and figures compute with (`TABLES_ONLY`, the drawing helpers); `scst_epochs`: the key it would have with that self-critical budget."
         from capbook.profiles import chapters
         ups = self.upstream(step, self.steps)
         if upstream_keys is None:
@@ -531,7 +532,9 @@ class Keys:
         if "profile" in step.params: part["data"] = data_key(step.params, ch.encoder if ch else None)
         if ch is not None:
             part["probe"] = self.probe(step)
-            if b := budget(step): part["budget"] = b   # the protocol's budget adds nothing: a key names only a departure from it
+            b = budget(step)
+            if scst_epochs is not None and "scst_epochs" in b: b = {**b, "scst_epochs": scst_epochs}
+            if b: part["budget"] = b                   # the protocol's budget adds nothing: a key names only a departure from it
             if (n := self.procs(step)) > 1: part["processes"] = n   # DDP's batch is every process's: another computation
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for s in shared_used(path, run=ch is not None, tables=bool(ups)): part[f"shared {s}"] = self.shared(s)
@@ -547,6 +550,13 @@ class Keys:
         "A step's training key (`key(step, training=True)`), under which its training runs resume their checkpoints: a change to the statistics or the drawing re-keys the step, whose notebook then runs again on the checkpoints it finished instead of training them again."
         if f"training {step.name}" not in self._keys: self._keys[f"training {step.name}"] = self.key(step, training=True)
         return self._keys[f"training {step.name}"]
+
+    def resuming(self, step) -> str:
+        "What the book hands a step's kernel as its training key (`capbook.train.TRAINING_KEY`): `training(step)`, then, space-separated, the training keys it had at the ladder's lower rungs of its self-critical budget (`capbook.profiles.rungs_below`), under which its checkpoints at those budgets were written: a stage that climbed goes on from where it stopped (`capbook.train._extends`), and its cross-entropy stage, which the climb does not touch, stays finished."
+        from capbook.profiles import chapters, rungs_below
+        if step.notebook not in chapters(): return self.training(step)
+        s = budget(step).get("scst_epochs")
+        return " ".join([self.training(step), *(self.key(step, training=True, scst_epochs=r) for r in rungs_below(s or 1))])
 
 def plan_keys(profile: str, made: bool = True, fresh: bool = False, procs: Callable[[Any], int] | None = None):
     "The keys of the profile's plan (`capbook.results.Keys`); `made`: the runs an assembly notebook tabulates by the keys they were made with (`done.json`) where they have run, else by today's; `fresh`: no fingerprint reused from earlier in this process; `procs`: the processes each chapter step trains with (default: `capbook.profiles.train_procs`)."

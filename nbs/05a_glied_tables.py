@@ -36,7 +36,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.runner import start_run
-from capbook.profiles import read_params, epochs_trained, row_epochs
+from capbook.profiles import read_params, epochs_trained, row_budget, row_epochs
 from capbook.records import record_stage, stage_stats, seed_cells, stage_best
 from capbook.claims import interval_cells, Claims, at_look, paired_verdict, same_budget, test_id
 from capbook.papers import CLAIM_SOURCES
@@ -123,7 +123,8 @@ E = lambda k: row_epochs(recs[k])                         # a row's cross-entrop
 def v(a, b_):                                              # the claim "a scores a higher CIDEr than b", with the paper's words
     label = f"{name(a)} above {name(b_)}"
     ra, rb = same_budget(a[0], b_[0], E, {})               # one budget: the chapter's rows train as long as the baselines
-    return judged.text(label, ST[ra, a[1]], ST[rb, b_[1]], epochs=(E(ra), E(rb)), source=CLAIM_SOURCES[label], rows=(recs[ra]["row"], recs[rb]["row"]))
+    budgets = (row_budget(recs[ra], a[1]), row_budget(recs[rb], b_[1]))   # a stage's claim: its cross-entropy and self-critical epochs both
+    return judged.text(label, ST[ra, a[1]], ST[rb, b_[1]], epochs=budgets, source=CLAIM_SOURCES[label], rows=(recs[ra]["row"], recs[rb]["row"]))
 def raised(k):                                             # a self-critical stage against its own start, seed by seed
     label = f"self-critical training raised {NAMES[k]}"
     return judged.text(label, ST[k, "scst"], ST[k, "xe"], paired=True, best=stage_best(recs[k]), source=CLAIM_SOURCES[label], rows=(recs[k]["row"],))
