@@ -191,8 +191,12 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
             if p and r["verdict"] in ("holds", "does not hold"):   # Holm named only where it bears on the reading
                 p += "; survives Holm's correction" if r["Holm"] == "survives" else "; not after Holm's correction over the chapter"
             if p and r["verdict"] == "cannot tell" and (could := r.get("could see (80 % power)")) == could and could is not None:
-                p += (f"; it could have seen a difference of {could:.1f} or more" if could != float("inf")   # what the seeds could have told (capbook.claims.reach)
-                      else f"; no difference was within reach of {r.get('seeds', 'its')} seeds")
+                share = r.get("could see (% of second row)")
+                p += (f"; it could have seen a difference of {could:.1f} or more" + (f" ({share:.1f} % of the second row's score)" if share == share and share is not None else "")
+                      if could != float("inf") else f"; no difference was within reach of {r.get('seeds', 'its')} seeds")   # what the seeds could have told (capbook.claims.book_reach)
+                if (paper := r.get("paper's difference (%)")) == paper and paper is not None:   # beside the paper's own (capbook.claims.within_reach)
+                    p += (f"; the paper's difference, {paper:+.1f} % of its second row's, was "
+                          + ("within" if r.get("paper's within reach") == "yes" else "out of") + " reach")
             claim = re.sub(r"([*_\[\]`])", r"\\\1", r["claim"])      # as written: Soft-Attention* is no emphasis
             claim = f"{part}: {claim}" if part else re.sub(r"^([+-])", r"\\\1", claim)   # "+ local" is no list
             lines.setdefault(step, []).append(f"- {claim}: **{r['verdict']}**" + (f" ({p})" if p else ""))

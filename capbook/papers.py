@@ -8,7 +8,8 @@ import pandas as pd
 
 # %% auto 0
 __all__ = ['SAT_TABLE1_MARKS', 'SSA_TRAINING_TIME', 'GLIED_ABSTRACT_CIDER', 'GLIED_TABLE1_NOT_RUN', 'GLIED_TABLE4_CLAIMS',
-           'CLAIM_SOURCES', 'sat_table1', 'spca_table', 'ssa_table1', 'glied_table2']
+           'CLAIM_SOURCES', 'PAPER_TABLES', 'CLAIM_CELLS', 'sat_table1', 'spca_table', 'ssa_table1', 'glied_table2',
+           'paper_difference']
 
 # %% ../nbs/00l_papers.ipynb
 _SAT_T1 = """dataset|model|BLEU-1|BLEU-2|BLEU-3|BLEU-4|METEOR|note
@@ -189,3 +190,43 @@ CLAIM_SOURCES = {   # (paper, the words or cells a claim tests), by the claim's 
     "self-critical training raised Att2in": "GLIED §4.3 lists SCST (Rennie et al.'s Att2in) among the RL baselines; the book's own check of the stage",
     "self-critical training raised Up-Down": "GLIED §4.3 compares Up-Down \"under cross-entropy loss and reinforcement learning settings\"",
 }
+
+# %% ../nbs/00l_papers.ipynb
+PAPER_TABLES = {"SAT Table 1": sat_table1, "SPCA Table 2": lambda: spca_table(2), "SPCA Table 3": lambda: spca_table(3),
+                "SPCA Table 4": lambda: spca_table(4), "SSA Table 1": ssa_table1, "GLIED Table 2": glied_table2}
+
+CLAIM_CELLS = {   # a claim whose paper's table gives both its rows: (table, dataset or None, first row, second row, metric); a number stands for itself
+    "hard above soft (BLEU-4)": ("SAT Table 1", "COCO", "Hard-Attention", "Soft-Attention", "BLEU-4"),
+    "attention above none": ("GLIED Table 2", None, "SoftAtt", "LSTM", "CIDEr"),
+    "Table 2: S‖C above the baseline (no attention)": ("SPCA Table 2", "COCO", "S‖C", "Baseline", "CIDEr"),
+    "Table 2: S‖C above S alone": ("SPCA Table 2", "COCO", "S‖C", "S", "CIDEr"),
+    "Table 2: S‖C above C alone": ("SPCA Table 2", "COCO", "S‖C", "C", "CIDEr"),
+    "Table 2: S‖C above C-S": ("SPCA Table 2", "COCO", "S‖C", "C-S", "CIDEr"),
+    "Table 2: S‖C above S-C": ("SPCA Table 2", "COCO", "S‖C", "S-C", "CIDEr"),
+    "Table 3: the 3×3 kernel above 1×1": ("SPCA Table 3", "COCO", "3×3", "1×1", "CIDEr"),
+    "Table 3: the 3×3 kernel above 5×5": ("SPCA Table 3", "COCO", "3×3", "5×5", "CIDEr"),
+    "Table 4: 1D-LSTM + SPCA above Soft-Attention (same decoder)": ("SPCA Table 4", "COCO", "1D-LSTM + SPCA", "Soft-Attention*", "CIDEr"),
+    "Table 4: 2D-latent-LSTM + SPCA above SCA-CNN": ("SPCA Table 4", "COCO", "2D-latent-LSTM + SPCA", "SCA-CNN", "CIDEr"),
+    "Table 4: 1D-LSTM + SPCA above ATT2in": ("SPCA Table 4", "COCO", "1D-LSTM + SPCA", "ATT2in", "CIDEr"),
+    "soft attention above the transformer (BLEU-4)": ("SSA Table 1", "COCO", "Show, Attend and Tell", "Proposed Model", "BLEU-4"),
+    "GLIED above GLIED base": ("GLIED Table 2", None, "GLIED", "Base", "CIDEr"),
+    "GLIED above Up-Down": ("GLIED Table 2", None, "GLIED", "Up-Down", "CIDEr"),
+    "self-critical training raised GLIED": ("GLIED Table 2", None, GLIED_ABSTRACT_CIDER, "GLIED", "CIDEr"),   # the abstract's RL score
+    "Up-Down above Soft-Attention": ("GLIED Table 2", None, "Up-Down", "SoftAtt", "CIDEr"),
+    "Att2in above Soft-Attention": ("SPCA Table 4", "COCO", "ATT2in", "Soft-Attention*", "CIDEr"),
+    "Soft-Attention above SCA-CNN": ("SPCA Table 4", "COCO", "Soft-Attention*", "SCA-CNN", "CIDEr"),
+    "Soft-Attention above LSTM, image every step": ("GLIED Table 2", None, "SoftAtt", "LSTM", "CIDEr"),
+    "CT above GLIED base": ("GLIED Table 2", None, "CT", "Base", "CIDEr"),
+}
+
+def paper_difference(label: str) -> dict | None:
+    "The paper's own difference for the claim `label` where its table gives both rows (`CLAIM_CELLS`): the two numbers, their difference, that difference as a share of the second (`relative`), the metric and where they stand; None where the paper states the claim in words alone."
+    if label not in CLAIM_CELLS: return None
+    table, dataset, a, b, metric = CLAIM_CELLS[label]
+    df = PAPER_TABLES[table]()
+    if dataset is not None: df = df[df["dataset"] == dataset]
+    key = next(c for c in ("model", "structure", "kernel") if c in df)
+    cell = lambda r: float(r) if isinstance(r, (int, float)) else float(df.loc[df[key] == r, metric].iloc[0])
+    va, vb = cell(a), cell(b)
+    return {"a": va, "b": vb, "difference": va - vb, "relative": (va - vb) / vb, "metric": metric,
+            "where": table + (f", {dataset}" if dataset else "") + (" (the abstract's RL score)" if isinstance(a, float) else "")}

@@ -282,6 +282,7 @@ def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = N
            "seeds": len(a) if b is None else (len(a), len(b)), "images": n,
            "seed sd": tuple(float(np.std(y.mean(-1), ddof=1)) if len(y) > 1 else None for _, y in sides),   # per side, ×100
            "mean": tuple(float(y.mean()) for _, y in sides),
+           "second mean": None if yb is None else float(yb.mean()),   # the claim's second row (a stage's start): what its reach is a share of
            "image sd": float(np.sqrt(c["parts"]["model × image"][0] * n)) if "model × image" in c["parts"] else None,
            "noise sd": tuple(float(np.sqrt(e)) for e in c.get("ms_e", ())), "least p": c["floor"], "sign p": None}
     out["p"] = None if c["images_only"] else float(p)
@@ -828,8 +829,9 @@ class Claims:
         r = at_look_verdict(paired_verdict(a, b, metric, paired=paired or declared, stage=not declared, **kw), look)
         if declared: r = {**r, "declared pair": True, "text": r["text"].replace("paired t over", "paired t (rows declared to start alike) over", 1)}
         tid = test_id(a, b, metric, paired) if r.get("p") is not None else None
+        from capbook.papers import paper_difference
         self.tests[label] = {**r, "test": tid, "source": source, "section": section, "metric": metric, "caveat": caveat,
-                             "rows": tuple(dict.fromkeys(rows))}
+                             "rows": tuple(dict.fromkeys(rows)), "paper": paper_difference(label)}
         return self.tests[label]
 
     def text(self, label: str, a, b, **kw) -> str:
@@ -915,14 +917,26 @@ class Claims:
                              "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
                              "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
                              "image sd": r.get("image sd"), "noise sd": ", ".join(f"{x:.2f}" for x in r.get("noise sd", ())),
-                             "least p": r.get("least p"), "could see (80 % power)": r.get("reach")} if "seed sd" in r and r.get("p") is not None else {})
+                             "least p": r.get("least p"), "could see (80 % power)": r.get("reach"), **within_reach(r)} if "seed sd" in r and r.get("p") is not None else {})
         cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "rows", "look", "look verdict", "caveat", "design", "seeds", "images",
-                "seed sd", "mean", "image sd", "noise sd", "least p", "could see (80 % power)"]
+                "seed sd", "mean", "image sd", "noise sd", "least p", "could see (80 % power)", "could see (% of second row)",
+                "paper's difference", "paper's difference (%)", "paper's within reach"]
         return pd.DataFrame([{"claim": k, "in the paper": r.get("source", ""), "verdict": r["verdict"], "p": r.get("p"),
                               "Holm": self.holm_cell(k), "test": r.get("test") or "", "rows": ", ".join(r.get("rows", ())),
                               "look": r.get("look"), "look verdict": r.get("look verdict"),
                               "caveat": r.get("caveat", ""), **design(r)}
                              for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)
+
+def within_reach(r: dict) -> dict:
+    "What a claim's test could have seen beside what its paper saw (`Claims.table`'s last columns): the test's reach (`book_reach`) as a share of the claim's second row's score (a stage's start), the paper's own difference (`capbook.papers.paper_difference`) and its share of the paper's second row, and whether the paper's share was within the test's reach. The paper measured on COCO or Flickr, the book on shapes: a share of the second row's score is what the two have in common."
+    reach, base, paper = r.get("reach"), r.get("second mean"), r.get("paper")
+    share = 100 * reach / base if reach is not None and base else None
+    out = {"could see (% of second row)": share}
+    if paper:
+        out |= {"paper's difference": f"{paper['difference']:+.1f} {paper['metric']} ({paper['a']:g} vs {paper['b']:g}, {paper['where']})",
+                "paper's difference (%)": 100 * paper["relative"]}
+        if share is not None: out["paper's within reach"] = "yes" if share <= 100 * paper["relative"] else "no"
+    return out
 
 def same_budget(a: Any, b: Any, epochs: Callable[[Any], float], twins: Mapping[Any, Any]) -> tuple[Any, Any]:
     "The two rows a claim between rows `a` and `b` compares (`epochs`: a row's cross-entropy budget, as `row_epochs` reads it): each itself where their budgets agree, else the shorter row's twin at the longer budget (`twins`: row -> its `ladder_twin` run); stops in one line where the shorter row has none."
@@ -986,6 +1000,12 @@ except CapbookError as e: assert "trained 30 and 15 epochs" in str(e)           
 try: _cl2.test("stages", _up, _base, epochs=((30, 40), (30, 20))); raise AssertionError("a claim across stage budgets")
 except CapbookError as e: assert "trained 30 + 40 and 30 + 20 epochs" in str(e)      # a self-critical stage's budget counts too
 assert list(_cl2.tests) == ["same"]
+_t = Claims(); _t.test("GLIED above GLIED base", _up, _base)        # a claim whose paper's table gives both rows
+_tr = _t.table().iloc[0]
+assert abs(_tr["paper's difference (%)"] - 100 * 4.7 / 113.5) < 1e-9 and _tr["paper's difference"].startswith("+4.7 CIDEr (118.2 vs 113.5")
+assert _tr["could see (% of second row)"] == 100 * _t.tests["GLIED above GLIED base"]["reach"] / _t.tests["GLIED above GLIED base"]["second mean"]
+assert _tr["paper's within reach"] == ("yes" if _tr["could see (% of second row)"] <= _tr["paper's difference (%)"] else "no")
+assert _cl2.table()["paper's difference"].isna().all()                      # "same": no paper's cells
 _E = {"soft": 15, "soft at 30": 30, "up-down": 30, "ct": 30}.get
 assert same_budget("up-down", "soft", _E, {"soft": "soft at 30"}) == ("up-down", "soft at 30")   # the shorter row's twin
 assert same_budget("ct", "up-down", _E, {}) == ("ct", "up-down")

@@ -277,3 +277,59 @@ CLAIM_SOURCES = {   # (paper, the words or cells a claim tests), by the claim's 
 # %%
 assert all(isinstance(v, str) and v for v in CLAIM_SOURCES.values())
 assert "Table 4: 2D-latent-LSTM + SPCA above ATT2in" not in CLAIM_SOURCES     # SPCA's own Table 4 has it below (99.3 < 101.3)
+
+# %% [markdown]
+# Where a paper's table gives both rows a claim compares, the paper's own difference is read from that table
+# (`CLAIM_CELLS`, `paper_difference`), so that a claim the book cannot tell can say whether the paper's effect was
+# within its reach (`capbook.claims.Claims.table`). The paper measured on COCO (or Flickr), the book on shapes: the two
+# are set side by side as a share of the claim's second row's score, the paper's difference of its own second row's.
+
+# %%
+#| export
+PAPER_TABLES = {"SAT Table 1": sat_table1, "SPCA Table 2": lambda: spca_table(2), "SPCA Table 3": lambda: spca_table(3),
+                "SPCA Table 4": lambda: spca_table(4), "SSA Table 1": ssa_table1, "GLIED Table 2": glied_table2}
+
+CLAIM_CELLS = {   # a claim whose paper's table gives both its rows: (table, dataset or None, first row, second row, metric); a number stands for itself
+    "hard above soft (BLEU-4)": ("SAT Table 1", "COCO", "Hard-Attention", "Soft-Attention", "BLEU-4"),
+    "attention above none": ("GLIED Table 2", None, "SoftAtt", "LSTM", "CIDEr"),
+    "Table 2: S‖C above the baseline (no attention)": ("SPCA Table 2", "COCO", "S‖C", "Baseline", "CIDEr"),
+    "Table 2: S‖C above S alone": ("SPCA Table 2", "COCO", "S‖C", "S", "CIDEr"),
+    "Table 2: S‖C above C alone": ("SPCA Table 2", "COCO", "S‖C", "C", "CIDEr"),
+    "Table 2: S‖C above C-S": ("SPCA Table 2", "COCO", "S‖C", "C-S", "CIDEr"),
+    "Table 2: S‖C above S-C": ("SPCA Table 2", "COCO", "S‖C", "S-C", "CIDEr"),
+    "Table 3: the 3×3 kernel above 1×1": ("SPCA Table 3", "COCO", "3×3", "1×1", "CIDEr"),
+    "Table 3: the 3×3 kernel above 5×5": ("SPCA Table 3", "COCO", "3×3", "5×5", "CIDEr"),
+    "Table 4: 1D-LSTM + SPCA above Soft-Attention (same decoder)": ("SPCA Table 4", "COCO", "1D-LSTM + SPCA", "Soft-Attention*", "CIDEr"),
+    "Table 4: 2D-latent-LSTM + SPCA above SCA-CNN": ("SPCA Table 4", "COCO", "2D-latent-LSTM + SPCA", "SCA-CNN", "CIDEr"),
+    "Table 4: 1D-LSTM + SPCA above ATT2in": ("SPCA Table 4", "COCO", "1D-LSTM + SPCA", "ATT2in", "CIDEr"),
+    "soft attention above the transformer (BLEU-4)": ("SSA Table 1", "COCO", "Show, Attend and Tell", "Proposed Model", "BLEU-4"),
+    "GLIED above GLIED base": ("GLIED Table 2", None, "GLIED", "Base", "CIDEr"),
+    "GLIED above Up-Down": ("GLIED Table 2", None, "GLIED", "Up-Down", "CIDEr"),
+    "self-critical training raised GLIED": ("GLIED Table 2", None, GLIED_ABSTRACT_CIDER, "GLIED", "CIDEr"),   # the abstract's RL score
+    "Up-Down above Soft-Attention": ("GLIED Table 2", None, "Up-Down", "SoftAtt", "CIDEr"),
+    "Att2in above Soft-Attention": ("SPCA Table 4", "COCO", "ATT2in", "Soft-Attention*", "CIDEr"),
+    "Soft-Attention above SCA-CNN": ("SPCA Table 4", "COCO", "Soft-Attention*", "SCA-CNN", "CIDEr"),
+    "Soft-Attention above LSTM, image every step": ("GLIED Table 2", None, "SoftAtt", "LSTM", "CIDEr"),
+    "CT above GLIED base": ("GLIED Table 2", None, "CT", "Base", "CIDEr"),
+}
+
+def paper_difference(label: str) -> dict | None:
+    "The paper's own difference for the claim `label` where its table gives both rows (`CLAIM_CELLS`): the two numbers, their difference, that difference as a share of the second (`relative`), the metric and where they stand; None where the paper states the claim in words alone."
+    if label not in CLAIM_CELLS: return None
+    table, dataset, a, b, metric = CLAIM_CELLS[label]
+    df = PAPER_TABLES[table]()
+    if dataset is not None: df = df[df["dataset"] == dataset]
+    key = next(c for c in ("model", "structure", "kernel") if c in df)
+    cell = lambda r: float(r) if isinstance(r, (int, float)) else float(df.loc[df[key] == r, metric].iloc[0])
+    va, vb = cell(a), cell(b)
+    return {"a": va, "b": vb, "difference": va - vb, "relative": (va - vb) / vb, "metric": metric,
+            "where": table + (f", {dataset}" if dataset else "") + (" (the abstract's RL score)" if isinstance(a, float) else "")}
+
+# %%
+_pd = paper_difference("GLIED above GLIED base")
+assert (_pd["a"], _pd["b"]) == (118.2, 113.5) and abs(_pd["relative"] - 4.7 / 113.5) < 1e-12 and paper_difference("+ local") is None
+assert set(CLAIM_CELLS) <= set(CLAIM_SOURCES)
+for _label in CLAIM_CELLS:                                 # each number read from a table is the one the claim's words quote
+    _d = paper_difference(_label)
+    assert f"{_d['a']:g}" in CLAIM_SOURCES[_label] and f"{_d['b']:g}" in CLAIM_SOURCES[_label], _label
+print(_pd)

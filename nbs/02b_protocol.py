@@ -407,6 +407,12 @@ display(Markdown(
 # - **Futility**, non-binding: from the second look on, a claim whose conditional power at ten seeds under the trend
 #   seen (the difference over its standard error) is below 10 % gets no more seeds and says "cannot tell" with the
 #   smallest difference the book could have seen (80 % power). Non-binding: the error spent does not count on it.
+# - **What "cannot tell" ruled out.** Every claim left undecided states that smallest difference (`book_reach`,
+#   simulated at its own seeds and spreads), as a share of its second row's score, beside the paper's own difference
+#   as a share of the paper's second row where the paper's table gives both (`capbook.papers.paper_difference`,
+#   `capbook.claims.within_reach`): the paper measured on COCO, the book on shapes, and a share of the score is what
+#   the two have in common. "Out of reach" says the book could not have seen an effect the paper's size; "within reach"
+#   that it could have, and did not.
 # - **Pairs.** Rows that start alike at each seed — one initial tensor for every shared parameter, the same batches —
 #   are declared in their chapter (`Chapter.paired`: S‖C with the baseline, S, C-S and S-C; soft attention with hard,
 #   no-penalty and its 30-epoch row; GLIED with its position rows; the transformer with τ-standard), a test builds every
