@@ -14,10 +14,10 @@ from .metrics import FROM_SUMS
 __all__ = ['RULES', 'SIZE_SETTINGS', 'LOOKS', 'FUTILE_BELOW', 'FUTILE_FROM', 'CI_METRICS', 'reach', 'book_reach', 'least_p',
            'randomisation_p', 'pseudo_values', 'components', 'sign_p', 'sign_floor', 'book_floor', 'pooled',
            'seed_means_t_test', 'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'rule_p', 'simulate_verdicts',
-           'verdict_shares', 'simulated_p', 'simulated_sides', 'configuration_size', 'size_sweep', 'spent',
-           'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted', 'simulate_design', 'interval_cells',
-           'paired_verdict', 'test_id', 'declared_pair', 'at_look', 'at_look_verdict', 'look_record', 'Claims',
-           'within_reach', 'same_budget', 'book_family']
+           'verdict_shares', 'simulated_p', 'simulated_sides', 'configuration_size', 'seed_means_size', 'size_sweep',
+           'spent', 'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted', 'simulate_design',
+           'interval_cells', 'paired_verdict', 'test_id', 'declared_pair', 'at_look', 'at_look_verdict', 'look_record',
+           'Claims', 'within_reach', 'same_budget', 'book_family']
 
 # %% ../nbs/00ja_claims.ipynb
 def reach(V, df, level: float = 0.95, power: float = 0.8, floor=0.0):
@@ -165,7 +165,9 @@ def seed_means_t_test(a, b, level: float = 0.95, with_reach: bool = True) -> dic
     floor = max(least, float(sign_floor([a, b])))                                                  # and the sign tests, as `book_floor`
     lo, hi, p, verdict = _judged(value, V, df, level, floor)
     return {"value": value, "lo": float(lo), "hi": float(hi), "df": float(df), "p": float(p), "images_only": False, "verdict": str(verdict),
-            "reach": book_reach((len(a), len(b)), (a.std(ddof=1), b.std(ddof=1)), level=level) if with_reach else None, "least p": least}
+            "reach": book_reach((len(a), len(b)), (a.std(ddof=1), b.std(ddof=1)), level=level) if with_reach else None, "least p": least,
+            "seeds": (len(a), len(b)), "seed sd": (float(a.std(ddof=1)), float(b.std(ddof=1))), "mean": (float(a.mean()), float(b.mean())),
+            "second mean": float(b.mean())}
 
 def seed_t_test(a: list[np.ndarray], metric: str, b: list[np.ndarray] | None = None, level: float = 0.95,
                 paired: bool = False) -> dict:
@@ -299,6 +301,14 @@ def configuration_size(seeds: tuple[int, ...], seed_sd: tuple[float, ...], image
                                 min(sim_images, images), seed_effects)
         p.append(rule_p(sides, rule)); value.append(sum(sg * y.mean((-2, -1)) for sg, y in sides))
     return verdict_shares(np.concatenate(p), np.concatenate(value), tails=tails)
+
+def seed_means_size(seeds: tuple[int, int], seed_sd: tuple[float, float], seed_effects: str = "normal", trials: int = 10_000,
+                    tails: tuple[float, ...] = (), seed: int = 0) -> dict:
+    "The verdicts of `seed_means_t_test` (a measurement with one number per seed and no per-image part, e.g. attention correctness) with no true difference at a comparison's seed counts and seed sds, normal or two-point (each seed ± its sd) seed effects: `verdict_shares` with the tails. The test itself runs on every trial, so what is simulated is exactly what the book computes."
+    rng = np.random.default_rng([seed, *seeds, *(int(round(x * 1e3)) for x in seed_sd), ("normal", "two-point").index(seed_effects)])
+    draw = (lambda S: rng.standard_normal(S)) if seed_effects == "normal" else (lambda S: rng.choice([-1.0, 1.0], S))
+    runs = [seed_means_t_test(*(sd * draw(S) for S, sd in zip(seeds, seed_sd)), with_reach=False) for _ in range(trials)]
+    return verdict_shares(np.array([r["p"] for r in runs]), np.array([r["value"] for r in runs]), tails=tails)
 
 SIZE_SETTINGS = [(r, s) for s in ((3, 3), (5, 5), (7, 7), (10, 10), (5, 7)) for r in (1, 2, 4, 8)]   # (spread ratio a:b, seeds a, b)
 
@@ -603,11 +613,7 @@ class Claims:
     def table(self, section: str | None = None):
         "The verdicts as a table (claim, the paper's words it tests, verdict, p, Holm over the chapter, test id): what a tables chapter publishes as `table_*_verdicts` and the README's verdict lines read."
         import pandas as pd
-        design = lambda r: ({"design": ("paired" if r.get("paired") else "unpaired") + f" {r.get('metric', '')}",
-                             "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
-                             "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
-                             "image sd": r.get("image sd"), "noise sd": ", ".join(f"{x:.2f}" for x in r.get("noise sd", ())),
-                             "least p": r.get("least p"), "could see (80 % power)": r.get("reach"), **within_reach(r)} if "seed sd" in r and r.get("p") is not None else {})
+        design = _design_cells
         cols = ["claim", "in the paper", "verdict", "p", "Holm", "test", "rows", "look", "look verdict", "caveat", "design", "seeds", "images",
                 "seed sd", "mean", "image sd", "noise sd", "least p", "could see (80 % power)", "could see (% of second row)",
                 "paper's difference", "paper's difference (%)", "paper's within reach"]
@@ -616,6 +622,25 @@ class Claims:
                               "look": r.get("look"), "look verdict": r.get("look verdict"),
                               "caveat": r.get("caveat", ""), **design(r)}
                              for k, r in self.tests.items() if section is None or r["section"] == section], columns=cols)
+
+    def parts_table(self, section: str | None = None):
+        "The parts of the claims judged from several tests (`add`), one row each with its design: not verdicts of their own (a claim's verdict is its parts' compound, counted once in the family), but each a test whose error rate the book simulates at its own configuration (`06a_baselines_tables`' size table), so a tables chapter publishes them beside its verdicts as `table_*_parts`."
+        import pandas as pd
+        cols = ["claim", "part of", "verdict", "p", "test", "design", "seeds", "images", "seed sd", "mean", "image sd", "noise sd",
+                "least p", "could see (80 % power)"]
+        return pd.DataFrame([{"claim": f"{k}: {name}", "part of": k, "verdict": t["verdict"], "p": t.get("p"), "test": t.get("test") or "",
+                              **_design_cells({**t, "metric": t.get("metric", name)})}
+                             for k, r in self.tests.items() if "all_parts" in r and (section is None or r["section"] == section)
+                             for name, t in r["parts"].items()], columns=cols)
+
+def _design_cells(r: dict) -> dict:
+    "A test's design as the verdict tables print it (`Claims.table`, `Claims.parts_table`): paired or not and its metric, its seeds, images, seed sds, means, image and noise sds, least p and reach, and its reach beside the paper's (`within_reach`); nothing for a test that states no p."
+    if "seed sd" not in r or r.get("p") is None: return {}
+    return {"design": ("paired" if r.get("paired") else "unpaired") + f" {r.get('metric', '')}",
+            "seeds": " vs ".join(map(str, np.atleast_1d(r["seeds"]))), "images": r.get("images"),
+            "seed sd": ", ".join(f"{x:.2f}" for x in r["seed sd"] if x is not None), "mean": ", ".join(f"{x:.2f}" for x in r["mean"]),
+            "image sd": r.get("image sd"), "noise sd": ", ".join(f"{x:.2f}" for x in r.get("noise sd", ())),
+            "least p": r.get("least p"), "could see (80 % power)": r.get("reach"), **within_reach(r)}
 
 def within_reach(r: dict) -> dict:
     "What a claim's test could have seen beside what its paper saw (`Claims.table`'s last columns): the test's reach (`book_reach`) as a share of the claim's second row's score (a stage's start), the paper's own difference (`capbook.papers.paper_difference`) and its share of the paper's second row, and whether the paper's share was within the test's reach. The paper measured on COCO or Flickr, the book on shapes: a share of the second row's score is what the two have in common."

@@ -205,15 +205,15 @@ def compared_runs(profile: str, wanted: dict[str, tuple[str, tuple[str, ...] | N
 
 PAPER_CHAPTERS = ("02a_soft_vs_hard", "03a_spca_tables", "04a_ssa_tables", "05a_glied_tables")   # whose verdicts the book-wide family reads
 
-def chapter_verdicts(profile: str, chapters: tuple[str, ...] = PAPER_CHAPTERS, published: Path | None = None) -> dict:
-    "Each paper chapter's verdicts, `{chapter: DataFrame}` (its `table_*_verdicts.csv` together): from the book's own run of the chapter, else from the published book (`figures/`, by its manifest); a chapter with neither is left out."
+def chapter_verdicts(profile: str, chapters: tuple[str, ...] = PAPER_CHAPTERS, published: Path | None = None, kind: str = "verdicts") -> dict:
+    "Each paper chapter's verdicts, `{chapter: DataFrame}` (its `table_*_verdicts.csv` together; `kind` 'parts': the parts of its compound claims, `table_*_parts.csv`, `Claims.parts_table`): from the book's own run of the chapter, else from the published book (`figures/`, by its manifest); a chapter with neither is left out."
     import pandas as pd
     folder = Path(published or nbs_dir().parent / "figures")
     made = load_json(folder / MANIFEST)["files"] if (folder / MANIFEST).exists() else {}
     out = {}
     for ch in chapters:
-        files = sorted((runs_dir() / profile / ch).glob("table_*_verdicts.csv"))
-        if not files: files = sorted(folder / f for f, e in made.items() if e.get("step") == ch and f.endswith("_verdicts.csv"))
+        files = sorted((runs_dir() / profile / ch).glob(f"table_*_{kind}.csv"))
+        if not files: files = sorted(folder / f for f, e in made.items() if e.get("step") == ch and f.endswith(f"_{kind}.csv"))
         if files: out[ch] = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
     return out
 

@@ -235,6 +235,7 @@ claims = claims.rename(columns={"value": "Δ CIDEr", "lo": "95% CI low", "hi": "
 display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".3g") + "\n\n" + judged.note()
                  + (f" (The chapter's family includes the localisation claim, below: {judged.tests[LOCALISES]['verdict']}.)" if loc else "")))
 _ = save_table(judged.table(), run.path("table_spca_verdicts"), floatfmt=".3g")      # the verdicts, for the README's summary
+_ = save_table(judged.parts_table(), run.path("table_spca_parts"), floatfmt=".3g")   # the localisation claim's parts: the size table simulates them
 
 # %% [markdown]
 # The semantic F1s of Tables 2–4 split into precision and recall per category (shapes only; see

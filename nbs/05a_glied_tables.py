@@ -295,6 +295,7 @@ display(Markdown(
     f"Eq. 7 reads: {with_positions(ABLATIONS[0][0])}. On its queries and keys alone: {with_positions(ABLATIONS[1][0])}."))
 _ = save_table(judged.table(""), run.path("table_glied_verdicts"), floatfmt=".3g")                  # the verdicts, for the README's summary
 _ = save_table(judged.table("Table 4"), run.path("table_glied_table4_verdicts"), floatfmt=".3g")
+_ = save_table(judged.parts_table("Table 4"), run.path("table_glied_table4_parts"), floatfmt=".3g")   # each claim's parts: the size table simulates them
 
 # %% [markdown]
 # *capbook:* how a claim is read as a test. "Overall improvement" is a higher CIDEr; "higher Relations and Count" a

@@ -370,28 +370,36 @@ display(Markdown(save_table(family, run.path("table_baselines_book_family"), flo
 # comparison's own configuration: its seed counts, the two rows' seed spreads, its model × image spread and per-image
 # noise, paired or not, on its metric (CIDEr, BLEU-4 or semantic F1, each in its own units). `02b_protocol` measures it
 # over a grid; here every distinct test of the book is simulated at its own configuration, as the verdict tables record
-# it (`capbook.claims.configuration_size`, 10,000 trials each at the default profile, no true difference), with normal
+# it (`capbook.claims.configuration_size`, 10,000 trials each at the default profile, no true difference), and so is
+# every part of a claim judged from several tests (GLIED's Table 4 rows, SPCA's localisation: `Claims.parts_table`), whose
+# error rate bounds the claim's (every part must hold); a part measured once per seed, with no per-image part (attention
+# correctness), is simulated by running its own test (`seed_means_size`). Each is simulated with normal
 # and with two-point seed effects (each seed ± its sd: a seed that lands in one of two modes). Beside the false-verdict
 # rate at 5 % stands the share of p below Holm's smallest threshold in the test's chapter (0.05 over its distinct tests)
 # and over the book, as a multiple of the nominal rate; the promise is at most 5 % and at most 1.5 times.
 
 # %%
-from capbook.claims import configuration_size
+from capbook.claims import configuration_size, seed_means_size
 trials = 500 if profile == "smoke" else 10_000
 size_rows = []
 floats = lambda col: [float(x) for x in str(col).split(", ")]
+parts = chapter_verdicts(profile, kind="parts")             # the parts of the compound claims (Table 4's, SPCA's localisation)
 for ch, df in tables.items():
     tested = df[df["p"].notna() & df["seeds"].notna()] if "seeds" in df else df.iloc[:0]
-    m_ch = max(1, tested["test"].nunique())
+    m_ch = max(1, df.loc[df["p"].notna(), "test"].nunique())
+    if ch in parts: tested = pd.concat([tested, parts[ch][parts[ch]["p"].notna() & parts[ch]["seeds"].notna()]], ignore_index=True)
     for _, r in tested.iterrows():
-        if r["test"] in {x["test"] for x in size_rows} or pd.isna(r.get("noise sd")): continue
-        S, sd, noise = tuple(int(x) for x in str(r["seeds"]).split(" vs ")), floats(r["seed sd"]), floats(r["noise sd"])
+        if r["test"] == r["test"] and r["test"] and r["test"] in {x["test"] for x in size_rows}: continue   # a test two claims share: once
+        S, sd = tuple(int(x) for x in str(r["seeds"]).split(" vs ")), floats(r["seed sd"])
         image_sd = 0.0 if pd.isna(r["image sd"]) else float(r["image sd"])
         row = {"test": r["test"], "chapter": ch, "claim": r["claim"], "design": r["design"], "seeds": r["seeds"], "seed sd": r["seed sd"],
                "image sd": image_sd}
         for eff in ("normal", "two-point"):
-            sim = configuration_size(S, tuple(sd), image_sd, tuple(noise), int(r["images"]), eff, trials=trials,
-                                     tails=(0.05 / m_ch, 0.05 / len(family)))
+            tails = (0.05 / m_ch, 0.05 / len(family))
+            if pd.isna(r.get("noise sd")) or pd.isna(r.get("images")):   # one number per seed (attention correctness): its own test
+                sim = seed_means_size(S, tuple(sd), eff, trials=trials, tails=tails)
+            else:
+                sim = configuration_size(S, tuple(sd), image_sd, tuple(floats(r["noise sd"])), int(r["images"]), eff, trials=trials, tails=tails)
             below = list(sim["p below"].values())
             row |= {f"{eff}: false verdicts (%)": 100 * sim["false verdicts"],
                     f"{eff}: chapter's Holm tail (× nominal)": below[0] / (0.05 / m_ch),

@@ -171,6 +171,16 @@ def test_a_comparison_s_own_configuration_is_simulated_paired_or_not_and_the_ran
     assert flip.min() == 2 / 64 and (flip <= 2 / 64 + 1e-12).mean() <= 2 / 64 + 2 * np.sqrt(2 / 64 / 3000)
 
 
+def test_a_measurement_once_per_seed_is_simulated_by_its_own_test_and_keeps_the_size():
+    "`seed_means_size` runs `seed_means_t_test` (one number per seed: attention correctness) on every trial: at three seeds a side the sign floor (0.25) allows no verdict; at seven and ten, unequal spreads and two-point seeds, the false verdicts stay at 5 % and Holm's tail within 1.5 times."
+    assert CL.seed_means_size((3, 3), (1.0, 1.0), trials=500)["false verdicts"] == 0.0
+    for S, eff in (((7, 7), "two-point"), ((10, 10), "normal"), ((10, 10), "two-point")):
+        r = CL.seed_means_size(S, (4.0, 1.0), eff, trials=4000, tails=(0.05 / 9,))
+        assert r["false verdicts"] <= 0.05 + 2 * r["mc se"], (S, eff, r)
+        assert r["p below"][0.05 / 9] <= 1.5 * 0.05 / 9 + 2 * (0.05 / 9 / 4000) ** 0.5, (S, eff, r)
+    assert CL.seed_means_size((7, 7), (1.0, 1.0), trials=300) == CL.seed_means_size((7, 7), (1.0, 1.0), trials=300)   # seeded
+
+
 def test_a_two_seed_part_beside_a_near_known_image_part_keeps_the_size():
     # the pooled df's worst case: one side's seeds (2 df) dominate and the image part (1,000 images: nearly known) is a
     # tenth to twice their size; a small seed spread both inflates |T| and lifts the plug-in df
