@@ -175,10 +175,10 @@ def _compared(ch, params: dict) -> tuple[Any, dict]:
     if p.scst_epochs is None: p = dataclasses.replace(p, scst_epochs=0)
     return p, {k: v for k, v in dataclasses.asdict(p).items() if k not in _NOT_COMPARED}
 
-def beside(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[dict]:
-    "The book's rows of a run's chapter, at its profile and on its data, that differ from it in at most one parameter (`record`: the run's results record): each row's name, how it differs, its seeds' test `metric` (x100), their mean, the mean's 95% interval (`_judged`: mean ± t_{n-1} sd/√n; one seed: none), and where the run falls against their range."
+def beside(notebook: str, p, record: dict, metric: str = "CIDEr", published: Path | None = None) -> list[dict]:
+    "The book's rows of a run's chapter, at its profile and on its data, that differ from it in at most one parameter (`record`: the run's results record): each row's name, how it differs, its seeds' test `metric` (x100), their mean, the mean's 95% interval (`_judged`: mean ± t_{n-1} sd/√n; one seed: none), and where the run falls against their range. `published`: a published book's folder (`figures/`), whose records alone are read — the seeds its tables were made from, never a seed this machine ran since."
     from capbook.plan import chapter_steps, replicas
-    from capbook.records import step_record
+    from capbook.records import RECORDS, read_record, step_record
     from capbook.claims import _judged
     ch = chapter(notebook)
     _, mine = _compared(ch, dataclasses.asdict(p))
@@ -191,10 +191,13 @@ def beside(notebook: str, p, record: dict, metric: str = "CIDEr") -> list[dict]:
         if len(differ) > 1: continue
         recs, seeds = [], []
         for s in replicas(p.profile, step):
+            if published is not None:                                     # the published book's seeds alone
+                if (f := Path(published) / RECORDS / f"{s.name}.json.gz").exists(): recs.append(read_record(f)); seeds.append(s)
+                continue
             try: recs.append(step_record(p.profile, s)); seeds.append(s)
             except CapbookError: pass                                     # a seed the book has not made (yet: the design's next look)
         if not recs: continue                                             # a row the book has not made (yet)
-        if any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, seeds)): continue   # only the book's own runs (or their published records), never a run by hand
+        if published is None and any(Path(r["_dir"]) != runs_dir() / p.profile / s.name for r, s in zip(recs, seeds)): continue   # only the book's own runs (or their published records), never a run by hand
         if any(r["data"]["fingerprint"] != record["data"]["fingerprint"] for r in recs): continue   # other data: not comparable
         xs = np.array([100 * r["metrics"][metric] for r in recs])
         lo, hi = ((float(v) for v in _judged(xs.mean(), xs.var(ddof=1) / len(xs), len(xs) - 1)[:2]) if len(xs) > 1 else (None, None))

@@ -256,7 +256,7 @@ def run_summary(folder: Path, notebook: str, metric: str = "CIDEr") -> str | Non
     if profile is None or not (f := folder / RECORDS / f"{notebook}.json.gz").exists(): return None
     rec, ch = read_record(f), chapter(notebook)
     p = ch.resolve(read_params(ch.params, rec["params"]))
-    rows = beside(notebook, p, rec, metric)
+    rows = beside(notebook, p, rec, metric, published=folder)   # the published seeds: a seed run here since is not the page's
     if not rows: return None
     cell = lambda r: (f"{r['mean']:.1f} [{r['lo']:.1f}, {r['hi']:.1f}]" if r["lo"] is not None else f"{r['mean']:.1f}")
     table = ["| row | how it differs | seeds | test " + metric + ", mean [95 % interval] | seeds' range | this run |", "|---|---|---:|---|---|---|"]

@@ -379,3 +379,20 @@ def test_the_published_time_table_has_no_negative_minute():
     num = t.select_dtypes("number").drop(columns=["captions / s"], errors="ignore")
     assert len(t) > 100 and {"train", "test", "rest"} <= set(num.columns)
     assert t.loc[(num < 0).any(axis=1), "step"].tolist() == []
+
+
+def test_a_chapter_page_s_summary_reads_the_published_seeds_alone(monkeypatch):
+    "The table a chapter run's page and reader's copy open with (`run_summary`) is made from the records the published book holds: a seed this machine ran since (the design's next look, before its tables are republished) does not leak into a copy it did not make."
+    import json
+    from capbook.book import run_summary
+    root = nbs_dir().parent
+    monkeypatch.setenv("CAPBOOK_HOME", str(root)); monkeypatch.setenv("CAPBOOK_DATA", str(root / "data"))
+    shown = 0
+    for nb in chapters():
+        md = run_summary(root / "figures", nb)
+        if md is None: continue
+        copy = json.loads((root / "figures" / "notebooks" / f"{nb}.ipynb").read_text())
+        text = "\n".join("".join(c["source"]) for c in copy["cells"] if c["cell_type"] == "markdown")
+        assert md in text, nb
+        shown += 1
+    assert shown >= 4
