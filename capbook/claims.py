@@ -482,20 +482,17 @@ def at_look(a, b) -> tuple[Any, Any, int | None]:
 
 def at_look_verdict(r: dict, look: int | None) -> dict:
     "A test's verdict under the sequential design at `look` (`look_verdict`): 'holds' or 'does not hold' only where its p crosses the look's boundary, else 'cannot tell', with the look's own word ('next look', 'futile', 'cannot tell') kept as `look verdict` and named in the text; the test as it is where there is no look or no p."
+    from scipy.stats import norm
     if look is None or r.get("p") is None: return {**r, "look": look}
     lv = look_verdict(r["value"], r["p"], look, trend=r.get("trend"))
     verdict = lv if lv in ("holds", "does not hold") else "cannot tell"
-    limit = float(2 * _norm_sf(boundaries()[look]))
+    limit = float(2 * norm.sf(boundaries()[look]))
     text = r.get("text", verdict)
     if verdict != r["verdict"] and text.startswith(r["verdict"]): text = verdict + text[len(r["verdict"]):]
     what = {"next look": f"more seeds to come, to {LOOKS[min(look + 1, len(LOOKS) - 1)]} a side", "futile": "no more seeds: out of reach (futility)",
             "cannot tell": "the last look", "holds": "decided", "does not hold": "decided"}[lv]
     return {**r, "verdict": verdict, "look": look, "look verdict": lv,
             "text": text + f" [look {look + 1} of {len(LOOKS)}, {LOOKS[look]} seeds a side: p must be below {limit:.4f}; {what}]"}
-
-def _norm_sf(x):
-    from scipy.stats import norm
-    return norm.sf(x)
 
 def look_record(tables: Mapping[str, Any]) -> dict[str, dict]:
     "The sequential design's state from published verdict tables (`{chapter: DataFrame}`, each `Claims.table`'s columns): each distinct test's rows, its last look and that look's verdict — what `seeds_wanted` reads. A test claimed in two chapters is one entry; a table without looks (one seed a row, or the book before the design) gives none."
