@@ -216,8 +216,11 @@ for label, _family, k, st in MODELS:
         h = stage["history"]
         val = [e["val CIDEr"] for e in h if "val CIDEr" in e]
         greedy = [e["greedy_reward"] for e in h if "greedy_reward" in e]
+        at = [e.get("epochs", e["epoch"] + 1) for e in h if "val CIDEr" in e]
+        best = int(np.argmax(val[1:])) + 1 if len(val) > 1 else 0
         scst_rows.append({"row": label, "seed": r.get("seed", seed), "val CIDEr, start (greedy)": 100 * val[0],
-                          "best val CIDEr": 100 * max(val[1:], default=float("nan")), "epochs": epochs_trained(h),
+                          "best val CIDEr": 100 * max(val[1:], default=float("nan")), "kept at (epochs)": at[best] if best else float("nan"),
+                          "last val CIDEr": 100 * val[-1], "epochs": epochs_trained(h),
                           "last-3-epoch gain": late_gain(h),
                           "greedy reward, first → last": f"{greedy[0]:.3f} → {greedy[-1]:.3f}" if greedy else "—",
                           "test CIDEr, start: beam 3 / greedy": f"{100 * start['metrics']['CIDEr']:.1f} / {100 * start['greedy']['CIDEr']:.1f}",
@@ -228,6 +231,12 @@ display(Markdown(save_table(scst, run.path("table_baselines_scst"), floatfmt=".1
 ends = scst.groupby("row", sort=False)["last-3-epoch gain"].apply(lambda g: curve_end(list(g)))
 rising = [r for r, e in ends.items() if e == "still rising"]
 display(Markdown("Still rising in most seeds when its budget ended: " + (", ".join(rising) if rising else "no stage") + "."))
+fell = scst[scst["last val CIDEr"] < 0.9 * scst["best val CIDEr"]]     # a stage that fell far from its best before its budget ended
+display(Markdown(("Fell from its best before its budget ended (its last evaluation more than 10 % below its best; the row keeps "
+                  "its best evaluation, the protocol's selection, so the fall costs the row nothing, but it says the stage is "
+                  "unstable at this rate and length): " + "; ".join(f"{r['row']} seed {r['seed']}, {r['best val CIDEr']:.1f} at "
+                  f"{r['kept at (epochs)']:g} epochs → {r['last val CIDEr']:.1f} at {r['epochs']:g}" for _, r in fell.iterrows()) + ".")
+                 if len(fell) else "No stage fell more than 10 % below its best before its budget ended."))
 bonus = lambda m: 100 * np.mean([r["stages"][m[1]]["metrics"]["CIDEr"] - r["stages"][m[1]]["greedy"]["CIDEr"]
                                  for r in recs[m[0]].get("seed_runs", [recs[m[0]]])])
 stages_of = [(label, k, st) for label, _f, k, st in MODELS if st != "xe"]
