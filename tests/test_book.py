@@ -297,6 +297,7 @@ def test_a_dead_worker_stops_the_book_with_one_line(home, monkeypatch):
         def __init__(self, profile, **how): self.steps = steps
         def get(self, step): return f"key of {step.name}"
         def training(self, step): return f"training key of {step.name}"
+        def resuming(self, step): return self.training(step)
     monkeypatch.setattr(book, "plan_keys", Keyring)
     monkeypatch.setattr(book, "run_step", dying_worker.run_step)
     with pytest.raises(CapbookError) as e:
