@@ -1,5 +1,5 @@
 """The offline docs site: nbdev directives honoured, tables/figures/maths on the page, API reference, atomic builds."""
-import base64, html, io, re, struct, sys
+import base64, html, io, os, re, struct, sys
 
 import matplotlib
 matplotlib.use("Agg")
@@ -138,14 +138,19 @@ def test_a_page_that_hangs_is_one_line_and_leaves_no_browser(tmp_path):
     import psutil
     (tmp_path / "hang.html").write_text("<html><body><script>while (true) {}</script></body></html>")
     (tmp_path / "ok.html").write_text("<html><body><p>READ_AGAIN_MARK</p></body></html>")
-    browsers = lambda: {p.pid for p in psutil.process_iter(["name", "status"])           # (a process that ends meanwhile: None)
-                        if "chromium" in (p.info["name"] or "") and p.info["status"] not in (None, psutil.STATUS_ZOMBIE)}
-    before = browsers()
+    def session(sid):                      # the live processes of the browser's own session (it starts one: another test's browsers are not in it)
+        out = set()
+        for p in psutil.process_iter(["status"]):
+            try:
+                if p.info["status"] not in (None, psutil.STATUS_ZOMBIE) and os.getsid(p.pid) == sid: out.add(p.pid)
+            except (ProcessLookupError, PermissionError, psutil.Error): pass      # a process that ended meanwhile
+        return out
     with pytest.raises(CapbookError) as e, Chromium(timeout=3) as browser:
+        assert session(browser.proc.pid)                                          # the check sees the browser while it lives
         browser.dom(tmp_path / "hang.html")
     assert str(e.value) == f"chromium gave no answer within 3 s for {(tmp_path / 'hang.html').as_uri()}"
     assert not (browser.proc.poll() is None), "the browser is gone"
-    assert not browsers() - before, browsers() - before
+    assert not session(browser.proc.pid), session(browser.proc.pid)
     with Chromium() as browser: assert "READ_AGAIN_MARK" in browser.dom(tmp_path / "ok.html")
 
 
