@@ -183,6 +183,7 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
     from capbook.docs import FOUND
     folder = Path(folder)
     lines: dict[str, list[str]] = {}
+    given = lambda x: x is not None and x == x                  # a cell the table fills (an empty CSV cell reads as NaN)
     for f, step in verdict_tables(folder):
         if step is None: continue
         part = _part(f)
@@ -190,11 +191,11 @@ def findings(folder: Path) -> dict[str, tuple[str, Path | None]]:
             p = f"p {r['p']:.2g}" if isinstance(r["p"], float) and r["p"] == r["p"] else ""
             if p and r["verdict"] in ("holds", "does not hold"):   # Holm named only where it bears on the reading
                 p += "; survives Holm's correction" if r["Holm"] == "survives" else "; not after Holm's correction over the chapter"
-            if p and r["verdict"] == "cannot tell" and (could := r.get("could see (80 % power)")) == could and could is not None:
+            if p and r["verdict"] == "cannot tell" and given(could := r.get("could see (80 % power)")):
                 share = r.get("could see (% of second row)")
-                p += (f"; it could have seen a difference of {could:.1f} or more" + (f" ({share:.1f} % of the second row's score)" if share == share and share is not None else "")
+                p += (f"; it could have seen a difference of {could:.1f} or more" + (f" ({share:.1f} % of the second row's score)" if given(share) else "")
                       if could != float("inf") else f"; no difference was within reach of {r.get('seeds', 'its')} seeds")   # what the seeds could have told (capbook.claims.book_reach)
-                if (paper := r.get("paper's difference (%)")) == paper and paper is not None:   # beside the paper's own (capbook.claims.within_reach)
+                if given(paper := r.get("paper's difference (%)")):   # beside the paper's own (capbook.claims.within_reach)
                     p += (f"; the paper's difference, {paper:+.1f} % of its second row's, was "
                           + ("within" if r.get("paper's within reach") == "yes" else "out of") + " reach")
             claim = re.sub(r"([*_\[\]`])", r"\\\1", r["claim"])      # as written: Soft-Attention* is no emphasis
