@@ -16,7 +16,7 @@ from .profiles import check_profile
 __all__ = ['OP_KINDS', 'Family', 'families', 'setup', 'train_batches', 'train_speed', 'trained_weights', 'decode_speed',
            'op_kind', 'matmul_peak', 'step_profile', 'alternatives', 'stacked_runs', 'stacked_speed',
            'capture_agreement', 'capture_diagnosis', 'sync', 'capture_bench', 'TutorialDecoder', 'tutorial_speed',
-           'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times', 'gpu_table',
+           'cider_bench', 'bench', 'family_spec', 'versus', 'versus_table', 'chapter_times', 'reader_time', 'gpu_table',
            'capture_table']
 
 # %% ../nbs/00r_bench.ipynb
@@ -498,6 +498,27 @@ def chapter_times(notebooks: list[str], profile: str = "default", device: str = 
         log(f"{nb:22s} {row['model']:12s} {row['wall_s']:7.1f} s ({row['train_s']:.0f} s training, {row['val_s']:.0f} s validating, "
             f"{row['test_s']:.0f} s test) for {row['epochs_trained']:g} epochs, best at {row['best_at']:g}; "
             f"{row['train_captions_per_s']:.0f} captions/s; test CIDEr {row['CIDEr']:.1f}  [{dev}, {row['precision']}]")
+    return out
+
+# %% ../nbs/00r_bench.ipynb
+def reader_time(notebook: str, params: dict, profile: str = "smoke", log: Callable[[str], None] = print) -> dict:
+    "Wall time of `papermill nbs/<notebook>.ipynb out.ipynb -p k v … -p profile <profile>` as a newcomer runs it: a fresh clone of this checkout's last commit as its home (`CAPBOOK_HOME`), so nothing of this book's runs or caches is reused; the run's stderr tail in the error if it fails."
+    import os, subprocess, sys, tempfile
+    from pathlib import Path
+    from capbook.core import cpu_name, project_root
+    check_profile(profile)
+    argv = [f"nbs/{notebook}.ipynb", "out.ipynb"] + [a for k, v in {**params, "profile": profile}.items() for a in ("-p", k, str(v))]
+    with tempfile.TemporaryDirectory(prefix="capbook-reader-") as tmp:
+        home = Path(tmp) / "capbook"
+        subprocess.run(["git", "clone", "-q", str(project_root()), str(home)], check=True)
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "papermill", *argv], cwd=home, env={**os.environ, "CAPBOOK_HOME": str(home)},
+                           capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if p.returncode: raise CapbookError(f"papermill {' '.join(argv)} failed in {home}: " + p.stderr.strip()[-400:])
+    out = {"command": "papermill " + " ".join(argv), "profile": profile, "wall_s": round(wall, 1), "machine": cpu_name(),
+           "measured": time.strftime("%Y-%m-%d")}
+    log(f"{out['command']}: {wall / 60:.1f} minutes on {out['machine']}")
     return out
 
 # %% ../nbs/00r_bench.ipynb

@@ -679,6 +679,38 @@ def chapter_times(notebooks: list[str], profile: str = "default", device: str = 
     return out
 
 # %% [markdown]
+# A reader's first contact is one chapter with other parameters, the README's command
+# (`papermill nbs/03_spca.ipynb out.ipynb -p kernel 5`). `reader_time` runs exactly that command as a newcomer would on
+# a fresh clone: a new papermill process in a clone of this checkout's last commit, its own home (`CAPBOOK_HOME`: no
+# run, no prepared data, no cached feature of this book to resume from), and times it from start to end: data
+# preparation, training, test decoding and scoring, the notebook's closing lines. `capbook bench --reader` measures it
+# at the smoke profile, the toy-sized run README offers for a first try; `figures/bench_reader.json` keeps what it
+# measured, and README's one-chapter line reads its minutes from there (the default profile's minutes come from the
+# book's own run of the same parameters, `table_book_times`).
+
+# %%
+#| export
+def reader_time(notebook: str, params: dict, profile: str = "smoke", log: Callable[[str], None] = print) -> dict:
+    "Wall time of `papermill nbs/<notebook>.ipynb out.ipynb -p k v … -p profile <profile>` as a newcomer runs it: a fresh clone of this checkout's last commit as its home (`CAPBOOK_HOME`), so nothing of this book's runs or caches is reused; the run's stderr tail in the error if it fails."
+    import os, subprocess, sys, tempfile
+    from pathlib import Path
+    from capbook.core import cpu_name, project_root
+    check_profile(profile)
+    argv = [f"nbs/{notebook}.ipynb", "out.ipynb"] + [a for k, v in {**params, "profile": profile}.items() for a in ("-p", k, str(v))]
+    with tempfile.TemporaryDirectory(prefix="capbook-reader-") as tmp:
+        home = Path(tmp) / "capbook"
+        subprocess.run(["git", "clone", "-q", str(project_root()), str(home)], check=True)
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "papermill", *argv], cwd=home, env={**os.environ, "CAPBOOK_HOME": str(home)},
+                           capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if p.returncode: raise CapbookError(f"papermill {' '.join(argv)} failed in {home}: " + p.stderr.strip()[-400:])
+    out = {"command": "papermill " + " ".join(argv), "profile": profile, "wall_s": round(wall, 1), "machine": cpu_name(),
+           "measured": time.strftime("%Y-%m-%d")}
+    log(f"{out['command']}: {wall / 60:.1f} minutes on {out['machine']}")
+    return out
+
+# %% [markdown]
 # `figures/bench_gpu.json` keeps what the GPU measured when one was lent (both commands above with `--device cuda`, the
 # chapters at seed 0); `gpu_table` renders it for the last section of this page, whose copy a test keeps equal to it.
 

@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--rounds", type=int, default=3, help="with --against: alternating rounds per code (the fastest kept)")
     be.add_argument("--chapters", nargs="+", metavar="NOTEBOOK", help="instead: time complete chapter runs as the book makes them "
                     "(e.g. 02_show_attend_tell 03_spca): training to the protocol's stop, test decoding, measurements")
+    be.add_argument("--reader", action="store_true", help="instead: time README's one-chapter command as a newcomer runs it "
+                    "(papermill in a fresh clone of the last commit, at --profile; what figures/bench_reader.json keeps at smoke)")
     t = sub.add_parser("train", help="train one registered model on shapes (supports torchrun)")
     t.add_argument("--config", metavar="YAML", help="parameters from this file (a run folder's params.yaml repeats that run); "
                    "flags given override it; keys: " + ", ".join(TRAIN_DEFAULTS))
@@ -225,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                 from capbook.bench import capture_bench
                 print(json.dumps(capture_bench(a.profile, a.family.split(",") if a.family else None, [k for k in a.stacked if k] or [32], a.batches,
                                                device=a.device, log=lambda s: print(s, flush=True)))); return 0
+            if a.reader:
+                from capbook.bench import reader_time
+                from capbook.book import EXAMPLE
+                print(json.dumps(reader_time(*EXAMPLE, a.profile, log=lambda s: print(s, flush=True)))); return 0
             if a.chapters:
                 print(json.dumps(chapter_times(a.chapters, a.profile, a.device, log=lambda s: print(s, flush=True)))); return 0
             print(json.dumps(bench(a.profile, a.family.split(",") if a.family else None, a.batches, device=a.device,

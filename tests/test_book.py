@@ -634,7 +634,7 @@ def test_only_selects_chapters_steps_and_patterns():
 
 
 def test_readme_blocks_come_from_the_published_tables(tmp_path):
-    "The README's generated sentences: the one-chapter example's minutes and machine from the published time table (the command alone where there is none); after the results, how many self-critical seeds ended below their start on validation and what each stage did to the captions, counted from the published tables, and where each stage is set beside its start."
+    "The README's generated sentences: the one-chapter example's minutes and machine from the published time table (the command alone where there is none), and its smoke run's minutes from `bench_reader.json` where they are of the same command; after the results, how many self-critical seeds ended below their start on validation and what each stage did to the captions, counted from the published tables, and where each stage is set beside its start."
     import pandas as pd
     from capbook.book import EXAMPLE, one_chapter, results_table
     figs = Path(__file__).resolve().parent.parent / "figures"
@@ -643,6 +643,12 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
     (tmp_path / "table_book_times.csv").write_text("step,minutes\n03_spca-k5,42.4\n")
     (tmp_path / "table_book_times.md").write_text("| step | minutes |\n\nMachine: Some CPU, 8 cores (the one that published this table).\n")
     assert f"{cmd} (the book's `03_spca-k5`: 42 minutes on Some CPU, 8 cores" in one_chapter(tmp_path)
+    reader = {"command": "papermill nbs/03_spca.ipynb out.ipynb -p kernel 5 -p profile smoke", "profile": "smoke", "wall_s": 185.0, "machine": "Other CPU, 2 cores"}
+    (tmp_path / "bench_reader.json").write_text(json.dumps(reader))                  # `capbook bench --reader --profile smoke`
+    assert one_chapter(tmp_path).endswith("8 cores, two runs side by side; with `-p profile smoke`, toy-sized numbers in 3 minutes "
+                                          "from a fresh clone on Other CPU, 2 cores).")
+    (tmp_path / "bench_reader.json").write_text(json.dumps({**reader, "command": "papermill nbs/03_spca.ipynb out.ipynb -p kernel 3 -p profile smoke"}))
+    assert "smoke" not in one_chapter(tmp_path)                                      # another command's minutes are not this one's
     pd.read_csv(figs / "table_baselines_all.csv").to_csv(tmp_path / "table_baselines_all.csv", index=False)
     pd.DataFrame([{"row": "Up-Down + SCST", "seed": 0, "val CIDEr, start (greedy)": 100.0, "best val CIDEr": 110.0},
                   {"row": "Up-Down + SCST", "seed": 1, "val CIDEr, start (greedy)": 107.5, "best val CIDEr": 107.0},
