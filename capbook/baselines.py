@@ -14,7 +14,7 @@ from .models import CaptionModel, Dropout, register, tanh
 from .objectives import DoublyStochastic
 from .sat import SATConfig, ShowAttendTell, WIDTHS
 from .ssa import WARMUP, SSAConfig, SpatialTransformer
-from .profiles import BUDGET, Chapter, LADDER, RunConfig, register_chapter, protocol_epochs, scst_budget
+from .profiles import BUDGET, Chapter, LADDER, SCST_RUNGS, RunConfig, register_chapter, protocol_epochs, scst_budget
 
 # %% auto 0
 __all__ = ['IMAGE_INPUTS', 'SCA_ORDERS', 'BASELINES', 'BASELINES_CHAPTER', 'BASELINE_NOTE', 'RecurrentConfig', 'NICConfig',
@@ -272,7 +272,7 @@ class BaselineParams(SCAConfig, RunConfig):
     hidden_dim: int | None = None       # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
-    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs one rung up the ladder, `scst_budget`)
+    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs two rungs up the ladder, `scst_budget`)
     d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
     heads: int | None = None            # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
     d_hidden: int | None = None         # ct: the feed-forward's width; None: the profile's (2 d_model)
@@ -291,9 +291,9 @@ BASELINES_CHAPTER = register_chapter(Chapter(
           **{m.replace("_", "-"): {"model": m, "scst_epochs": 0} for m in ("nic", "lstm", "sca_cnn", "ct")}},
     epochs=protocol_epochs(longer=lambda p: p.model in ("updown", "ct", "att2in")),   # the protocol's budget; Up-Down and CT at the ladder's second rung (still rising at 15), Att2in as long as GLIED
     sizes={"smoke": {"d_model": 64, "heads": 1, "d_hidden": 128, "scst_epochs": 1, **WIDTHS["smoke"]},
-           "default": {"d_model": 64, "heads": 1, "d_hidden": 128, **WIDTHS["default"],   # SCST: 2/3 of the row's cross-entropy epochs, one rung up
+           "default": {"d_model": 64, "heads": 1, "d_hidden": 128, **WIDTHS["default"],   # SCST: 2/3 of the row's cross-entropy epochs, `SCST_RUNGS` up
                        "scst_epochs": lambda p: scst_budget(LADDER * BUDGET["default"] if p.model in ("updown", "att2in") else BUDGET["default"],
-                                                            climbed=p.model in ("updown", "att2in"))},
+                                                            rungs=SCST_RUNGS if p.model in ("updown", "att2in") else 0)},
            "paper": {"d_model": 512, "heads": 8, "d_hidden": 1024, "scst_epochs": 20, **WIDTHS["paper"]}},
     train={},                                             # the protocol, as every compared row
     label=lambda p: {"nic": "Show and Tell", "lstm": "LSTM", "att2in": "Att2in", "sca_cnn": "SCA-CNN",

@@ -12,11 +12,11 @@ from .core import CapbookError, check_choice, check_float, check_int, cpu_precis
 
 # %% auto 0
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_SCST', 'PROFILE_PRECISION', 'PROFILE_LR', 'BUDGET', 'LADDER',
-           'RISING', 'CHAPTERS', 'SEEDS', 'SCST_SHARE', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS', 'check_profile',
-           'out_dir', 'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin', 'RunConfig',
-           'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter', 'model_hparams',
-           'epochs_trained', 'row_epochs', 'row_budget', 'late_gain', 'curve_end', 'scst_budget', 'rungs_below',
-           'scst_arms', 'decoding', 'train_config', 'train_procs']
+           'RISING', 'CHAPTERS', 'SEEDS', 'SCST_SHARE', 'SCST_RUNGS', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS',
+           'check_profile', 'out_dir', 'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin',
+           'RunConfig', 'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter',
+           'model_hparams', 'epochs_trained', 'row_epochs', 'row_budget', 'late_gain', 'curve_end', 'scst_budget',
+           'rungs_below', 'scst_arms', 'decoding', 'train_config', 'train_procs']
 
 # %% ../nbs/00la_profiles.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -261,9 +261,11 @@ def curve_end(gains: list[float | None], margin: float = RISING) -> str:
 
 SCST_SHARE = 2 / 3    # a self-critical stage's most epochs, as a share of its cross-entropy run's: the peers' (ruotianluo's recipes: 20 after 30)
 
-def scst_budget(xe_epochs: int, climbed: bool = False) -> int:
-    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up; `climbed`: the ladder's next rung, `LADDER` times that, for a row whose stages were still rising at the end of the first (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."
-    return math.ceil(SCST_SHARE * xe_epochs) * (LADDER if climbed else 1)
+SCST_RUNGS = 2        # the rungs the '+ SCST' rows' stages climbed at the default profile: most seeds of GLIED's and its base's arms still rising at 20 and at 40 (02b_protocol); one number for every such row, so that a claim between two compares one budget
+
+def scst_budget(xe_epochs: int, rungs: int = 0) -> int:
+    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up, at the ladder's first rung; `rungs` up the ladder (`SCST_RUNGS` for the default book's '+ SCST' rows), `LADDER`**`rungs` times that, for a row whose stages were still rising at the end of each rung below (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."
+    return math.ceil(SCST_SHARE * xe_epochs) * LADDER ** rungs
 
 def rungs_below(epochs: int) -> list[int]:
     "The ladder's rungs below a budget of `epochs` (each `LADDER` times the one below it), from the nearest: the budgets a run that climbed trained at first."

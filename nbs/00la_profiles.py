@@ -356,9 +356,11 @@ def curve_end(gains: list[float | None], margin: float = RISING) -> str:
 
 SCST_SHARE = 2 / 3    # a self-critical stage's most epochs, as a share of its cross-entropy run's: the peers' (ruotianluo's recipes: 20 after 30)
 
-def scst_budget(xe_epochs: int, climbed: bool = False) -> int:
-    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up; `climbed`: the ladder's next rung, `LADDER` times that, for a row whose stages were still rising at the end of the first (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."
-    return math.ceil(SCST_SHARE * xe_epochs) * (LADDER if climbed else 1)
+SCST_RUNGS = 2        # the rungs the '+ SCST' rows' stages climbed at the default profile: most seeds of GLIED's and its base's arms still rising at 20 and at 40 (02b_protocol); one number for every such row, so that a claim between two compares one budget
+
+def scst_budget(xe_epochs: int, rungs: int = 0) -> int:
+    "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up, at the ladder's first rung; `rungs` up the ladder (`SCST_RUNGS` for the default book's '+ SCST' rows), `LADDER`**`rungs` times that, for a row whose stages were still rising at the end of each rung below (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."
+    return math.ceil(SCST_SHARE * xe_epochs) * LADDER ** rungs
 
 def rungs_below(epochs: int) -> list[int]:
     "The ladder's rungs below a budget of `epochs` (each `LADDER` times the one below it), from the nearest: the budgets a run that climbed trained at first."
@@ -406,8 +408,8 @@ def train_procs() -> int:
 # epochs, and a row most of whose seeds gained more than a flat tail's wobble (`RISING`), which then trains at the
 # ladder's next budget (`protocol_epochs`); `02b_protocol` states the rule and checks it on synthetic curves. The rule
 # reads a self-critical stage's curve the same way (its history after the start's evaluation), and a row whose stages
-# were still rising trains them at the next rung (`scst_budget(..., climbed=True)`); its stages' checkpoints at the rung
-# below go on where they stopped (`capbook.train`, *A budget that grows*), the rate of a stage not reading its budget.
+# were still rising trains them at the next rung (`scst_budget(..., rungs=1)`), and so on up (`SCST_RUNGS`); its stages' checkpoints at
+# the rung below go on where they stopped (`capbook.train`, *A budget that grows*), the rate of a stage not reading its budget.
 
 # %%
 _curve = lambda *v: [{"epoch": -1, "val CIDEr": 0.0}] + [{"epoch": i, "epochs": i + 1, "val CIDEr": c} for i, c in enumerate(v)]
@@ -417,4 +419,5 @@ assert curve_end([1.8, -0.1, 1.9]) == "still rising" and curve_end([1.8, 0.9, -1
 assert curve_end([0.3, 0.2, 0.9]) == "flat or falling" and curve_end([1.8, 1.1, -3, -2]) == "flat or falling"   # within a flat tail's wobble; half is not most
 assert ladder_twin({"model": "x"}) == {"model": "x", "epochs": 30}
 assert protocol_epochs()["default"] == 15 and protocol_epochs(longer=True)["default"](None) == 30
-assert scst_budget(30) == 20 and scst_budget(30, climbed=True) == 40 and rungs_below(40) == [20, 10, 5] and rungs_below(15) == []
+assert scst_budget(30) == 20 and scst_budget(30, rungs=1) == 40 and scst_budget(30, rungs=2) == 80
+assert rungs_below(80) == [40, 20, 10, 5] and rungs_below(15) == []
