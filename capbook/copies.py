@@ -186,7 +186,7 @@ def image_link(name: str) -> str:
     "The Markdown a slim copy's figure output shows in place of its inline PNG: a link to its file in `img/`, which GitHub and JupyterLab render from the copy's folder."
     return f"![figure](img/{name})"
 
-_BARE_REPR = re.compile(r"<[\w.]+ object>")   # a repr that names only its class: `<IPython.core.display.Image object>`
+_BARE_REPR = re.compile(r"<[\w.]+ object>")   # a repr that names only its class, as an IPython `Image`'s does
 
 def link_images(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     "`nb` (slim) with each image output also carrying `image_link` as Markdown, the richest form a reader's viewer then finds. For a viewer of text only, a text/plain that says something (`<Figure size 1400x420 with 4 Axes>`) stays; one that names only its class (`_BARE_REPR`) becomes the image's file."

@@ -226,7 +226,7 @@ def image_link(name: str) -> str:
     "The Markdown a slim copy's figure output shows in place of its inline PNG: a link to its file in `img/`, which GitHub and JupyterLab render from the copy's folder."
     return f"![figure](img/{name})"
 
-_BARE_REPR = re.compile(r"<[\w.]+ object>")   # a repr that names only its class: `<IPython.core.display.Image object>`
+_BARE_REPR = re.compile(r"<[\w.]+ object>")   # a repr that names only its class, as an IPython `Image`'s does
 
 def link_images(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     "`nb` (slim) with each image output also carrying `image_link` as Markdown, the richest form a reader's viewer then finds. For a viewer of text only, a text/plain that says something (`<Figure size 1400x420 with 4 Axes>`) stays; one that names only its class (`_BARE_REPR`) becomes the image's file."
@@ -316,7 +316,8 @@ _s = slim_notebook(_r, _img)
 assert "image/png" not in _s.cells[1].outputs[1].data and len(list(_img.glob("*.png"))) == 1
 assert _s.cells[1].outputs[1].data["text/markdown"] == f"![figure](img/{next(_img.glob('*.png')).name})"   # what GitHub shows
 assert inflate_notebook(_s, _img).cells[1].outputs[1].data == _ex.cells[1].outputs[2].data       # the PNG back, the link gone
-_o = nbformat.v4.new_output("display_data", data={"text/plain": "<IPython.core.display.Image object>"}, metadata={_IMG_KEY: "a.png"})
+from IPython.display import Image as _Image
+_o = nbformat.v4.new_output("display_data", data={"text/plain": repr(_Image(data=b"\x89PNG fake bytes", format="png"))}, metadata={_IMG_KEY: "a.png"})
 assert link_images(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[_o])])).cells[0].outputs[0].data == \
     {"text/plain": "figure: img/a.png", "text/markdown": "![figure](img/a.png)"}                # a bare repr says where the figure is
 print(_r.cells[0].source)
