@@ -203,7 +203,8 @@ display(Markdown(f"{(curves['curve at the end'] == 'flat or falling').sum()} of 
 #
 # Each row is one seed's stage: the greedy validation CIDEr it started from and the best it reached (×100), the epochs
 # it trained and what its last three gained (the best validation CIDEr in them minus the best before), the reward
-# (CIDEr-D) of the training images' greedy captions at the first and last evaluation, and the
+# (CIDEr-D) of the training images' greedy captions at the first and last evaluation, its mean advantage (a sample's
+# reward minus its baseline, over the stage's training batches: what sign its policy gradient mostly has), and the
 # test CIDEr of its start and of the stage under beam 3 and greedily. The beam's lead over greedy decoding is the
 # *decoding bonus*: how much of a row's CIDEr the decode, not the model, chose.
 
@@ -223,6 +224,7 @@ for label, _family, k, st in MODELS:
                           "last val CIDEr": 100 * val[-1], "epochs": epochs_trained(h),
                           "last-3-epoch gain": late_gain(h),
                           "greedy reward, first → last": f"{greedy[0]:.3f} → {greedy[-1]:.3f}" if greedy else "—",
+                          "advantage, mean": np.mean([e["reward"] - e["baseline"] for e in h if "baseline" in e]),   # sample's reward − baseline, over the stage
                           "test CIDEr, start: beam 3 / greedy": f"{100 * start['metrics']['CIDEr']:.1f} / {100 * start['greedy']['CIDEr']:.1f}",
                           "test CIDEr, stage: beam 3 / greedy": f"{100 * stage['metrics']['CIDEr']:.1f} / {100 * stage['greedy']['CIDEr']:.1f}",
                           "stage min": (stage["train_s"] + stage.get("val_s", 0.0)) / 60})
@@ -237,6 +239,15 @@ display(Markdown(("Fell from its best before its budget ended (its last evaluati
                   "unstable at this rate and length): " + "; ".join(f"{r['row']} seed {r['seed']}, {r['best val CIDEr']:.1f} at "
                   f"{r['kept at (epochs)']:g} epochs → {r['last val CIDEr']:.1f} at {r['epochs']:g}" for _, r in fell.iterrows()) + ".")
                  if len(fell) else "No stage fell more than 10 % below its best before its budget ended."))
+arm = lambda r: "mean" if "(mean baseline)" in r else "greedy"
+adv = scst.assign(arm=scst["row"].map(arm)).groupby("arm")["advantage, mean"]
+display(Markdown(f"A greedy-baseline stage's samples score below its greedy captions on average (its mean advantage, reward − "
+                 f"baseline, runs from {adv.min()['greedy']:+.3f} to {adv.max()['greedy']:+.3f} CIDEr-D over its stages), so most of "
+                 "its gradient pushes down what it sampled; a mean-baseline stage's advantage is zero on average by construction "
+                 f"({adv.min()['mean']:+.3f} to {adv.max()['mean']:+.3f}). Stages that fell: {(fell['row'].map(arm) == 'greedy').sum()} "
+                 f"of {(scst['row'].map(arm) == 'greedy').sum()} greedy-baseline, {(fell['row'].map(arm) == 'mean').sum()} of "
+                 f"{(scst['row'].map(arm) == 'mean').sum()} mean-baseline. Whether the one-sided push is what makes a stage fall is not "
+                 "established."))
 bonus = lambda m: 100 * np.mean([r["stages"][m[1]]["metrics"]["CIDEr"] - r["stages"][m[1]]["greedy"]["CIDEr"]
                                  for r in recs[m[0]].get("seed_runs", [recs[m[0]]])])
 stages_of = [(label, k, st) for label, _f, k, st in MODELS if st != "xe"]
