@@ -480,10 +480,10 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # - **Its budget is the peers', then the ladder's.** 2/3 of the row's cross-entropy epochs (20 after 30 in the
 #   reference configs), then the ladder rule, which holds for every row of the book: at 20 epochs most seeds of both
 #   of Up-Down's arms were still gaining in their last three, so its stages climbed to 40; at 40 most seeds of both
-#   arms of GLIED's and its base's stages were still gaining, so every "+ SCST" row climbs to 80 (`SCST_RUNGS`).
-#   Att2in's had flattened at 20 and trains 80 too, so that every claim between "+ SCST" rows (Att2in's or Up-Down's
-#   against GLIED's) compares one budget. Like every row of the book it trains its whole
-#   budget and keeps its best validation evaluation, so it never stops on a plateau a longer run would climb out of.
+#   arms of GLIED's, its base's and Att2in's stages were still gaining, so every "+ SCST" row climbs to 80 (`SCST_RUNGS`).
+#   Att2in's had flattened at 20 and climbed to 40 with the others, where it was rising again; Up-Down's climbs to 80
+#   with them, so that every claim between "+ SCST" rows (Att2in's or Up-Down's against GLIED's) compares one budget.
+#   Like every row of the book it trains its whole budget and keeps its best validation evaluation, so it never stops on a plateau a longer run would climb out of.
 # - **It is selected as it trains.** Validation decodes greedily, as the stage samples and as the reference validates
 #   (`beam_size` 1). On shapes the decode picks the caption's kind, so a beam-3 selection would credit the stage with the
 #   beam's bonus over its own greedy caption. The start is validated first, for the history, and never kept: a "+ SCST"
