@@ -295,7 +295,8 @@ def one_chapter(folder: Path) -> str:
     step = next((s.name for s in plan("default") if s.notebook == nb and s.params == {"profile": "default", **params}), None)
     minutes = published_minutes(folder, step) if step else None
     smoke = load_json(f) if (f := Path(folder) / "bench_reader.json").exists() else None
-    toy = (f"; with `-p profile smoke`, toy-sized numbers in {smoke['wall_s'] / 60:.0f} minutes from a fresh clone on {smoke['machine']}"
+    took = lambda s: f"{s / 60:.0f} minutes" if s >= 90 else f"{s:.0f} seconds"
+    toy = (f"; with `-p profile smoke`, toy-sized numbers in {took(smoke['wall_s'])} from a fresh clone on {smoke['machine']}"
            if smoke and smoke["profile"] == "smoke" and smoke["command"].startswith(cmd[1:-1].removeprefix(".venv/bin/")) else "")
     if minutes is None: return f"One chapter with other parameters: {cmd}" + (f" ({toy[2:]})." if toy else ".")
     return (f"One chapter with other parameters: {cmd} (the book's `{step}`: {minutes:.0f} minutes on "

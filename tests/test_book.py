@@ -647,6 +647,8 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
     (tmp_path / "bench_reader.json").write_text(json.dumps(reader))                  # `capbook bench --reader --profile smoke`
     assert one_chapter(tmp_path).endswith("8 cores, two runs side by side; with `-p profile smoke`, toy-sized numbers in 3 minutes "
                                           "from a fresh clone on Other CPU, 2 cores).")
+    (tmp_path / "bench_reader.json").write_text(json.dumps({**reader, "wall_s": 27.5}))
+    assert "toy-sized numbers in 28 seconds from" in one_chapter(tmp_path)              # under a minute and a half: seconds
     (tmp_path / "bench_reader.json").write_text(json.dumps({**reader, "command": "papermill nbs/03_spca.ipynb out.ipynb -p kernel 3 -p profile smoke"}))
     assert "smoke" not in one_chapter(tmp_path)                                      # another command's minutes are not this one's
     pd.read_csv(figs / "table_baselines_all.csv").to_csv(tmp_path / "table_baselines_all.csv", index=False)
