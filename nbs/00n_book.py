@@ -649,8 +649,9 @@ def book_times(profile: str, steps: list[Step], published: Path | None = None):
         scst = sum(v.get("train_s", 0.0) + v.get("val_s", 0.0) for k, v in rec.get("stages", {}).items() if k != "xe") / 60
         # a run stopped and resumed from its checkpoint: its execution's minutes are the last process's, its training
         # and validation minutes every process's; the step costs at least those (the time of a killed process is not its)
-        total = max(total, 60 * sum(ph.values()))
-        rows.append({"step": s.name, "minutes": total / 60, **ph, "rest": total / 60 - sum(ph.values()),
+        # (in minutes, so that where the phases are the whole, the rest is exactly 0, not a rounding's −1e-14)
+        minutes = max(total / 60, sum(ph.values()))
+        rows.append({"step": s.name, "minutes": minutes, **ph, "rest": minutes - sum(ph.values()),
                      "of it self-critical": scst, "captions / s": t.get("train_captions_per_s"), "machine": machine})
     df = pd.DataFrame(rows)
     if "of it self-critical" in df: df["of it self-critical"] = df["of it self-critical"].fillna(0.0)   # rows kept from a table without it
