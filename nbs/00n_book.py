@@ -291,13 +291,14 @@ EXAMPLE = ("03_spca", {"kernel": 5})   # the README's one chapter run with other
 def one_chapter(folder: Path) -> str:
     "The README's one-chapter example (`EXAMPLE`): its papermill command; from the published `table_book_times.csv`, the minutes the book's run of the same parameters took and on what machine; from `bench_reader.json` (`capbook bench --reader --profile smoke`), the minutes the same command took at the smoke profile from a fresh clone."
     nb, params = EXAMPLE
-    cmd = f"`.venv/bin/papermill nbs/{nb}.ipynb out.ipynb " + " ".join(f"-p {k} {v}" for k, v in params.items()) + "`"
+    plain = f"papermill nbs/{nb}.ipynb out.ipynb " + " ".join(f"-p {k} {v}" for k, v in params.items())
+    cmd = f"`.venv/bin/{plain}`"
     step = next((s.name for s in plan("default") if s.notebook == nb and s.params == {"profile": "default", **params}), None)
     minutes = published_minutes(folder, step) if step else None
     smoke = load_json(f) if (f := Path(folder) / "bench_reader.json").exists() else None
     took = lambda s: f"{s / 60:.0f} minutes" if s >= 90 else f"{s:.0f} seconds"
     toy = (f"; with `-p profile smoke`, toy-sized numbers in {took(smoke['wall_s'])} from a fresh clone on {smoke['machine']}"
-           if smoke and smoke["profile"] == "smoke" and smoke["command"].startswith(cmd[1:-1].removeprefix(".venv/bin/")) else "")
+           if smoke and smoke["profile"] == "smoke" and smoke["command"] == f"{plain} -p profile smoke" else "")
     if minutes is None: return f"One chapter with other parameters: {cmd}" + (f" ({toy[2:]})." if toy else ".")
     return (f"One chapter with other parameters: {cmd} (the book's `{step}`: {minutes:.0f} minutes on "
             f"{_timed_on(folder)}, two runs side by side{toy}).")
