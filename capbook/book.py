@@ -20,9 +20,9 @@ __all__ = ['SCST', 'RAN', 'SAY_VERDICTS', 'SAY_SCST', 'SAY_SEMANTIC', 'EXAMPLE',
            'verdict_tables', 'published_minutes', 'verdict_lines', 'findings', 'run_summary', 'one_chapter',
            'book_time', 'fill_blocks', 'index_blocks', 'headline', 'readme_text', 'readme_status', 'sync_readme',
            'kernel_manager', 'warm_kernel', 'unchanged', 'published_stand_in', 'skipped_line', 'run_step',
-           'stamp_training_keys', 'book_times', 'machines_line', 'publish', 'retire', 'readers_copies',
-           'refresh_published', 'build_docs', 'would_run', 'run_plan', 'select_steps', 'book_lock', 'Ended',
-           'ended_by_signals', 'run_book', 'write_kernel_config']
+           'stamp_training_keys', 'stamp_first_stage_keys', 'book_times', 'machines_line', 'publish', 'retire',
+           'readers_copies', 'refresh_published', 'build_docs', 'would_run', 'run_plan', 'select_steps', 'book_lock',
+           'Ended', 'ended_by_signals', 'run_book', 'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -514,6 +514,21 @@ def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
             if ck.get("step_key") != K.get(s) or ck.get("training_key") == K.training(s): continue
             save_torch(last, {**ck, "training_key": K.training(s)}); out.append(last)
     log(f"{len(out)} checkpoints stamped with their step's training key")
+    return out
+
+def stamp_first_stage_keys(profile: str = "default", log=print) -> list[Path]:
+    "Write each '+ SCST' chapter run's first-stage key (`capbook.results.Keys.first_stage`) into its finished cross-entropy checkpoint where that checkpoint was written under one of the step's training keys of today (`Keys.resuming`: at its budget or a rung below) before checkpoints kept a first-stage key: it was trained as today's cross-entropy stage, so a later change to self-critical training alone leaves it finished. Returns the checkpoints stamped."
+    from capbook.core import load_torch, save_torch
+    from capbook.train import FIRST
+    K, out = plan_keys(profile), []
+    for s in K.steps:
+        last = runs_dir() / profile / s.name / "ckpt" / "last.pt"
+        if s.notebook not in chapters() or not last.exists() or not (first := K.first_stage(s)): continue
+        ck = load_torch(last)
+        if not ck.get("finished") or ck.get("first_stage_key") == first: continue
+        if ck.get("training_key") not in [k for k in K.resuming(s).split() if not k.startswith(FIRST)]: continue
+        save_torch(last, {**ck, "first_stage_key": first}); out.append(last)
+    log(f"{len(out)} cross-entropy checkpoints stamped with their first-stage key")
     return out
 
 PHASES = ("data_s", "train_s", "val_s", "test_s", "measure_s", "figure_s")   # a training run's phases (its record's timings)

@@ -272,19 +272,26 @@ def _recipe(cfg: dict, meta: dict | None) -> dict:
             "config": {k: v for k, v in {**ADDED, **cfg}.items() if k not in RESUME_FREE}}
 
 STEP_KEY = "CAPBOOK_STEP_KEY"   # environment: the key of the book step this process runs (`capbook.book.run_step`), set in its kernel
-TRAINING_KEY = "CAPBOOK_TRAINING_KEY"   # environment: that step's training key (`capbook.results.Keys.training`), set beside it; after it, space-separated, the step's training keys at the ladder's lower rungs (`Keys.resuming`)
+TRAINING_KEY = "CAPBOOK_TRAINING_KEY"   # environment: that step's training key (`capbook.results.Keys.training`), set beside it; after it, space-separated, the step's training keys at the ladder's lower rungs (`Keys.resuming`), and its first stage's key after `FIRST`
+FIRST = "first="   # in `TRAINING_KEY`: the key of the step's cross-entropy stage where a self-critical stage follows it (`Keys.first_stage`)
 
 def book_step_key() -> str | None:
     "The key of the book step this process runs (`STEP_KEY`), or None outside a book."
     return os.environ.get(STEP_KEY) or None
 
+def _training_keys() -> list[str]: return [k for k in os.environ.get(TRAINING_KEY, "").split() if not k.startswith(FIRST)]
+
 def book_training_key() -> str | None:
     "The training key of the book step this process runs (`TRAINING_KEY`'s first: its key without what only its tables and figures compute with), or None."
-    return next(iter(os.environ.get(TRAINING_KEY, "").split()), None)
+    return next(iter(_training_keys()), None)
 
 def book_shorter_keys() -> tuple[str, ...]:
     "The training keys the book step this process runs had at the ladder's lower rungs of its budget (`TRAINING_KEY` after its first): a checkpoint its run finished at a shorter budget goes on from where it stopped (`_extends`)."
-    return tuple(os.environ.get(TRAINING_KEY, "").split()[1:])
+    return tuple(_training_keys()[1:])
+
+def book_first_stage_key() -> str | None:
+    "The key of the cross-entropy stage of the book step this process runs, where a self-critical stage follows it (`TRAINING_KEY`'s `FIRST` entry), or None: its checkpoints resume under it whatever changed in the self-critical training alone."
+    return next((k[len(FIRST):] for k in os.environ.get(TRAINING_KEY, "").split() if k.startswith(FIRST)), None)
 
 def _extends(was: dict, now: dict) -> bool:
     "Whether a run of recipe `now` (`_recipe`) is a run of recipe `was` given more epochs that trains its first epochs step for step as `was` did, so that `was`'s finished checkpoint goes on from where it stopped: the two differ in `epochs` alone, `now` has more, and nothing either trained read its budget — the rate follows a schedule that is not the cosine (whose rate at each step depends on the run's length: the step, plateau and inverse-square-root schedules do not) and no step budget (`max_steps`) ended it."
@@ -294,11 +301,12 @@ def _extends(was: dict, now: dict) -> bool:
             and b.get("schedule") != "cosine" and not b.get("max_steps"))
 
 def _not_resumable(ck: dict | None, code: str, fp: str | None, recipe: dict | None = None, world: int = 1,
-                   step: str | None = None, training: str | None = None, shorter: tuple[str, ...] = ()) -> tuple[str, str] | None:
-    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to, `training` its training key, `shorter` its training keys at the ladder's lower rungs; a checkpoint written under the same key, or one of those training keys, resumes whatever else in the package changed. A checkpoint whose recipe this run's extends (`_extends`: more epochs of a budget-free schedule) goes on from where it stopped, finished or not."
+                   step: str | None = None, training: str | None = None, shorter: tuple[str, ...] = (),
+                   first: str | None = None) -> tuple[str, str] | None:
+    "Why checkpoint `ck` must not be resumed by this run of `world` processes, as (folder tag, reason), or None. `step`: the key of the book step this run belongs to, `training` its training key, `shorter` its training keys at the ladder's lower rungs, `first` (a cross-entropy stage that a self-critical one follows) its stage's key; a checkpoint written under the same key, or one of those training keys, or the same stage key, resumes whatever else in the package changed. A checkpoint whose recipe this run's extends (`_extends`: more epochs of a budget-free schedule) goes on from where it stopped, finished or not."
     if ck is None: return None
     same_step = ((step is not None and ck.get("step_key") == step) or (training is not None and ck.get("training_key") == training)
-                 or ck.get("training_key") in shorter)
+                 or ck.get("training_key") in shorter or (first is not None and ck.get("first_stage_key") == first))
     if ck.get("code") != code and not same_step:
         return f"code-{ck.get('code')}", f"was written by other capbook code ({ck.get('code')}, now {code}{f'; book step {step}' if step else ''})"
     # DDP's batch is every process's batch: an unfinished run goes on only with as many processes as it trained with; a
@@ -558,7 +566,10 @@ class _Run:
         self.tot, self.val_caps, self.stopped, self.finished = {}, None, False, False   # val_caps: the last evaluation's validation captions
         if fp: meta = {**(meta or {}), "data": fp}
         self.meta = meta
-        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key, self.training_key, book_shorter_keys())
+        # a first stage (no `start`) of a book step that has a later one: its stage's key (`book_first_stage_key`)
+        self.first_key = book_first_stage_key() if start is None else None
+        why = _not_resumable(ck, self.code, fp, _recipe(asdict(cfg), meta), world, self.step_key, self.training_key, book_shorter_keys(),
+                             self.first_key)
         if why:
             stale = _aside(ckpt_dir, why[0]) if rank == 0 else None
             if world > 1: dist.barrier()
@@ -584,7 +595,9 @@ class _Run:
                     f"same book step ({self.step_key}; code {ck.get('code')} → {self.code})" if ck.get("step_key") == self.step_key else
                     f"same training ({self.training_key}; book step {ck.get('step_key')} → {self.step_key}, code {ck.get('code')} → {self.code})"
                     if ck.get("training_key") == self.training_key else
-                    f"the same training at a shorter budget ({ck.get('training_key')}; code {ck.get('code')} → {self.code})")
+                    f"the same training at a shorter budget ({ck.get('training_key')}; code {ck.get('code')} → {self.code})"
+                    if ck.get("training_key") in book_shorter_keys() else
+                    f"the same first stage ({self.first_key}; training {ck.get('training_key')} → {self.training_key}, code {ck.get('code')} → {self.code})")
             if grows: same += f"; its {was_epochs} epochs extended to {cfg.epochs}, which its schedule ({cfg.schedule}) does not read"
             log(f"resumed from {self.last} at epoch {self.epoch}, batch {self.skip}: {same}, same data ({fp or 'not fingerprinted'}), "
                 f"same vocabulary ({len(data.vocab)} words)")
@@ -610,7 +623,7 @@ class _Run:
                                "epoch_batches": self.n, "bad_evals": self.bad, "decays": self.decays, "history": r.history,
                                "best_epoch": r.best_epoch, "best_at": r.best_at, "best_score": r.best_score, "train_seconds": r.train_seconds,
                                "val_seconds": r.val_seconds, "captions": r.captions, "val_captions": self.val_caps, "rng": _rng_state(),
-                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key, "training_key": self.training_key,
+                               "vocab": self.data.vocab.itos, "config": asdict(self.cfg), "meta": self.meta or {}, "code": self.code, "step_key": self.step_key, "training_key": self.training_key, "first_stage_key": self.first_key,
                                "world_size": self.world, "finished": finished})
         self.finished = finished
 
@@ -977,6 +990,40 @@ _logs = []
 fit(_m(), _prep, TrainConfig(**{**asdict(_cfg), "epochs": 3}), _d3 / "cosine", log=_logs.append)   # the cosine reads its budget
 assert "was trained with other parameters (epochs)" in _logs[0]
 print(_logs[0])
+
+# %% [markdown]
+# ### A first stage keyed by what it trained
+#
+# A chapter step that trains cross-entropy and then self-critical stages has one training key for all of them, so a
+# change to self-critical training alone (its sampler, its loss) re-keys the step, though nothing its cross-entropy
+# stage computed moved. The book therefore also hands such a step the key of its cross-entropy stage alone
+# (`capbook.results.Keys.first_stage`: the step without its self-critical stage, after `FIRST` in `TRAINING_KEY`). A
+# first stage (a `fit` with no `start`) keeps it in its checkpoint and resumes under it; a later stage, which continues a
+# run (`start`), never does, and its checkpoint goes aside:
+
+# %%
+_d4 = Path(tempfile.mkdtemp())
+_env = {k: os.environ.pop(k, None) for k in (STEP_KEY, TRAINING_KEY)}
+try:
+    os.environ[STEP_KEY], os.environ[TRAINING_KEY] = "s1", f"t1 {FIRST}x1"
+    assert book_training_key() == "t1" and book_shorter_keys() == () and book_first_stage_key() == "x1"
+    fit(_m(), _prep, _c1, _d4 / "ckpt", log=lambda s: None)
+    fit(_m(), _prep, _c1, _d4 / "ckpt-later", log=lambda s: None, start=_d4 / "ckpt" / "last.pt")
+    assert load_torch(_d4 / "ckpt" / "last.pt")["first_stage_key"] == "x1"
+    assert load_torch(_d4 / "ckpt-later" / "last.pt")["first_stage_key"] is None
+    for _s in ("ckpt", "ckpt-later"): save_torch(_d4 / _s / "last.pt", {**load_torch(_d4 / _s / "last.pt"), "code": "0ldc0de"})
+    os.environ[STEP_KEY], os.environ[TRAINING_KEY] = "s2", f"t2 {FIRST}x1"       # the later stage changed, the first did not
+    _logs = []
+    assert fit(_m(), _prep, _c1, _d4 / "ckpt", log=_logs.append).resumed_from is not None
+    print(next(l for l in _logs if l.startswith("resumed")))
+    assert "the same first stage (x1" in next(l for l in _logs if l.startswith("resumed"))
+    _logs = []
+    assert fit(_m(), _prep, _c1, _d4 / "ckpt-later", log=_logs.append, start=_d4 / "ckpt" / "last.pt").resumed_from is None
+    assert "was written by other capbook code" in _logs[0]
+finally:
+    for _name, _was in _env.items():
+        if _was is None: os.environ.pop(_name, None)
+        else: os.environ[_name] = _was
 
 # %% [markdown]
 # A step budget (`max_steps`) ends training wherever it falls, with a validation there:

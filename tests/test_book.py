@@ -126,7 +126,7 @@ def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book
 def test_every_training_run_of_the_book_keeps_its_steps_key_for_resume(book):
     "The book hands each step's key and training key to its kernel, and every checkpoint its runs write keeps both: an unfinished run resumes under that key after an edit elsewhere in the package, a finished one under its training key after a change to the statistics or the drawing (`00i_train`). A checkpoint from before checkpoints kept a training key gets it stamped (`stamp_training_keys`), only where its step is current."
     import torch
-    from capbook.book import stamp_training_keys
+    from capbook.book import stamp_first_stage_keys, stamp_training_keys
     from capbook.core import load_torch, save_torch
     from capbook.results import plan_keys
     home, _ = book
@@ -144,6 +144,15 @@ def test_every_training_run_of_the_book_keeps_its_steps_key_for_resume(book):
     assert stamp_training_keys("smoke", log=lambda s: None) == [old]
     assert load_torch(old)["training_key"] == K.training(steps[old.parent.parent.name])
     assert stamp_training_keys("smoke", log=lambda s: None) == []
+    # a '+ SCST' run's cross-entropy checkpoint keeps its first stage's key too; its later stages' and other runs' none
+    firsts = [last for last in lasts if last.parent.name == "ckpt" and K.first_stage(steps[last.parent.parent.name])]
+    assert firsts, "the smoke book has '+ SCST' runs"
+    for last in lasts:
+        ck = torch.load(last, map_location="cpu", weights_only=True)
+        assert ck["first_stage_key"] == (K.first_stage(steps[last.parent.parent.name]) if last in firsts else None), last
+    save_torch(firsts[0], {k: v for k, v in load_torch(firsts[0]).items() if k != "first_stage_key"})   # as written before
+    assert stamp_first_stage_keys("smoke", log=lambda s: None) == [firsts[0]]
+    assert stamp_first_stage_keys("smoke", log=lambda s: None) == []
 
 
 def test_a_stage_that_climbed_the_ladder_resumes_its_checkpoints_at_the_rungs_below(monkeypatch):
@@ -153,10 +162,20 @@ def test_a_stage_that_climbed_the_ladder_resumes_its_checkpoints_at_the_rungs_be
     K = R.plan_keys("default", made=False, fresh=True)
     glied, local = (next(s for s in K.steps if s.name == n) for n in ("05_glied-base", "05_glied-local"))
     K._probes.update({K.row(glied): "m1", K.row(local): "m2", "shared scorer": "s", "shared stats": "t", "shared drawing": "d"})
-    keys = K.resuming(glied).split()
+    K._probes[K.row(R.first_stage(glied))] = "m0"                          # its cross-entropy stage's probe
+    *keys, first = K.resuming(glied).split()
     assert R.budget(glied)["scst_epochs"] == 80 and keys[0] == K.training(glied) == K.key(glied, training=True, scst_epochs=80)
     assert keys[1:] == [K.key(glied, training=True, scst_epochs=e) for e in (40, 20, 10, 5)] and len(set(keys)) == 5
-    assert K.resuming(local) == K.training(local) and "scst_epochs" not in R.budget(local)
+    assert K.resuming(local) == K.training(local) and "scst_epochs" not in R.budget(local) and K.first_stage(local) is None
+    # and the key of its cross-entropy stage alone, which a change to self-critical training alone leaves as it was
+    from capbook.train import FIRST
+    assert first == FIRST + K.first_stage(glied) and K.first_stage(glied) not in keys
+    assert "scst_epochs" not in R.budget(R.first_stage(glied)) and not any(k.startswith("scst_") and v for k, v in R.first_stage(glied).params.items())
+    was = K.first_stage(glied)
+    K._keys.clear(); K._probes[K.row(glied)] = "m1 with another sampler"
+    assert K.training(glied) != keys[0] and K.first_stage(glied) == was
+    K._keys.clear(); K._probes[K.row(R.first_stage(glied))] = "m0 with another cross-entropy"
+    assert K.first_stage(glied) != was
 
 
 def test_a_runs_training_key_leaves_out_what_only_its_tables_and_figures_compute_with(monkeypatch):
