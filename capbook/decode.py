@@ -13,8 +13,8 @@ from .core import CapbookError, check_float, check_int, wide
 from .data import to_device
 
 # %% auto 0
-__all__ = ['Caption', 'as_batch', 'greedy', 'beam_search', 'Ensemble', 'Samples', 'sample', 'pad_captions', 'teacher_forced',
-           'decode_split', 'slice_batch', 'ms_per_image']
+__all__ = ['Caption', 'as_batch', 'greedy', 'beam_search', 'Ensemble', 'Samples', 'sample', 'policy_logprobs', 'pad_captions',
+           'teacher_forced', 'decode_split', 'slice_batch', 'ms_per_image']
 
 # %% ../nbs/00g_decode.ipynb
 @dataclass
@@ -228,8 +228,9 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     words, logps, masks, alphas = [], [], [], []
     for t in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
-        # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
-        lp = _mask(F.log_softmax(wide(logits), -1).clone(), done, model, last=end_by and t == max_len - 1)
+        # log pi(w | w_<t, I) = log softmax over the words the sampler may draw (no <start> or <pad>; only <end> at a forced
+        # last step; only <pad> once ended): (R, V), the logits masked on a copy
+        lp = F.log_softmax(_mask(wide(logits).clone(), done, model, last=end_by and t == max_len - 1), -1)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
@@ -243,6 +244,13 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
         if done.all(): break
     A = torch.stack(alphas, 1) if alphas[0] is not None else None
     return Samples(torch.stack(words, 1), torch.stack(logps, 1), torch.stack(masks, 1), A, n)
+
+# %% ../nbs/00g_decode.ipynb
+def policy_logprobs(logits: torch.Tensor, model: CaptionModel) -> torch.Tensor:
+    "log pi(w): the log-softmax of `logits` (..., V) over the words a live caption may hold (no <start>, no <pad>): what `sample` draws from and returns."
+    z = wide(logits).clone()
+    z[..., model.start] = z[..., model.pad] = float("-inf")
+    return F.log_softmax(z, -1)
 
 # %% ../nbs/00g_decode.ipynb
 def pad_captions(seqs: list[list[int]], length: int, pad: int = 0) -> torch.Tensor:

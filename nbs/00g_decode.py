@@ -381,11 +381,25 @@ assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.token
 # never took: its log-probability (often −20 or lower, not renormalised over the one allowed word) would enter the
 # policy gradient as if it had. So the forced `<end>` gets log-probability 0 and mask 0, as a finished row's padding
 # does: it moves the reward, never the gradient. A sample that chose `<end>` itself keeps that word's term. Without
-# `end_by` a sample that has not ended is cut, self-critical.pytorch's rule (its samples stop at `seq_length` tokens). It returns, per row, the sampled words, their log-probabilities **under the model**
-# $\log p(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the usual choice for self-critical training,
+# `end_by` a sample that has not ended is cut, self-critical.pytorch's rule (its samples stop at `seq_length` tokens). It returns, per row, the sampled words, their log-probabilities **under the policy it drew them from**,
+# $\log \pi(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the usual choice for self-critical training,
 # they are the same), a mask of the words up to and including `<end>` (all of a cut row's), and the attention of every
-# step. Unlike the searches it runs with gradients, so $\sum_t \log p(w_t)$ is what a REINFORCE
+# step. Unlike the searches it runs with gradients, so $\sum_t \log \pi(w_t)$ is what a REINFORCE
 # objective differentiates (`capbook.objectives.SelfCritical`); wrap it in `torch.no_grad()` for a baseline.
+#
+# > **Annotator's note: the policy is the distribution the sampler draws from.** The model's softmax runs over the
+# > whole vocabulary, `<start>` and `<pad>` included, which no caption may contain; the sampler draws from that softmax
+# > renormalised over the words it allows, $\pi(w) = p(w) / \sum_{v\ \mathrm{allowed}} p(v)$. The log-probabilities
+# > it returns are $\log \pi$, taken as a log-softmax over the masked logits, not $\log p$ with the masked words set to
+# > −∞ afterwards. The draws are the same either way (a constant per row shifts every log-probability alike); the
+# > gradient is not. With $\log p$, every sampled word's log-probability also falls as `<start>` and `<pad>` gain
+# > mass, a direction no draw can ever pay for. Under a baseline that the samples mostly fall short of (the greedy
+# > caption's reward: a negative advantage on average), REINFORCE rewards that direction at every step, and
+# > Adam, which turns a small gradient of constant sign into a step of the full rate, follows it, until the two
+# > words hold most of the mass and the words the policy may draw are left to what is over: its captions stop ending.
+# > A mean baseline hides the drift (its advantages sum to zero over an image's samples, so the push on the two words
+# > cancels); it does not remove the term. Under $\log \pi$ a word the sampler cannot draw gets no gradient at all,
+# > whatever the baseline:
 
 # %%
 #| export
@@ -416,8 +430,9 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     words, logps, masks, alphas = [], [], [], []
     for t in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
-        # log p(w | w_<t, I) under the masks: (R, V) (masked on a copy: log_softmax's output is kept for backward)
-        lp = _mask(F.log_softmax(wide(logits), -1).clone(), done, model, last=end_by and t == max_len - 1)
+        # log pi(w | w_<t, I) = log softmax over the words the sampler may draw (no <start> or <pad>; only <end> at a forced
+        # last step; only <pad> once ended): (R, V), the logits masked on a copy
+        lp = F.log_softmax(_mask(wide(logits).clone(), done, model, last=end_by and t == max_len - 1), -1)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
@@ -457,6 +472,52 @@ assert (_s.logprobs > -15).all(), _s.logprobs.min()
 torch.manual_seed(0); _e = sample(_never, _f, n=3, temperature=1.0, max_len=5, end_by=True)
 assert (_e.tokens[:, -1] == _m.end).all() and _e.mask[:, -1].eq(0).all() and _e.logprobs[:, -1].eq(0).all()
 assert _e.mask[:, :-1].eq(1).all() and (_e.logprobs[:, :-1] > -15).all()        # the four chosen words keep their terms
+
+# %% [markdown]
+# The policy's log-probabilities: normalised over the words the sampler allows, so a loss on them, whatever the sign
+# of its weights, never moves the logits of `<start>` and `<pad>`. Here the model's output layer is made to favour
+# `<start>`, and a REINFORCE loss with a negative advantage (what a greedy baseline mostly gives) is differentiated:
+
+# %%
+_pm = build("sat_soft", 12, 8, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8).eval()
+with torch.no_grad(): _pm.L_o.bias[_pm.start] = 5.0                    # p(<start>) large: the sampler still never draws it
+torch.manual_seed(0); _s = sample(_pm, _f, n=3, temperature=1.0, max_len=5, end_by=True)
+assert not (_s.tokens == _pm.start).any() and not (_s.tokens[:, 0] == _pm.pad).any()
+_A = -1.0                                                              # a negative advantage
+(-_A * (_s.logprobs * _s.mask).sum()).backward()                        # -A sum_t log pi(w_t)
+_gb = _pm.L_o.bias.grad
+assert _gb[_pm.start] == 0 and _gb[_pm.pad] == 0 and _gb.abs().sum() > 0, _gb
+with torch.no_grad():                                                  # the first word's log pi, by hand: p renormalised
+    _mem, _st = _pm.init_state(as_batch(_f))
+    _p = F.softmax(_pm.step(torch.full((len(_s.tokens),), _pm.start), _mem, _repeat(_st, 3))[0], -1)    # (R, V)
+    _pi = _p.gather(1, _s.tokens[:, :1]).squeeze(1) / (1 - _p[:, _pm.start] - _p[:, _pm.pad])
+    assert torch.allclose(_s.logprobs[:, 0], _pi.log(), atol=1e-5), (_s.logprobs[:, 0], _pi.log())
+    assert (_p[:, _pm.start] > 0.5).all()
+# the same first words under log p, the model's softmax over the whole vocabulary: the loss would raise <start>'s logit
+_pm.zero_grad()
+_lp = F.log_softmax(_pm.step(torch.full((len(_s.tokens),), _pm.start), _mem, _repeat(_st, 3))[0], -1)
+(-_A * _lp.gather(1, _s.tokens[:, :1]).sum()).backward()
+assert _pm.L_o.bias.grad[_pm.start] < 0                                # gradient descent pushes <start> up
+
+# %% [markdown]
+# Read back over a whole caption, the policy's log-probabilities are the model's logits with `<start>` and `<pad>`
+# masked, then a log-softmax: `policy_logprobs`, for any tensor of logits. The searches (greedy, beam) rank captions by
+# the model's own $\log p$, the probability it gives a caption; at temperature 0 the sampler picks the same words, and
+# the two sums differ by $\sum_t \log(1 - p_t(\texttt{<start>}) - p_t(\texttt{<pad>}))$.
+
+# %%
+#| export
+def policy_logprobs(logits: torch.Tensor, model: CaptionModel) -> torch.Tensor:
+    "log pi(w): the log-softmax of `logits` (..., V) over the words a live caption may hold (no <start>, no <pad>): what `sample` draws from and returns."
+    z = wide(logits).clone()
+    z[..., model.start] = z[..., model.pad] = float("-inf")
+    return F.log_softmax(z, -1)
+
+# %%
+_caps = torch.cat([torch.full((len(_s.tokens), 1), _pm.start), _s.tokens], 1)          # the samples, read back: (R, T+1)
+with torch.no_grad():
+    _tf = policy_logprobs(_pm({"feats": _f.repeat_interleave(3, 0), "caps": _caps})["logits"], _pm).gather(2, _caps[:, 1:, None])[..., 0]
+assert torch.allclose(_tf.where(_s.mask.bool(), 0.0), _s.logprobs.detach() * _s.mask, atol=1e-5)   # the chosen words (after <end>: <pad>, -inf)
 
 
 # %% [markdown]

@@ -513,7 +513,7 @@ def distilling_figure(image, words: list[str], attr_words: list[str], dw: dict, 
 #   models (GLIED's and the base's) lowered their validation CIDEr in both arms, where from the 30-epoch models it
 #   climbed; why is not established (the samples' distance below the greedy captions does not sort the four starts).
 #   (The one-seed measurement is in the changelog; `-p epochs 15` reruns it.) So every row of the chapter
-#   trains 30 epochs, near the paper's "at most 25, early stopping", and its self-critical stages at most 40.
+#   trains 30 epochs, near the paper's "at most 25, early stopping", and its self-critical stages at most 80.
 # - **Selection.** CIDEr on the validation split picks the cross-entropy epoch (as the paper's early stopping) and the
 #   self-critical epoch, under the book's one protocol (`nbs/02b_protocol`: validation twice an epoch on averaged
 #   weights, the rate annealed to 0 on a cosine over the budget); the learning rate warms up linearly over the first

@@ -246,8 +246,8 @@ display(Markdown(f"A greedy-baseline stage's samples score below its greedy capt
                  "its gradient pushes down what it sampled; a mean-baseline stage's advantage is zero on average by construction "
                  f"({adv.min()['mean']:+.3f} to {adv.max()['mean']:+.3f}). Stages that fell: {(fell['row'].map(arm) == 'greedy').sum()} "
                  f"of {(scst['row'].map(arm) == 'greedy').sum()} greedy-baseline, {(fell['row'].map(arm) == 'mean').sum()} of "
-                 f"{(scst['row'].map(arm) == 'mean').sum()} mean-baseline. Whether the one-sided push is what makes a stage fall is not "
-                 "established."))
+                 f"{(scst['row'].map(arm) == 'mean').sum()} mean-baseline. The push moves no mass onto `<start>` or `<pad>`, which no "
+                 "caption contains: the sampler's log-probabilities are normalised over the words it may draw (`00g_decode`)."))
 bonus = lambda m: 100 * np.mean([r["stages"][m[1]]["metrics"]["CIDEr"] - r["stages"][m[1]]["greedy"]["CIDEr"]
                                  for r in recs[m[0]].get("seed_runs", [recs[m[0]]])])
 stages_of = [(label, k, st) for label, _f, k, st in MODELS if st != "xe"]

@@ -78,17 +78,20 @@ def test_a_forced_end_carries_no_log_probability_and_no_gradient():
     assert s.tokens.shape == (6, 5) and (s.tokens[:, -1] == m.end).all() and not (s.tokens[:, :-1] == m.end).any()
     assert s.mask.tolist() == [[1.0] * 4 + [0.0]] * 6 and s.logprobs[:, -1].eq(0).all()
     adv = torch.tensor([0.5, -1.0, 2.0, 0.3, -0.2, 1.1])
-    # the self-critical loss, -(r - b) sum_t log p(w_t) per chosen word (capbook.objectives.SelfCritical.loss)
+    # the self-critical loss, -(r - b) sum_t log pi(w_t) per chosen word (capbook.objectives.SelfCritical.loss)
     loss = -(adv[:, None] * s.logprobs * s.mask).sum() / s.mask.sum()
     got = torch.autograd.grad(loss, m.L_o.bias)[0]
-    # by hand: the same words read back under teacher forcing, log p(w_t | w_<t) for the 4 chosen words of each row
+    # by hand: the same words read back under teacher forcing, log pi(w_t | w_<t) for the 4 chosen words of each row
     caps = torch.cat([torch.full((6, 1), m.start), s.tokens[:, :4]], 1)
     logits = m({"feats": f.repeat_interleave(2, 0), "caps": torch.cat([caps, torch.zeros(6, 1, dtype=torch.long)], 1)})["logits"][:, :4]
-    p = F.softmax(logits.detach().float(), -1)                                    # (6, 4, V)
+    z = logits.detach().float().clone()
+    z[..., m.start] = z[..., m.pad] = float("-inf")                               # the policy: what the sampler may draw
+    p = F.softmax(z, -1)                                                          # pi: (6, 4, V)
     onehot = F.one_hot(s.tokens[:, :4], p.shape[-1]).float()
-    # d/d bias of -adv log softmax(z)_w = -adv (onehot(w) - softmax(z)), over 24 chosen words
+    # d/d bias of -adv log pi_w = -adv (onehot(w) - pi), over 24 chosen words; 0 at <start> and <pad>
     expect = -(adv[:, None, None] * (onehot - p)).sum((0, 1)) / 24
     assert torch.allclose(got, expect, atol=1e-5), (got - expect).abs().max()
+    assert got[m.start] == 0 and got[m.pad] == 0
     assert abs(got[m.end].item() - (adv[:, None] * p[..., m.end]).sum().item() / 24) < 1e-6   # <end>: only its share of each softmax
 
 
