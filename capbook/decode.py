@@ -216,8 +216,8 @@ class Samples:
         return [_finish(self.tokens[r], lp[r], None if self.alpha is None else self.alpha[r], end) for r in range(len(lp))]
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
-           max_len: int = 20, end_by: bool = False) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words, and that forced <end> carries no log-probability and is masked out), with the model's log-probabilities of the drawn words."
+           max_len: int = 20, end_by: bool = False, policy: bool = False) -> Samples:
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words, and that forced <end> carries no log-probability and is masked out), with the log-probabilities of the drawn words: the model's, as the searches score, or with `policy` the distribution's they were drawn from (what a policy gradient needs: `policy_logprobs`)."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -228,9 +228,12 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     words, logps, masks, alphas = [], [], [], []
     for t in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
-        # log pi(w | w_<t, I) = log softmax over the words the sampler may draw (no <start> or <pad>; only <end> at a forced
-        # last step; only <pad> once ended): (R, V), the logits masked on a copy
-        lp = F.log_softmax(_mask(wide(logits).clone(), done, model, last=end_by and t == max_len - 1), -1)
+        z, last = wide(logits), end_by and t == max_len - 1
+        # log pi(w | w_<t, I): the log-softmax over the words the sampler may draw (no <start> or <pad>; only <end> at a forced
+        # last step; only <pad> once ended), the logits masked on a copy: (R, V)
+        if policy: lp = F.log_softmax(_mask(z.clone(), done, model, last), -1)
+        # log p(w | w_<t, I), the model's, under the same masks (on a copy: log_softmax's output is kept for backward): (R, V)
+        else: lp = _mask(F.log_softmax(z, -1).clone(), done, model, last)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)

@@ -381,17 +381,18 @@ assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.token
 # never took: its log-probability (often −20 or lower, not renormalised over the one allowed word) would enter the
 # policy gradient as if it had. So the forced `<end>` gets log-probability 0 and mask 0, as a finished row's padding
 # does: it moves the reward, never the gradient. A sample that chose `<end>` itself keeps that word's term. Without
-# `end_by` a sample that has not ended is cut, self-critical.pytorch's rule (its samples stop at `seq_length` tokens). It returns, per row, the sampled words, their log-probabilities **under the policy it drew them from**,
-# $\log \pi(w_t \mid w_{<t}, I)$ (not the tempered distribution: at τ = 1, the usual choice for self-critical training,
-# they are the same), a mask of the words up to and including `<end>` (all of a cut row's), and the attention of every
-# step. Unlike the searches it runs with gradients, so $\sum_t \log \pi(w_t)$ is what a REINFORCE
-# objective differentiates (`capbook.objectives.SelfCritical`); wrap it in `torch.no_grad()` for a baseline.
+# `end_by` a sample that has not ended is cut, self-critical.pytorch's rule (its samples stop at `seq_length` tokens). It returns, per row, the sampled words, their log-probabilities (the model's $\log p(w_t \mid w_{<t}, I)$, as
+# the searches score; with `policy=True`, **the distribution's it drew them from**, $\log \pi(w_t \mid w_{<t}, I)$,
+# below; neither the tempered one: at τ = 1, the usual choice for self-critical training, they are the same), a mask
+# of the words up to and including `<end>` (all of a cut row's), and the attention of every step. Unlike the searches
+# it runs with gradients, so $\sum_t \log \pi(w_t)$ is what a REINFORCE objective differentiates
+# (`capbook.objectives.SelfCritical` asks for `policy=True`); wrap it in `torch.no_grad()` for a baseline.
 #
 # > **Annotator's note: the policy is the distribution the sampler draws from.** The model's softmax runs over the
 # > whole vocabulary, `<start>` and `<pad>` included, which no caption may contain; the sampler draws from that softmax
 # > renormalised over the words it allows, $\pi(w) = p(w) / \sum_{v\ \mathrm{allowed}} p(v)$. The log-probabilities
 # > it returns are $\log \pi$, taken as a log-softmax over the masked logits, not $\log p$ with the masked words set to
-# > −∞ afterwards. The draws are the same either way (a constant per row shifts every log-probability alike); the
+# > −∞ afterwards (`policy=True`). The draws are the same either way (a constant per row shifts every log-probability alike); the
 # > gradient is not. With $\log p$, every sampled word's log-probability also falls as `<start>` and `<pad>` gain
 # > mass, a direction no draw can ever pay for. Under a baseline that the samples mostly fall short of (the greedy
 # > caption's reward: a negative advantage on average), REINFORCE rewards that direction at every step, and
@@ -418,8 +419,8 @@ class Samples:
         return [_finish(self.tokens[r], lp[r], None if self.alpha is None else self.alpha[r], end) for r in range(len(lp))]
 
 def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int = 1, temperature: float = 1.0,
-           max_len: int = 20, end_by: bool = False) -> Samples:
-    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words, and that forced <end> carries no log-probability and is masked out), with the model's log-probabilities of the drawn words."
+           max_len: int = 20, end_by: bool = False, policy: bool = False) -> Samples:
+    "Draw `n` captions per image at `temperature` (0: greedy), each at most `max_len` tokens with <end> (cut there; with `end_by`, the last of them may only be <end>, as greedy and beam search end: at most `max_len` - 1 words, and that forced <end> carries no log-probability and is masked out), with the log-probabilities of the drawn words: the model's, as the searches score, or with `policy` the distribution's they were drawn from (what a policy gradient needs: `policy_logprobs`)."
     batch = as_batch(batch); check_inputs(model, batch)
     if temperature < 0: raise ValueError(f"temperature={temperature!r} is invalid: expected a number >= 0")
     B, dev = _n_images(model, batch), _device(model, batch)
@@ -430,9 +431,12 @@ def sample(model: CaptionModel, batch: Mapping[str, Any] | torch.Tensor, n: int 
     words, logps, masks, alphas = [], [], [], []
     for t in range(max_len):                                                   # at most max_len tokens: then cut
         logits, state, aux = model.step(tok, memory, state)
-        # log pi(w | w_<t, I) = log softmax over the words the sampler may draw (no <start> or <pad>; only <end> at a forced
-        # last step; only <pad> once ended): (R, V), the logits masked on a copy
-        lp = F.log_softmax(_mask(wide(logits).clone(), done, model, last=end_by and t == max_len - 1), -1)
+        z, last = wide(logits), end_by and t == max_len - 1
+        # log pi(w | w_<t, I): the log-softmax over the words the sampler may draw (no <start> or <pad>; only <end> at a forced
+        # last step; only <pad> once ended), the logits masked on a copy: (R, V)
+        if policy: lp = F.log_softmax(_mask(z.clone(), done, model, last), -1)
+        # log p(w | w_<t, I), the model's, under the same masks (on a copy: log_softmax's output is kept for backward): (R, V)
+        else: lp = _mask(F.log_softmax(z, -1).clone(), done, model, last)
         if temperature == 0: tok = lp.detach().argmax(-1)
         # w_t ~ softmax(log p / tau): (R,)
         else: tok = torch.multinomial(F.softmax(lp.detach() / temperature, -1), 1).squeeze(1)
@@ -481,7 +485,7 @@ assert _e.mask[:, :-1].eq(1).all() and (_e.logprobs[:, :-1] > -15).all()        
 # %%
 _pm = build("sat_soft", 12, 8, (2, 2), emb_dim=8, hidden_dim=16, att_dim=8).eval()
 with torch.no_grad(): _pm.L_o.bias[_pm.start] = 5.0                    # p(<start>) large: the sampler still never draws it
-torch.manual_seed(0); _s = sample(_pm, _f, n=3, temperature=1.0, max_len=5, end_by=True)
+torch.manual_seed(0); _s = sample(_pm, _f, n=3, temperature=1.0, max_len=5, end_by=True, policy=True)
 assert not (_s.tokens == _pm.start).any() and not (_s.tokens[:, 0] == _pm.pad).any()
 _A = -1.0                                                              # a negative advantage
 (-_A * (_s.logprobs * _s.mask).sum()).backward()                        # -A sum_t log pi(w_t)
@@ -502,8 +506,8 @@ assert _pm.L_o.bias.grad[_pm.start] < 0                                # gradien
 # %% [markdown]
 # Read back over a whole caption, the policy's log-probabilities are the model's logits with `<start>` and `<pad>`
 # masked, then a log-softmax: `policy_logprobs`, for any tensor of logits. The searches (greedy, beam) rank captions by
-# the model's own $\log p$, the probability it gives a caption; at temperature 0 the sampler picks the same words, and
-# the two sums differ by $\sum_t \log(1 - p_t(\texttt{<start>}) - p_t(\texttt{<pad>}))$.
+# the model's own $\log p$, the probability it gives a caption, which is also what `sample` returns by default (the
+# same draws): the two sums differ by $\sum_t \log(1 - p_t(\texttt{<start>}) - p_t(\texttt{<pad>}))$.
 
 # %%
 #| export
@@ -518,6 +522,8 @@ _caps = torch.cat([torch.full((len(_s.tokens), 1), _pm.start), _s.tokens], 1)   
 with torch.no_grad():
     _tf = policy_logprobs(_pm({"feats": _f.repeat_interleave(3, 0), "caps": _caps})["logits"], _pm).gather(2, _caps[:, 1:, None])[..., 0]
 assert torch.allclose(_tf.where(_s.mask.bool(), 0.0), _s.logprobs.detach() * _s.mask, atol=1e-5)   # the chosen words (after <end>: <pad>, -inf)
+torch.manual_seed(0); _sp = sample(_pm, _f, n=3, temperature=1.0, max_len=5, end_by=True)         # the model's log p, the same draws
+assert torch.equal(_sp.tokens, _s.tokens) and ((_sp.logprobs - _s.logprobs.detach()) * _s.mask < -0.69).sum() == _s.mask.sum()   # each word: p(<start>) > 1/2
 
 
 # %% [markdown]

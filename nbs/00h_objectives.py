@@ -317,8 +317,8 @@ class SelfCritical(Objective):
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
             greedy = net(b, mode=sample, temperature=0.0, max_len=self.max_len + 1, end_by=True)
         net.train(was)
-        # w^s ~ p(w | I), in the run's training arithmetic: at most max_len words, then <end>
-        s = net(b, mode=sample, n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True)
+        # w^s ~ pi(w | I), in the run's training arithmetic, with log pi (the distribution drawn from: `00g_decode`): at most max_len words, then <end>
+        s = net(b, mode=sample, n=self.n, temperature=self.temperature, max_len=self.max_len + 1, end_by=True, policy=True)
         refs = b["refs"]                                                     # each image's reference word lists
         r_g = self.reward(greedy.tokens, refs)                               # r(w^): (B,)
         r_s = self.reward(s.tokens, [r for r in refs for _ in range(self.n)])   # r(w^s): (B*n,)

@@ -74,7 +74,7 @@ def test_a_forced_end_carries_no_log_probability_and_no_gradient():
     m = model(); f = torch.randn(3, 9, 8)
     with torch.no_grad(): m.L_o.bias[m.end] = -30.0               # every sample runs to the cap
     torch.manual_seed(1)
-    s = sample(m, f, n=2, temperature=1.0, max_len=5, end_by=True)
+    s = sample(m, f, n=2, temperature=1.0, max_len=5, end_by=True, policy=True)      # as self-critical training samples
     assert s.tokens.shape == (6, 5) and (s.tokens[:, -1] == m.end).all() and not (s.tokens[:, :-1] == m.end).any()
     assert s.mask.tolist() == [[1.0] * 4 + [0.0]] * 6 and s.logprobs[:, -1].eq(0).all()
     adv = torch.tensor([0.5, -1.0, 2.0, 0.3, -0.2, 1.1])

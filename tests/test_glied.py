@@ -7,7 +7,7 @@ import torch
 from capbook.attributes import (AttributeConfig, attribute_labels, attributes_for, average_precision,
                                 content_words, keep_attributes, mil_loss, noisy_or, train_detector)
 from capbook.core import CapbookError
-from capbook.decode import beam_search, policy_logprobs, sample
+from capbook.decode import beam_search, sample
 from capbook.glied import GLIED, GLIEDConfig, GLIEDParams, direct_glied
 from capbook.models import build
 
@@ -123,8 +123,8 @@ def test_incremental_decoding_equals_teacher_forcing_and_the_image_side_runs_onc
     b = {"feats": torch.randn(3, 6, 5), "attrs": torch.tensor([[4, 5, 0], [9, 0, 0], [4, 6, 8]])}
     s = sample(m, b, n=2, temperature=1.0, max_len=7)
     caps = torch.cat([torch.full((6, 1), m.start), s.tokens], 1)
-    tf = policy_logprobs(m({k: v.repeat_interleave(2, 0) for k, v in b.items()} | {"caps": caps})["logits"], m)   # the policy sampled from
-    lp = tf.gather(2, caps[:, 1:, None])[..., 0].where(s.mask.bool(), 0.0)
+    tf = torch.log_softmax(m({k: v.repeat_interleave(2, 0) for k, v in b.items()} | {"caps": caps})["logits"], -1)
+    lp = tf.gather(2, caps[:, 1:, None])[..., 0] * s.mask
     assert torch.allclose(lp, s.logprobs.detach() * s.mask, atol=1e-5)
     m.encoder_passes = 0
     out = m({k: v.repeat_interleave(5, 0) for k, v in b.items()} | {"caps": caps[:1].repeat(15, 1),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from capbook.attention import MultiHeadAttention, TAUS
 from capbook.data import CaptionData, Vocab
-from capbook.decode import beam_search, policy_logprobs, sample
+from capbook.decode import beam_search, sample
 from capbook.models import build
 from capbook.ssa import SSAParams, inter_attention_spread
 
@@ -63,8 +63,8 @@ def test_incremental_decoding_equals_parallel(tau):
     f = torch.randn(4, 9, 8)
     s = sample(m, f, n=3, temperature=1.0, max_len=8)
     caps = torch.cat([torch.full((len(s.tokens), 1), m.start), s.tokens], 1)
-    lp = policy_logprobs(m({"feats": f.repeat_interleave(3, 0), "caps": caps})["logits"], m)      # the policy sampled from
-    lp = lp.gather(2, caps[:, 1:, None])[..., 0].where(s.mask.bool(), 0.0)
+    lp = torch.log_softmax(m({"feats": f.repeat_interleave(3, 0), "caps": caps})["logits"], -1)
+    lp = lp.gather(2, caps[:, 1:, None])[..., 0] * s.mask
     assert torch.allclose(lp, s.logprobs.detach() * s.mask, atol=1e-5)
 
 
