@@ -390,14 +390,14 @@ assert [c.tokens for c in beam_search(Ensemble([_m, _m]), _f, 3, 6)] == [c.token
 #
 # > **Annotator's note: the policy is the distribution the sampler draws from.** The model's softmax runs over the
 # > whole vocabulary, `<start>` and `<pad>` included, which no caption may contain; the sampler draws from that softmax
-# > renormalised over the words it allows, $\pi(w) = p(w) / \sum_{v\ \mathrm{allowed}} p(v)$. The log-probabilities
-# > it returns are $\log \pi$, taken as a log-softmax over the masked logits, not $\log p$ with the masked words set to
-# > −∞ afterwards (`policy=True`). The draws are the same either way (a constant per row shifts every log-probability alike); the
-# > gradient is not. With $\log p$, every sampled word's log-probability also falls as `<start>` and `<pad>` gain
+# > renormalised over the words it allows, $\pi(w) = p(w) / \sum_{v\ \mathrm{allowed}} p(v)$. With `policy=True` the
+# > log-probabilities it returns are $\log \pi$, a log-softmax over the masked logits; by default they are $\log p$, the
+# > model's log-softmax with the masked words set to −∞ afterwards, as the searches score. The draws are the same either
+# > way (a constant per row shifts every log-probability alike); the gradient is not. With $\log p$, every sampled word's log-probability also falls as `<start>` and `<pad>` gain
 # > mass, a direction no draw can ever pay for. Under a baseline that the samples mostly fall short of (the greedy
 # > caption's reward: a negative advantage on average), REINFORCE rewards that direction at every step, and
-# > Adam, which turns a small gradient of constant sign into a step of the full rate, follows it, until the two
-# > words hold most of the mass and the words the policy may draw are left to what is over: its captions stop ending.
+# > Adam, which turns a small gradient of constant sign into a step of the full rate, follows it until the two words
+# > hold most of the mass; a model trained so stops ending its captions.
 # > A mean baseline hides the drift (its advantages sum to zero over an image's samples, so the push on the two words
 # > cancels); it does not remove the term. Under $\log \pi$ a word the sampler cannot draw gets no gradient at all,
 # > whatever the baseline:
