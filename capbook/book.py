@@ -519,14 +519,13 @@ def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
 def stamp_first_stage_keys(profile: str = "default", log=print) -> list[Path]:
     "Write each '+ SCST' chapter run's first-stage key (`capbook.results.Keys.first_stage`) into its finished cross-entropy checkpoint where that checkpoint was written under one of the step's training keys of today (`Keys.resuming`: at its budget or a rung below) before checkpoints kept a first-stage key: it was trained as today's cross-entropy stage, so a later change to self-critical training alone leaves it finished. Returns the checkpoints stamped."
     from capbook.core import load_torch, save_torch
-    from capbook.train import FIRST
     K, out = plan_keys(profile), []
     for s in K.steps:
         last = runs_dir() / profile / s.name / "ckpt" / "last.pt"
         if s.notebook not in chapters() or not last.exists() or not (first := K.first_stage(s)): continue
         ck = load_torch(last)
         if not ck.get("finished") or ck.get("first_stage_key") == first: continue
-        if ck.get("training_key") not in [k for k in K.resuming(s).split() if not k.startswith(FIRST)]: continue
+        if ck.get("training_key") not in K.trainings(s): continue
         save_torch(last, {**ck, "first_stage_key": first}); out.append(last)
     log(f"{len(out)} cross-entropy checkpoints stamped with their first-stage key")
     return out

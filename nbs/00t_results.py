@@ -553,21 +553,26 @@ class Keys:
 
     def resuming(self, step) -> str:
         "What the book hands a step's kernel as its training key (`capbook.train.TRAINING_KEY`): `training(step)`, then, space-separated, the training keys it had at the ladder's lower rungs of its self-critical budget (`capbook.profiles.rungs_below`), under which its checkpoints at those budgets were written: a stage that climbed goes on from where it stopped (`capbook.train._extends`), and its cross-entropy stage, which the climb does not touch, stays finished."
-        from capbook.profiles import chapters, rungs_below
+        from capbook.profiles import chapters
         from capbook.train import FIRST
         if step.notebook not in chapters(): return self.training(step)
-        s, first = budget(step).get("scst_epochs"), self.first_stage(step)
-        return " ".join([self.training(step), *(self.key(step, training=True, scst_epochs=r) for r in rungs_below(s or 1)),
-                         *([FIRST + first] if first else [])])
+        first = self.first_stage(step)
+        return " ".join([*self.trainings(step), *([FIRST + first] if first else [])])
+
+    def trainings(self, step) -> list[str]:
+        "A chapter step's training key, then its training keys at the ladder's lower rungs of its self-critical budget (`capbook.profiles.rungs_below`), nearest first: the keys its checkpoints may have been written under."
+        from capbook.profiles import rungs_below
+        s = budget(step).get("scst_epochs")
+        return [self.training(step), *(self.key(step, training=True, scst_epochs=r) for r in rungs_below(s or 1))]
 
     def first_stage(self, step) -> str | None:
         "The key of a chapter step's cross-entropy stage where a self-critical stage follows it: the training key of the same step without that stage (`scst_epochs` 0, no other self-critical parameter), whose probe trains cross-entropy alone. Its cross-entropy checkpoints resume under it (`capbook.train.book_first_stage_key`), so a change to self-critical training alone retrains only the stages it touches. None for a step with no self-critical stage: its training key is its stage's."
         from capbook.profiles import chapters
         if step.notebook not in chapters() or not budget(step).get("scst_epochs"): return None
-        if f"first {step.name}" not in self._keys: self._keys[f"first {step.name}"] = self.key(first_stage(step), training=True)
+        if f"first {step.name}" not in self._keys: self._keys[f"first {step.name}"] = self.key(first_stage_step(step), training=True)
         return self._keys[f"first {step.name}"]
 
-def first_stage(step) -> Step:
+def first_stage_step(step) -> Step:
     "A chapter step as its cross-entropy stage alone: its parameters without the self-critical ones, `scst_epochs` 0."
     return dataclasses.replace(step, params={**{k: v for k, v in step.params.items() if not k.startswith("scst_")}, "scst_epochs": 0})
 

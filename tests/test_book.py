@@ -162,7 +162,7 @@ def test_a_stage_that_climbed_the_ladder_resumes_its_checkpoints_at_the_rungs_be
     K = R.plan_keys("default", made=False, fresh=True)
     glied, local = (next(s for s in K.steps if s.name == n) for n in ("05_glied-base", "05_glied-local"))
     K._probes.update({K.row(glied): "m1", K.row(local): "m2", "shared scorer": "s", "shared stats": "t", "shared drawing": "d"})
-    K._probes[K.row(R.first_stage(glied))] = "m0"                          # its cross-entropy stage's probe
+    K._probes[K.row(R.first_stage_step(glied))] = "m0"                          # its cross-entropy stage's probe
     *keys, first = K.resuming(glied).split()
     assert R.budget(glied)["scst_epochs"] == 80 and keys[0] == K.training(glied) == K.key(glied, training=True, scst_epochs=80)
     assert keys[1:] == [K.key(glied, training=True, scst_epochs=e) for e in (40, 20, 10, 5)] and len(set(keys)) == 5
@@ -170,11 +170,11 @@ def test_a_stage_that_climbed_the_ladder_resumes_its_checkpoints_at_the_rungs_be
     # and the key of its cross-entropy stage alone, which a change to self-critical training alone leaves as it was
     from capbook.train import FIRST
     assert first == FIRST + K.first_stage(glied) and K.first_stage(glied) not in keys
-    assert "scst_epochs" not in R.budget(R.first_stage(glied)) and not any(k.startswith("scst_") and v for k, v in R.first_stage(glied).params.items())
+    assert "scst_epochs" not in R.budget(R.first_stage_step(glied)) and not any(k.startswith("scst_") and v for k, v in R.first_stage_step(glied).params.items())
     was = K.first_stage(glied)
     K._keys.clear(); K._probes[K.row(glied)] = "m1 with another sampler"
     assert K.training(glied) != keys[0] and K.first_stage(glied) == was
-    K._keys.clear(); K._probes[K.row(R.first_stage(glied))] = "m0 with another cross-entropy"
+    K._keys.clear(); K._probes[K.row(R.first_stage_step(glied))] = "m0 with another cross-entropy"
     assert K.first_stage(glied) != was
 
 
