@@ -245,9 +245,10 @@ def row_budget(rec: dict, stage: str = "xe") -> tuple[float, ...]:
     rec0 = (rec.get("seed_runs") or [rec])[0]
     return (row_epochs(rec),) if stage == "xe" else (row_epochs(rec), epochs_trained(rec0["stages"][stage]["history"]))
 
-def late_gain(history: list[dict], last: int = 3) -> float | None:
-    "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
+def late_gain(history: list[dict], last: int = 3, upto: float | None = None) -> float | None:
+    "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer. `upto`: the run as a budget of `upto` epochs would have ended (its evaluations up to then), for a run whose rate does not read its budget (a self-critical stage's): a rung below, read off the longer run."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
+    if upto is not None: h = [(x, c) for x, c in h if x <= upto + 1e-9]
     if not h: return None
     end = h[-1][0]
     before = [c for x, c in h if x <= end - last]

@@ -340,9 +340,10 @@ def row_budget(rec: dict, stage: str = "xe") -> tuple[float, ...]:
     rec0 = (rec.get("seed_runs") or [rec])[0]
     return (row_epochs(rec),) if stage == "xe" else (row_epochs(rec), epochs_trained(rec0["stages"][stage]["history"]))
 
-def late_gain(history: list[dict], last: int = 3) -> float | None:
-    "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer."
+def late_gain(history: list[dict], last: int = 3, upto: float | None = None) -> float | None:
+    "What a run's last `last` epochs gained: its best validation CIDEr (×100) in them minus its best before them (the cross-entropy stage); None for a run of `last` epochs or fewer. `upto`: the run as a budget of `upto` epochs would have ended (its evaluations up to then), for a run whose rate does not read its budget (a self-critical stage's): a rung below, read off the longer run."
     h = [(e.get("epochs", e["epoch"] + 1), e["val CIDEr"]) for e in history if e["epoch"] >= 0 and "val CIDEr" in e]
+    if upto is not None: h = [(x, c) for x, c in h if x <= upto + 1e-9]
     if not h: return None
     end = h[-1][0]
     before = [c for x, c in h if x <= end - last]
@@ -415,6 +416,7 @@ def train_procs() -> int:
 _curve = lambda *v: [{"epoch": -1, "val CIDEr": 0.0}] + [{"epoch": i, "epochs": i + 1, "val CIDEr": c} for i, c in enumerate(v)]
 assert abs(late_gain(_curve(0.5, 0.8, 0.9, 0.9, 0.95)) - 15.0) < 1e-9       # best of epochs 3-5 minus best of 1-2
 assert late_gain(_curve(0.5, 0.9, 0.8, 0.85, 0.8)) < 0 and late_gain(_curve(0.5, 0.6)) is None
+assert abs(late_gain(_curve(0.5, 0.8, 0.9, 0.9, 0.95, 0.2), upto=5) - 15.0) < 1e-9 and late_gain(_curve(0.5, 0.6, 0.7), upto=2) is None   # the run as a 5-epoch budget would have ended
 assert curve_end([1.8, -0.1, 1.9]) == "still rising" and curve_end([1.8, 0.9, -1.9]) == "flat or falling" and curve_end([0.4]) == "one seed"
 assert curve_end([0.3, 0.2, 0.9]) == "flat or falling" and curve_end([1.8, 1.1, -3, -2]) == "flat or falling"   # within a flat tail's wobble; half is not most
 assert ladder_twin({"model": "x"}) == {"model": "x", "epochs": 30}

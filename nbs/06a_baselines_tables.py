@@ -38,7 +38,7 @@ import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.runner import start_run
-from capbook.profiles import read_params, epochs_trained, late_gain, curve_end, row_epochs
+from capbook.profiles import read_params, epochs_trained, late_gain, curve_end, row_epochs, LADDER, SCST_RUNGS
 from capbook.records import record_stage, stage_stats, seed_cells, SEED_METRICS, stage_best
 from capbook.claims import interval_cells, Claims, paired_verdict, same_budget, book_family
 from capbook.papers import CLAIM_SOURCES
@@ -209,12 +209,12 @@ display(Markdown(f"{(curves['curve at the end'] == 'flat or falling').sum()} of 
 # *decoding bonus*: how much of a row's CIDEr the decode, not the model, chose.
 
 # %%
-scst_rows = []
+scst_rows, scst_curves = [], {}
 for label, _family, k, st in MODELS:
     if st == "xe": continue
     for seed, r in enumerate(recs[k].get("seed_runs", [recs[k]])):
         stage, start = r["stages"][st], r["stages"]["xe"]
-        h = stage["history"]
+        h = stage["history"]; scst_curves.setdefault(label, []).append(h)
         val = [e["val CIDEr"] for e in h if "val CIDEr" in e]
         greedy = [e["greedy_reward"] for e in h if "greedy_reward" in e]
         at = [e.get("epochs", e["epoch"] + 1) for e in h if "val CIDEr" in e]
@@ -233,6 +233,18 @@ display(Markdown(save_table(scst, run.path("table_baselines_scst"), floatfmt=".1
 ends = scst.groupby("row", sort=False)["last-3-epoch gain"].apply(lambda g: curve_end(list(g)))
 rising = [r for r, e in ends.items() if e == "still rising"]
 display(Markdown("Still rising in most seeds when its budget ended: " + (", ".join(rising) if rising else "no stage") + "."))
+# The ladder read again at each rung, off the stages' own curves: a stage's rate does not read its budget, so its first E
+# epochs are the run a budget of E would have trained (`late_gain(..., upto=E)`), and the rule reads each rung as it would
+# have ended there. The rungs were first climbed on stages trained before the sampler's log-probabilities were the policy's
+# (`00g_decode`); this table is the rule on today's stages.
+def _rung(hs, upto):
+    g = [late_gain(h, upto=upto) for h in hs]
+    return f"{curve_end(g)} ({', '.join('—' if x is None else f'{x:+.1f}' for x in g)})"
+_top = max((epochs_trained(h) for hs in scst_curves.values() for h in hs), default=0)
+_rungs = [_top / LADDER ** i for i in range(SCST_RUNGS, -1, -1) if _top / LADDER ** i >= 1]   # (a smoke stage's one epoch: one rung)
+display(Markdown("The ladder's rule at each rung, read off the stages' curves (each seed's last-3-epoch gain at that budget):\n\n" +
+                 save_table(pd.DataFrame([{"row": label, **{f"at {u:g} epochs": _rung(hs, u) for u in _rungs}}
+                                          for label, hs in scst_curves.items()]), run.path("table_baselines_scst_rungs"))))
 fell = scst[scst["last val CIDEr"] < 0.9 * scst["best val CIDEr"]]     # a stage that fell far from its best before its budget ended
 display(Markdown(("Fell from its best before its budget ended (its last evaluation more than 10 % below its best; the row keeps "
                   "its best evaluation, the protocol's selection, so the fall costs the row nothing, but it says the stage is "
