@@ -18,6 +18,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):     # a core each: two 2-thread OpenMP
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): tests that share a module fixture run in one worker")
+    if not os.environ.get(SCRATCH):            # the run's first process (xdist's controller): its workers and their children inherit it
+        import tempfile
+        config._capbook_scratch = os.environ[SCRATCH] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="capbook-tests-")
+        tempfile.tempdir = None                 # (tempfile reads TMPDIR again)
+
+
+SCRATCH = "CAPBOOK_TEST_TMP"   # the test run's temporary folder: what its tests, the notebooks' examples, kernels and browsers write there
+
+
+def pytest_unconfigure(config):
+    """A passing test run leaves nothing in the machine's temporary folder: everything written there (pytest's own
+    folders, the notebooks' examples, the books' kernels, Chromium's profiles) went to the run's folder, removed at its end.
+    A failing run keeps it for its traces, and says where."""
+    d = getattr(config, "_capbook_scratch", None)
+    if not d: return
+    import shutil
+    if getattr(config, "_capbook_failed", False): print(f"\nthe test run's temporary files are kept in {d}", file=sys.stderr)
+    else: shutil.rmtree(d, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._capbook_failed = exitstatus not in (0, 5)    # (5: nothing collected)
 
 
 def pytest_collection_modifyitems(config, items):
