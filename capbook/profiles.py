@@ -12,11 +12,12 @@ from .core import CapbookError, check_choice, check_float, check_int, cpu_precis
 
 # %% auto 0
 __all__ = ['PROFILES', 'RECIPES', 'PROFILE_TRAIN', 'PROFILE_SCST', 'PROFILE_PRECISION', 'PROFILE_LR', 'BUDGET', 'LADDER',
-           'RISING', 'CHAPTERS', 'SEEDS', 'SCST_SHARE', 'SCST_RUNGS', 'SCST_ARMS', 'SCST_WARMUP', 'TRAIN_PROCS',
-           'check_profile', 'out_dir', 'profile_precision', 'run_precision', 'protocol_epochs', 'ladder_twin',
-           'RunConfig', 'read_params', 'parameters_source', 'Chapter', 'register_chapter', 'chapters', 'chapter',
-           'model_hparams', 'epochs_trained', 'row_epochs', 'row_budget', 'late_gain', 'curve_end', 'scst_budget',
-           'rungs_below', 'scst_arms', 'decoding', 'train_config', 'train_procs']
+           'RISING', 'BOOK_SET', 'CHAPTERS', 'SEEDS', 'SCST_SHARE', 'SCST_RUNGS', 'SCST_ARMS', 'SCST_WARMUP',
+           'TRAIN_PROCS', 'check_profile', 'out_dir', 'profile_precision', 'run_precision', 'protocol_epochs',
+           'ladder_twin', 'RunConfig', 'book_set_defaults', 'read_params', 'parameters_source', 'Chapter',
+           'register_chapter', 'chapters', 'chapter', 'model_hparams', 'epochs_trained', 'row_epochs', 'row_budget',
+           'late_gain', 'curve_end', 'scst_budget', 'rungs_below', 'scst_arms', 'decoding', 'train_config',
+           'train_procs']
 
 # %% ../nbs/00la_profiles.ipynb
 PROFILES = ("smoke", "default", "paper")
@@ -107,6 +108,7 @@ class RunConfig:
     precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
     recipe: str = "protocol"        # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
+    draws: str = "torch"            # the models' random draws: torch (torch's generator: the CPU book's runs) | keyed (a function of seed and step, as stacked runs draw: `capbook book --device`)
 
     def check(self):
         "Stop with one line on an invalid run parameter."
@@ -123,7 +125,15 @@ class RunConfig:
         check_choice("scst_baseline", self.scst_baseline, SCST_ARMS)
         from capbook.train import PRECISIONS
         check_choice("precision", self.precision, PRECISIONS); check_choice("recipe", self.recipe, RECIPES)
+        from capbook.train import DRAWS
+        check_choice("draws", self.draws, DRAWS)
         get_device(self.device)
+
+BOOK_SET = ("draws",)   # RunConfig fields that `capbook book --device` sets and a notebook's parameters cell leaves out: they came after the book's keys, which read the cells' code (a reader's run may still pass them with -p)
+
+def book_set_defaults() -> dict:
+    "The defaults of the `BOOK_SET` fields: a chapter run's values for them where neither its step nor its record names them."
+    return {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in BOOK_SET}
 
 def _injected_names(namespace: Mapping[str, Any]) -> list[str]:
     "Names assigned by papermill's injected parameters cell(s), read from the kernel's input history."
@@ -161,7 +171,7 @@ def _field_docs(cls: type) -> dict[str, str]:
 def parameters_source(cls: type) -> str:
     "The papermill `parameters` cell of a parameters dataclass: one `name = default  # doc` line per field."
     docs, lines = _field_docs(cls), []
-    fields = dataclasses.fields(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.name not in BOOK_SET]
     width = max(len(f"{f.name} = {f.default!r}") for f in fields)
     for f in fields:
         code = f"{f.name} = {f.default!r}"

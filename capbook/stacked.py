@@ -6,6 +6,7 @@
 from __future__ import annotations
 import contextlib
 import copy
+import os
 from dataclasses import asdict, replace
 from typing import Callable
 import numpy as np
@@ -253,9 +254,21 @@ def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
         return -(-cfg.batch_size // int(per[0])) * int(per[0]), tr.caps.shape[1]
     return cfg.batch_size + int(per.max()) - 1, tr.caps.shape[1]
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str] | None):
+    "The process's environment with `values` set inside the block, as it was after."
+    old = {k: os.environ.get(k) for k in values or {}}
+    os.environ.update(values or {})
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
 def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-               log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False) -> tuple[list[_Run], StackedStep]:
-    "The runs of `fit_stacked`, checked (one architecture, configs that differ only in `STACKABLE` fields, teacher-forced objectives) and set up, with the stacked step that trains them."
+               log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False,
+               envs: list[dict[str, str]] | None = None) -> tuple[list[_Run], StackedStep]:
+    "The runs of `fit_stacked`, checked (one architecture, configs that differ only in `STACKABLE` fields, teacher-forced objectives) and set up, with the stacked step that trains them. `envs`: each run's book keys (`capbook.train.STEP_KEY`, `TRAINING_KEY`), set while it is set up, as the book sets them for a step's kernel: the keys its checkpoints keep and resume under."
     if not models: raise CapbookError("fit_stacked needs at least one model")
     if len({len(models), len(cfgs), len(ckpt_dirs)}) > 1:
         raise CapbookError(f"fit_stacked: {len(models)} models, {len(cfgs)} configs and {len(ckpt_dirs)} checkpoint folders differ in number")
@@ -274,8 +287,11 @@ def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_d
     cfgs = [replace(c, precision=stacked_precision(c.precision, device)) for c in cfgs]
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise CapbookError("stacked runs need bfloat16 or float32 arithmetic: this GPU would need float16's gradient scaler")
-    runs = [_Run(m, data, c, d, (metas or [None] * len(models))[i], log, None, rank, world, local, device)
-            for i, (m, c, d) in enumerate(zip(models, cfgs, ckpt_dirs))]
+    if envs is not None and len(envs) != len(models): raise CapbookError(f"fit_stacked: {len(models)} models and {len(envs)} environments differ in number")
+    runs = []
+    for i, (m, c, d) in enumerate(zip(models, cfgs, ckpt_dirs)):
+        with _environment((envs or [None] * len(models))[i]):
+            runs.append(_Run(m, data, c, d, (metas or [None] * len(models))[i], log, None, rank, world, local, device))
     for r in runs:
         if type(r.objective).outputs is not Objective.outputs:
             raise CapbookError(f"{type(r.objective).__name__} is not teacher-forced: stacked runs train cross-entropy and hard attention's rule; train it apart")
@@ -283,9 +299,10 @@ def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_d
     return runs, (CapturedStep if capture else StackedStep)(runs, shape)
 
 def fit_stacked(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
-                log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False) -> list[FitResult]:
-    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`); `capture` (on a CUDA GPU): so padded, and every step replayed as one captured CUDA graph (`CapturedStep`)."
+                log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False,
+                envs: list[dict[str, str]] | None = None) -> list[FitResult]:
+    "Train K runs of one architecture as one stacked model, each with its own seed (initialisation, data order, draws) and rate, weight average, validation, early stopping and checkpoint folder; each run's result and checkpoints are those of `fit` with `draws='keyed'` alone. `fixed`: every batch padded to one shape (`fixed_shape`); `capture` (on a CUDA GPU): so padded, and every step replayed as one captured CUDA graph (`CapturedStep`); `envs`: each run's book keys while it is set up (`stack_runs`)."
     with writing(ckpt_dirs):                        # one writer per checkpoint folder (`capbook.train.writing`)
-        runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed, capture)
+        runs, step = stack_runs(models, data, cfgs, ckpt_dirs, metas, log, fixed, capture, envs)
         _loop(runs, step)
         return [_finish(r) for r in runs]

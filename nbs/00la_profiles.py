@@ -149,6 +149,7 @@ class RunConfig:
     precision: str = "auto"         # the CPU's training arithmetic: auto (bf16 where the CPU has bfloat16 kernels: its instruction set, never a timing) | bf16 (autocast, as a GPU always does) | fp32
     recipe: str = "protocol"        # protocol: the book's one training protocol | early-stop: the protocol's rule before, halving on plateaus, stopping early | legacy: capbook's recipe before that (both: nbs/02b_protocol)
     run_dir: str | None = None      # set by `capbook book`; None: runs/<profile>/adhoc/...
+    draws: str = "torch"            # the models' random draws: torch (torch's generator: the CPU book's runs) | keyed (a function of seed and step, as stacked runs draw: `capbook book --device`)
 
     def check(self):
         "Stop with one line on an invalid run parameter."
@@ -165,7 +166,15 @@ class RunConfig:
         check_choice("scst_baseline", self.scst_baseline, SCST_ARMS)
         from capbook.train import PRECISIONS
         check_choice("precision", self.precision, PRECISIONS); check_choice("recipe", self.recipe, RECIPES)
+        from capbook.train import DRAWS
+        check_choice("draws", self.draws, DRAWS)
         get_device(self.device)
+
+BOOK_SET = ("draws",)   # RunConfig fields that `capbook book --device` sets and a notebook's parameters cell leaves out: they came after the book's keys, which read the cells' code (a reader's run may still pass them with -p)
+
+def book_set_defaults() -> dict:
+    "The defaults of the `BOOK_SET` fields: a chapter run's values for them where neither its step nor its record names them."
+    return {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in BOOK_SET}
 
 def _injected_names(namespace: Mapping[str, Any]) -> list[str]:
     "Names assigned by papermill's injected parameters cell(s), read from the kernel's input history."
@@ -203,7 +212,7 @@ def _field_docs(cls: type) -> dict[str, str]:
 def parameters_source(cls: type) -> str:
     "The papermill `parameters` cell of a parameters dataclass: one `name = default  # doc` line per field."
     docs, lines = _field_docs(cls), []
-    fields = dataclasses.fields(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.name not in BOOK_SET]
     width = max(len(f"{f.name} = {f.default!r}") for f in fields)
     for f in fields:
         code = f"{f.name} = {f.default!r}"
@@ -220,6 +229,7 @@ try: read_params(RunConfig, _ns); raise AssertionError("a typo must stop the run
 except CapbookError as e: assert str(e).startswith("parameter epoch is unknown: known parameters are profile, dataset")
 assert read_params(RunConfig, {"In": [], "seed": 1}).seed == 1
 assert parameters_source(RunConfig).splitlines()[0].startswith("profile = 'default'") and "batch_size = 64" in parameters_source(RunConfig)
+assert "draws" not in parameters_source(RunConfig) and book_set_defaults() == {"draws": "torch"}   # the book sets it; a cell leaves it out
 
 
 # %% [markdown]

@@ -173,8 +173,9 @@ def _as_run(params: dict, sizes: dict) -> dict:
 
 def step_record(profile: str, step: Step) -> dict:
     "The results record of a plan step: the book's own run, else the latest hand run with exactly its parameters, compared as they ran (`_as_run`; a parameter added to the chapter after the record was made counts at its default, the value its code then had)."
-    from capbook.profiles import chapters
+    from capbook.profiles import book_set_defaults, chapters
     ch, defaults = chapters().get(step.notebook), nb_defaults(step.notebook)
+    if ch: defaults = {**book_set_defaults(), **defaults}                # a field its cell leaves out, at its default
     sizes = ch.sizes.get(profile, {}) if ch else {}                   # the records of runs/<profile> ran at `profile`
     want = _as_run({**defaults, **step.params}, sizes)
     book = runs_dir() / profile / step.name

@@ -88,16 +88,20 @@ def chapter_data(ch: Chapter, p: Any, device: str | None = None):
                    weights=p.weights, regions=p.regions)
 
 def chapter_setup(ch: Chapter, p: Any, phase: dict | None = None, log: Callable[[str], None] = print) -> tuple:
-    "What a run of chapter `ch` with resolved parameters `p` trains: (prepared data, per-image inputs' record, model seeded with `p.seed`, training config); the data's time into `phase['data_s']`."
-    from capbook.models import build
-    name = ch.model(p)
+    "What a run of chapter `ch` with resolved parameters `p` trains: (prepared data, per-image inputs' record, model seeded with `p.seed`, training config: `chapter_model`); the data's time into `phase['data_s']`."
     with timed(phase if phase is not None else {}, "data_s"):
         prep = chapter_data(ch, p)
         log(prep.describe())
         inputs = ch.inputs(prep, p, log) if ch.inputs else {}  # per-image inputs besides the features (attributes)
+    return (prep, inputs, *chapter_model(ch, p, prep))
+
+def chapter_model(ch: Chapter, p: Any, prep) -> tuple:
+    "The model a run of chapter `ch` with resolved parameters `p` trains on `prep`, built from `p.seed`, and its training config."
+    from capbook.models import build
+    name = ch.model(p)
     seed_everything(p.seed)
     model = build(name, len(prep.vocab), prep.feat_shape[1], prep.grid, **model_hparams(name, p))
-    return prep, inputs, model, train_config(ch, p, name, prep.max_len)
+    return model, train_config(ch, p, name, prep.max_len)
 
 def scst_start(model, xe: Path) -> None:
     "A self-critical arm's start: the cross-entropy run's (in checkpoint folder `xe`) selected weights."
@@ -152,3 +156,46 @@ def fit_under_torchrun(notebook: str, run_dir: Path, procs: int, log: Callable[[
             log(line.rstrip())
     if proc.returncode:
         raise CapbookError(f"{notebook}: its training under torchrun ({procs} processes) failed (exit status {proc.returncode}): see {out}")
+
+# %% [markdown]
+# ### Several seeds at once: a stacked pack
+#
+# On a GPU the book's models are launch-bound (`00r_bench`), and a row's seeds are runs of one architecture that differ
+# only in numbers. `fit_pack` trains their cross-entropy stages as one stacked model (`capbook.stacked.fit_stacked`),
+# each into its own run folder's `ckpt` under the keys the book gives its step (`envs`), where `run_chapter` would train
+# it alone with `draws='keyed'`. Each run's notebook then finds its cross-entropy checkpoint finished and goes on as
+# always: its evaluations, its self-critical stages (which sample outside the keyed draws and train alone), its
+# measurements and its record. A pack's runs share everything but their seed and rate, and their data: a chapter whose
+# per-image inputs depend on the seed (GLIED's attributes, found by a seeded detector) trains its runs alone.
+
+# %%
+#| export
+def pack_params(notebook: str, params: dict) -> Any:
+    "A chapter run's parameters as `run_chapter` resolves them (its profile's sizes, no self-critical stage where none is asked for)."
+    ch = chapter(notebook)
+    p = ch.resolve(ch.params(**{k: v for k, v in params.items() if k != "run_dir"}))
+    return p if p.scst_epochs is not None else dataclasses.replace(p, scst_epochs=0)
+
+def fit_pack(notebook: str, runs: list[tuple[dict, Path, dict[str, str] | None]], log: Callable[[str], None] = print) -> list:
+    "Train the cross-entropy stages of runs of chapter `notebook` that differ only in their seed and rate as one stacked model, each into its run folder's `ckpt`: `runs` are (parameters, run folder, the book's keys for the run's step: `capbook.train.STEP_KEY`, `TRAINING_KEY`); each run's `draws` must be 'keyed', as a stacked run draws, so that its notebook finds the checkpoint trained as it would train it. Returns the runs' `FitResult`s."
+    from capbook.profiles import RunConfig
+    from capbook.stacked import fit_stacked
+    if not runs: return []
+    ch = chapter(notebook)
+    if ch.inputs: raise CapbookError(f"{notebook}: its runs' per-image inputs depend on their seed ({ch.inputs.__name__}): train them alone")
+    ps = [pack_params(notebook, params) for params, _, _ in runs]
+    for p in ps:
+        RunConfig.check(p)
+        if ch.check: ch.check(p)
+        if p.draws != "keyed": raise CapbookError(f"parameter draws={p.draws!r} is invalid for a stacked pack: allowed value is 'keyed' (what stacked runs draw)")
+    row = lambda p: {k: v for k, v in dataclasses.asdict(p).items() if k not in ("seed", "lr")}
+    if odd := next((p for p in ps[1:] if row(p) != row(ps[0])), None):
+        differ = sorted(k for k, v in row(odd).items() if row(ps[0])[k] != v)
+        raise CapbookError(f"{notebook}: a pack's runs may differ only in seed and lr; seed {odd.seed} differs from seed {ps[0].seed} in {', '.join(differ)}")
+    prep = chapter_data(ch, ps[0])
+    log(prep.describe())
+    built = [chapter_model(ch, p, prep) for p in ps]
+    log(f"{ch.model(ps[0])}: {len(runs)} runs stacked (seeds {', '.join(str(p.seed) for p in ps)})")
+    return fit_stacked([m for m, _ in built], prep, [c for _, c in built], [Path(d) / "ckpt" for _, d, _ in runs], log=log,
+                       envs=[e for _, _, e in runs])
+
