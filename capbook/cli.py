@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                    "the other chapters' published tables and copies stay")
     b.add_argument("--dry-run", action="store_true", help="only say which steps would run (with --executor slurm: each job's "
                    "sbatch script) and run or submit nothing")
+    b.add_argument("--device", metavar="DEVICE", help="the device book: every chapter run on DEVICE (cuda, cuda:N, or cpu to try it), "
+                   "a row's seeds trained as one stacked model, in a home of its own (runs/device-DEVICE/)")
     be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only, executor=a.executor,
-                                     executor_config=a.executor_config, dry_run=a.dry_run)
+                                     executor_config=a.executor_config, dry_run=a.dry_run, device=a.device)
         elif a.cmd == "docs":
             with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:

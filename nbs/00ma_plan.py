@@ -109,12 +109,19 @@ def nb_defaults(notebook: str) -> dict:
     p = nbs_dir() / f"{notebook}.ipynb"
     return dict(_nb_defaults(str(p), p.stat().st_mtime))
 
+DEVICE_BOOK = "CAPBOOK_DEVICE_BOOK"   # environment: the device a device book (`capbook book --device`) trains its chapter runs on
+
+def device_params() -> dict:
+    "What a device book (`DEVICE_BOOK`) adds to every chapter run's parameters: its device, the keyed draws of stacked runs (`capbook.stages.fit_pack`), and on the CPU float32, the stacked step's arithmetic there; nothing for the CPU book."
+    dev = os.environ.get(DEVICE_BOOK)
+    return {"device": dev, "draws": "keyed", **({"precision": "fp32"} if dev == "cpu" else {})} if dev else {}
+
 def plan(profile: str) -> list[Step]:
-    "The runs that regenerate the book at `profile`, in order: every chapter's training runs first (in reading order), then the other notebooks in reading order, so that an assembly notebook can tabulate the runs of any chapter, a later one's too."
+    "The runs that regenerate the book at `profile`, in order: every chapter's training runs first (in reading order), then the other notebooks in reading order, so that an assembly notebook can tabulate the runs of any chapter, a later one's too. A device book's chapter runs carry its `device_params`."
     check_profile(profile)
-    chs, runs, rest = chapters(), [], []
+    chs, runs, rest, dev = chapters(), [], [], device_params()
     for nb in notebooks():
-        if nb in chs: runs += [Step(nb, {"profile": profile, **kw}, tag) for tag, kw in chs[nb].runs.items()
+        if nb in chs: runs += [Step(nb, {"profile": profile, **kw, **dev}, tag) for tag, kw in chs[nb].runs.items()
                                if profile in chs[nb].only.get(tag, (profile,))]
         elif "profile" in nb_defaults(nb): rest.append(Step(nb, {"profile": profile}))
         else: rest.append(Step(nb))

@@ -24,13 +24,13 @@
 # %%
 #| export
 from __future__ import annotations
-import atexit, base64, contextlib, os, re, shutil, sys, tempfile, time, uuid
+import atexit, base64, contextlib, dataclasses, logging, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
 from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, one_writer, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.profiles import check_profile, out_dir, chapters, parameters_source
-from capbook.plan import Step, nbs_dir, notebooks, plan, upstream_of
+from capbook.plan import Step, device_params, nbs_dir, notebooks, plan, upstream_of
 from capbook.results import plan_keys
 from capbook.train import STEP_KEY, TRAINING_KEY
 
@@ -571,10 +571,18 @@ def skipped_line(step: Step, kept: Path) -> str:
     "The book's line for a step `unchanged` found current: run here, or stood in for by the published book."
     return f"  {step.name}: unchanged, skipped" + ("" if kept.is_relative_to(runs_dir()) else " (no run here: the published book's results stand in)")
 
+class _BookSetParameters(logging.Filter):
+    "Papermill's warning about a parameter its notebook's cell does not list, where the book sets it (`capbook.profiles.BOOK_SET`)."
+    def filter(self, record):
+        from capbook.profiles import BOOK_SET
+        return not re.fullmatch(rf"Passed unknown parameter: ({'|'.join(BOOK_SET)})", record.getMessage())
+
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None,
              training_key: str | None = None) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume, then its training keys at the ladder's lower rungs: `Keys.resuming`); return (executed notebook path, whether it ran)."
     import papermill as pm
+    pm_log = logging.getLogger("papermill")
+    if not any(isinstance(f, _BookSetParameters) for f in pm_log.filters): pm_log.addFilter(_BookSetParameters())
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
@@ -834,6 +842,39 @@ def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, 
     log(f"dry run: {len(runs)} of {len(steps)} steps would run; nothing was " + ("submitted" if pool else "run"))
     return {}
 
+@dataclasses.dataclass(frozen=True)
+class Pack:
+    "A device book's row of seeds (two or more chapter steps of one `capbook.results.Keys.row`) whose cross-entropy stages train as one stacked model before their notebooks run (`capbook.stages.fit_pack`)."
+    notebook: str
+    members: tuple[Step, ...]
+
+    @property
+    def name(self) -> str: return f"pack {self.members[0].name}"
+
+def device_packs(profile: str, steps: list[Step], keyring, force: bool = False) -> list[Pack]:
+    "A device book's packs among `steps`: the chapter steps that will run (not `unchanged`, unless `force`) and have no checkpoint yet (a run begun alone goes on alone), grouped by row (`Keys.row`: notebook and parameters, the seed aside), two or more a pack; a chapter whose per-image inputs depend on the seed (GLIED's attributes) trains its runs alone."
+    from capbook.results import Keys
+    chs, rows = chapters(), {}
+    for s in steps:
+        ch = chs.get(s.notebook)
+        if ch is None or ch.inputs or (not force and unchanged(s, profile, keyring.get(s))): continue
+        if (runs_dir() / profile / s.name / "ckpt" / "last.pt").exists(): continue
+        rows.setdefault(Keys.row(s), []).append(s)
+    return [Pack(ms[0].notebook, tuple(ms)) for ms in rows.values() if len(ms) > 1]
+
+def run_pack(pack: Pack, profile: str, keys: list[tuple[str, str]], log=print) -> tuple[Path, bool]:
+    "Train a device book's `pack` (`capbook.stages.fit_pack`): each member's cross-entropy stage into its run folder under its step's keys (`keys`: each member's key and training keys, `Keys.get` and `Keys.resuming`), its lines in `runs/<profile>/packs/<first member>.log`. Returns (that log, True)."
+    from capbook.stages import fit_pack
+    d = runs_dir() / profile
+    runs = [({**m.params, "run_dir": str(d / m.name)}, d / m.name, {STEP_KEY: k, TRAINING_KEY: t}) for m, (k, t) in zip(pack.members, keys)]
+    out = d / "packs" / f"{pack.members[0].name}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with open(out, "w") as fh:
+        fit_pack(pack.notebook, runs, log=lambda line: (fh.write(line + "\n"), fh.flush()))
+    log(f"  {pack.name}: {len(runs)} runs' cross-entropy stages trained stacked in {time.time() - t0:.1f} s ({out})")
+    return out, True
+
 EXECUTORS = ("local", "slurm")     # where the book's steps run: processes on this machine, or jobs on a SLURM cluster (capbook.cluster)
 
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print, executor: str = "local",
@@ -848,7 +889,11 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         procs = lambda s: max(1, config.resources(s.name).gpus)   # ... or its job's GPUs
     keyring = plan_keys(profile, procs=procs)     # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
-    keys, outs, failed, waiting, running = {}, {}, None, list(steps), {}
+    packs = device_packs(profile, steps, keyring, force) if device_params() and executor == "local" else []
+    for pk in packs:                              # a device book's packs: their members' notebooks wait for the stacked training
+        ups[pk.name] = []
+        for m in pk.members: ups[m.name].append(pk.name)
+    keys, outs, failed, waiting, running = {}, {}, None, [*packs, *steps], {}
     def ready() -> list[Step]:                    # the steps whose upstream is done; none after a failure
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
     if executor == "slurm":
@@ -857,9 +902,12 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         adopt = lambda pool: pool.adopt({s.name: keyring.get(s) for s in steps})   # the jobs a killed book left: waited for, not duplicated
     else:
         pool_cm = _local_pool(jobs)
-        submit = lambda pool, s: pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.resuming(s))
+        submit = lambda pool, s: (pool.submit(run_pack, s, profile, [(keyring.get(m), keyring.resuming(m)) for m in s.members])
+                                  if isinstance(s, Pack) else pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.resuming(s)))
         adopt = lambda pool: None
-    if dry_run: return would_run(profile, steps, keyring, ups, force, log, pool_cm if executor == "slurm" else None)
+    if dry_run:
+        for pk in packs: log(f"  {pk.name}: would train {', '.join(m.name for m in pk.members)} stacked (their cross-entropy stages)")
+        return would_run(profile, steps, keyring, ups, force, log, pool_cm if executor == "slurm" else None)
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
@@ -867,7 +915,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         with pool_cm as pool, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             adopt(pool)
             while waiting or running:
-                while skip := [(s, kept) for s in ready() if not force and (kept := unchanged(s, profile, keyring.get(s)))]:
+                while skip := [(s, kept) for s in ready() if isinstance(s, Step) and not force and (kept := unchanged(s, profile, keyring.get(s)))]:
                     for s, kept in skip:              # unchanged: skipped here, no worker starts for it
                         waiting.remove(s); outs[s.name], keys[s.name] = kept, True
                         log(skipped_line(s, kept)); bar.update(1)
@@ -879,7 +927,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
                     s = running.pop(f)
-                    try: outs[s.name] = f.result()[0]
+                    try: out = f.result()[0]
                     except CapbookError as e: failed = failed or e; continue
                     except BrokenExecutor:                # a worker killed (out of memory, a signal): its step did not finish
                         failed = failed or CapbookError(f"{s.name}: the process running it died (out of memory or killed); "
@@ -890,7 +938,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
                                                         f"run the book again to go on")
                         continue
                     keys[s.name] = True
-                    bar.update(1)
+                    if isinstance(s, Step): outs[s.name] = out; bar.update(1)
                 bar.set_postfix_str(", ".join(r.name for r in running.values()), refresh=False)   # the steps under way
     finally:
         for k, v in threads.items():
@@ -936,9 +984,39 @@ def ended_by_signals():
     finally:
         for sig, h in before.items(): signal.signal(sig, h)
 
+def device_home(device: str) -> Path:
+    "Where a device book (`capbook book --device`) lives: a home of its own inside this one's `runs/` (its runs, tables, figures and site), reading this home's data."
+    return runs_dir() / f"device-{re.sub(r'[^a-z0-9]', '', device.lower())}"
+
+@contextlib.contextmanager
+def device_book(device: str | None):
+    "Inside the block the book is the device book of `device` (None: the CPU book, nothing changes): its home (`device_home`), this home's data, and every chapter run on `device` with the keyed draws stacked runs draw (`capbook.plan.device_params`); the processes it starts inherit it."
+    from capbook.core import data_dir, get_device
+    from capbook.plan import DEVICE_BOOK
+    if device is None: yield; return
+    get_device(device)                            # a device this machine does not have stops here, in one line
+    if os.environ.get(DEVICE_BOOK): raise CapbookError("parameter device: this book is already a device book")
+    env = {"CAPBOOK_HOME": str(device_home(device)), "CAPBOOK_DATA": str(data_dir()), DEVICE_BOOK: device}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
              only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
-             dry_run: bool = False) -> dict:
+             dry_run: bool = False, device: str | None = None) -> dict:
+    "Regenerate the book at `profile` (`device`: the device book of that device instead, `device_book`); see `_run_book`."
+    if device is not None and executor != "local":
+        raise CapbookError(f"parameter device={device!r} is for the local executor: a device book packs its runs on this machine")
+    with device_book(device):
+        return _run_book(profile, force, docs, log, jobs, only, executor, executor_config, dry_run)
+
+def _run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
+              only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
+              dry_run: bool = False) -> dict:
     "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way. `dry_run`: say which steps would run (on SLURM, with each job's sbatch script) and run nothing (`would_run`). SIGTERM and SIGHUP end it as Ctrl-C does (`ended_by_signals`)."
     check_profile(profile)
     check_choice("executor", executor, EXECUTORS)
