@@ -737,6 +737,7 @@ def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, 
     log(f"dry run: {len(runs)} of {len(steps)} steps would run; nothing was " + ("submitted" if pool else "run"))
     return {}
 
+# %% ../nbs/00n_book.ipynb
 @dataclasses.dataclass(frozen=True)
 class Pack:
     "A device book's row of seeds (two or more chapter steps of one `capbook.results.Keys.row`) whose cross-entropy stages train as one stacked model before their notebooks run (`capbook.stages.fit_pack`)."

@@ -842,6 +842,23 @@ def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, 
     log(f"dry run: {len(runs)} of {len(steps)} steps would run; nothing was " + ("submitted" if pool else "run"))
     return {}
 
+# %% [markdown]
+# ### The device book: a row's seeds as one stacked model
+#
+# `capbook book --device cuda` is the book on a GPU. Its runs are not the CPU book's (another device, another order of
+# arithmetic, and the keyed draws that stacked runs need: `capbook.stacked`), so it lives in a home of its own
+# (`device_home`: `runs/device-cuda/`, with its own runs, tables, figures and site, reading this home's data), and every
+# chapter step carries the device and `draws='keyed'` in its parameters (`capbook.plan.device_params`): its keys are its
+# own, and nothing of the CPU book is read as its or overwritten. On a GPU the book's small models are launch-bound, so
+# the seeds of a row (the steps of one `Keys.row`: notebook and parameters, the seed aside) train their cross-entropy
+# stages as one stacked model first (`Pack`, `run_pack`: `capbook.stages.fit_pack`), each into its own run folder under
+# its step's keys; then each seed's notebook runs as in any book and finds its cross-entropy checkpoint finished.
+# Self-critical stages, and chapters whose per-image inputs depend on the seed (GLIED's attributes), train alone, side
+# by side (`-j`). `--device cpu` runs the same path on the CPU (in float32, the stacked step's arithmetic there), which
+# is how it is tested: a packed row's records equal those of its runs trained alone.
+
+# %%
+#| export
 @dataclasses.dataclass(frozen=True)
 class Pack:
     "A device book's row of seeds (two or more chapter steps of one `capbook.results.Keys.row`) whose cross-entropy stages train as one stacked model before their notebooks run (`capbook.stages.fit_pack`)."
