@@ -74,6 +74,7 @@ def scst_setup(prep, p: Any, cfg: Any, baseline: str | None = None) -> tuple[Any
     scfg = dataclasses.replace(cfg, epochs=p.scst_epochs, lr=p.scst_lr, schedule="step", warmup=SCST_WARMUP, lr_gamma=1.0,
                                metric="CIDEr", patience=0, val_beam=1, batch_order="image", max_words=0,
                                validate_start=True, label_smoothing=0.0, ss_start=-1,   # cross-entropy's options: self-critical training samples its own captions
+                               draws="torch",   # from torch's generator, as the stage trains alone (never stacked), in a device book too
                                **PROFILE_SCST.get(getattr(p, "profile", None), {}))     # the smoke profile's short stage
     objective = SelfCritical(prep.vocab, prep.train.refs, n=5, max_len=prep.max_len, baseline=baseline or SCST_ARMS[p.scst_baseline][0],
                              cache=data_dir() / "cider")
