@@ -19,7 +19,7 @@ __all__ = ['SCST', 'RAN', 'SAY_VERDICTS', 'SAY_SCST', 'SAY_SEMANTIC', 'EXAMPLE',
            'KERNEL_CONFIG', 'sync_parameters', 'api_modules', 'chapter_status', 'chapter_table', 'results_table',
            'verdict_tables', 'published_minutes', 'verdict_lines', 'findings', 'run_summary', 'one_chapter',
            'book_time', 'fill_blocks', 'index_blocks', 'headline', 'readme_text', 'readme_status', 'sync_readme',
-           'kernel_manager', 'warm_kernel', 'unchanged', 'published_stand_in', 'skipped_line', 'run_step',
+           'kernel_manager', 'warm_kernel', 'unchanged', 'published_stand_in', 'skipped_line', 'run_step', 'run_bare',
            'stamp_training_keys', 'stamp_first_stage_keys', 'book_times', 'machines_line', 'publish', 'retire',
            'readers_copies', 'refresh_published', 'build_docs', 'would_run', 'Pack', 'device_packs', 'run_pack',
            'run_plan', 'select_steps', 'book_lock', 'Ended', 'ended_by_signals', 'device_home', 'device_book',
@@ -445,7 +445,10 @@ def unchanged(step: Step, profile: str, key: str) -> Path | None:
     "The executed notebook of `step` if its last execution finished under `key` (its results are current); where the step has no run here at all, what the checkout's published book keeps of it if that book made it under `key` (`published_stand_in`); else None."
     d = runs_dir() / profile / step.name
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
-    if done.exists(): return out if out.exists() and load_json(done).get("key") == key else None
+    if done.exists():
+        made = load_json(done)
+        if made.get("bare"): out = d / "record.json"           # run without a notebook (`run_bare`): its record
+        return out if out.exists() and made.get("key") == key else None
     return None if (d / "record.json").exists() else published_stand_in(step, profile, key)
 
 def published_stand_in(step: Step, profile: str, key: str) -> Path | None:
@@ -473,8 +476,9 @@ class _BookSetParameters(logging.Filter):
         return not re.fullmatch(rf"Passed unknown parameter: ({'|'.join(BOOK_SET)})", record.getMessage())
 
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None,
-             training_key: str | None = None) -> tuple[Path, bool]:
-    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume, then its training keys at the ladder's lower rungs: `Keys.resuming`); return (executed notebook path, whether it ran)."
+             training_key: str | None = None, bare: bool = False) -> tuple[Path, bool]:
+    "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume, then its training keys at the ladder's lower rungs: `Keys.resuming`); return (executed notebook path, whether it ran). `bare`: a chapter step's run without papermill or a kernel (`run_bare`)."
+    if bare: return run_bare(step, profile, force, log, key, training_key)
     import papermill as pm
     pm_log = logging.getLogger("papermill")
     if not any(isinstance(f, _BookSetParameters) for f in pm_log.filters): pm_log.addFilter(_BookSetParameters())
@@ -509,6 +513,28 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
         save_json(done, {"key": key, "seconds": time.time() - t0, "machine": cpu_name()})   # the time table names the machine of each step's minutes
         log(f"  {step.name}: ran in {time.time() - t0:.1f} s")
         return out, True
+
+def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str | None = None,
+             training_key: str | None = None) -> tuple[Path, bool]:
+    "Run a chapter step as its notebook's run does (`capbook.runner.run_chapter`: training, evaluation, measurements, figure, record) in this process, without papermill or a kernel — a machine that has torch and not Jupyter (a GPU lent bare): its lines in the run folder's `run.log`, `done.json` marked bare, and no executed notebook (`unchanged` reads its record instead). Returns (its record, whether it ran)."
+    from capbook.runner import run_chapter
+    from capbook.stacked import _environment
+    if step.notebook not in chapters(): raise CapbookError(f"{step.name}: a bare book runs chapter steps alone; run its tables chapters with papermill")
+    d = runs_dir() / profile / step.name
+    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.resuming(step)
+    if not force and (kept := unchanged(step, profile, key)):
+        log(skipped_line(step, kept)); return kept, False
+    d.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TQDM_DISABLE", "1"); os.environ.setdefault(IN_BOOK, "1")   # as a book's kernel: no bars, lines to the log
+    with one_writer(d, "book step"):
+        (d / "done.json").unlink(missing_ok=True)
+        for f in filter(_published, d.glob("*")): f.unlink()
+        t0 = time.time()
+        with _environment({STEP_KEY: key, TRAINING_KEY: training_key or key}), open(d / "run.log", "w") as fh:
+            run_chapter(step.notebook, {**step.params, "run_dir": str(d)}, log=lambda line: (fh.write(line + "\n"), fh.flush()))
+        save_json(d / "done.json", {"key": key, "seconds": time.time() - t0, "machine": cpu_name(), "bare": True})
+        log(f"  {step.name}: ran bare in {time.time() - t0:.1f} s")
+        return d / "record.json", True
 
 def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
     "Write today's training key (`capbook.results.Keys.training`) into the last checkpoints of every chapter run current under today's key whose checkpoints were written under that key before checkpoints kept a training key: they were trained as it says, so a later change to the statistics or the drawing resumes them instead of training them again. Returns the checkpoints stamped."
@@ -598,8 +624,9 @@ def publish(profile: str, steps: list[Step], partial: bool = False) -> Path:
         for f in filter(_published, (runs_dir() / profile / s.name).glob("*")):
             atomic_write(dst / f.name, lambda t, f=f: shutil.copyfile(f, t))      # a full disk: the old copy stays, no half file
             made_by[f.name] = s.name
-        made_by[f"notebooks/{s.notebook}.ipynb"] = s.name
-    keep_notebooks([runs_dir() / profile / s.name / f"{s.notebook}.ipynb" for s in untagged], dst / "notebooks", replace=not partial)
+        if (runs_dir() / profile / s.name / f"{s.notebook}.ipynb").exists(): made_by[f"notebooks/{s.notebook}.ipynb"] = s.name
+    keep_notebooks([f for s in untagged if (f := runs_dir() / profile / s.name / f"{s.notebook}.ipynb").exists()],   # (a bare run has none)
+                   dst / "notebooks", replace=not partial)
     from capbook.viz import save_table
     times = book_times(profile, plan(profile), dst / "table_book_times.csv") if partial else book_times(profile, steps)   # partial: every step of the plan
     if len(times):
@@ -774,7 +801,7 @@ def run_pack(pack: Pack, profile: str, keys: list[tuple[str, str]], log=print) -
 EXECUTORS = ("local", "slurm")     # where the book's steps run: processes on this machine, or jobs on a SLURM cluster (capbook.cluster)
 
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print, executor: str = "local",
-             executor_config: str | Path | None = None, dry_run: bool = False) -> dict[str, Path]:
+             executor_config: str | Path | None = None, dry_run: bool = False, bare: bool = False) -> dict[str, Path]:
     "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line. `executor`: 'local' (a pool of processes here) or 'slurm' (each step a job, `capbook.cluster.SlurmPool`, its resources from `executor_config`)."
     from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
     check_choice("executor", executor, EXECUTORS)
@@ -799,7 +826,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     else:
         pool_cm = _local_pool(jobs)
         submit = lambda pool, s: (pool.submit(run_pack, s, profile, [(keyring.get(m), keyring.resuming(m)) for m in s.members])
-                                  if isinstance(s, Pack) else pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.resuming(s)))
+                                  if isinstance(s, Pack) else pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.resuming(s), bare))
         adopt = lambda pool: None
     if dry_run:
         for pk in packs: log(f"  {pk.name}: would train {', '.join(m.name for m in pk.members)} stacked (their cross-entropy stages)")
@@ -903,16 +930,17 @@ def device_book(device: str | None):
 
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
              only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
-             dry_run: bool = False, device: str | None = None) -> dict:
-    "Regenerate the book at `profile` (`device`: the device book of that device instead, `device_book`); see `_run_book`."
+             dry_run: bool = False, device: str | None = None, bare: bool = False) -> dict:
+    "Regenerate the book at `profile` (`device`: the device book of that device instead, `device_book`; `bare`: its chapter runs alone, without papermill or kernels, `run_bare`, publishing their records and no site); see `_run_book`."
     if device is not None and executor != "local":
         raise CapbookError(f"parameter device={device!r} is for the local executor: a device book packs its runs on this machine")
+    if bare and executor != "local": raise CapbookError("parameter bare is for the local executor: a cluster's nodes run papermill")
     with device_book(device):
-        return _run_book(profile, force, docs, log, jobs, only, executor, executor_config, dry_run)
+        return _run_book(profile, force, docs and not bare, log, jobs, only, executor, executor_config, dry_run, bare)
 
 def _run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
               only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
-              dry_run: bool = False) -> dict:
+              dry_run: bool = False, bare: bool = False) -> dict:
     "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way. `dry_run`: say which steps would run (on SLURM, with each job's sbatch script) and run nothing (`would_run`). SIGTERM and SIGHUP end it as Ctrl-C does (`ended_by_signals`)."
     check_profile(profile)
     check_choice("executor", executor, EXECUTORS)
@@ -920,19 +948,23 @@ def _run_book(profile: str = "default", force: bool = False, docs: bool = True, 
         raise CapbookError("parameter executor_config is for --executor slurm: a local book runs on this machine's cores (-j)")
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
+    if bare: steps = [s for s in steps if s.notebook in chapters()]   # the chapter runs: the tables chapters run with papermill later
     jobs = check_int("jobs", jobs, lo=1) if jobs is not None else (1 if executor == "local" else max(1, len(steps)))
     head = (f"capbook book --profile {profile} -j {jobs}" + (f" --executor {executor}" if executor != "local" else "")
             + f": {len(steps)} notebooks -> {runs_dir() / profile}")
     if dry_run:                                   # nothing written, nothing held: no lock
-        log(head + " (dry run)"); run_plan(profile, steps, force, jobs, log, executor, executor_config, dry_run=True)
+        log(head + " (dry run)"); run_plan(profile, steps, force, jobs, log, executor, executor_config, dry_run=True, bare=bare)
         return {"seconds": time.time() - t0, "site": None, "out": None}
     from capbook.metrics import meteor_service
     with book_lock(profile), ended_by_signals():  # one book at a time on a home and profile; its signals end it as Ctrl-C does
         log(head)
         shared = meteor_service() if executor == "local" else contextlib.nullcontext({"served": 0})   # a node cannot reach this machine's
         with shared as meteor:                    # one METEOR JVM for every run's scoring, not one per run
-            run_plan(profile, steps, force, jobs, log, executor, executor_config)
+            run_plan(profile, steps, force, jobs, log, executor, executor_config, bare=bare)
         if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
+        if bare:                                  # no Jupyter here to keep reader's copies: the records stay in the run folders
+            log(f"the chapter runs' records -> {runs_dir() / profile}/*/record.json (their tables: `capbook book` where Jupyter is)")
+            return {"seconds": time.time() - t0, "site": None, "out": None}
         dst = publish(profile, steps, partial=bool(only))
         log(f"tables, figures and the reader's notebooks -> {dst}")
         site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks

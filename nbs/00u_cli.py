@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                    "sbatch script) and run or submit nothing")
     b.add_argument("--device", metavar="DEVICE", help="the device book: every chapter run on DEVICE (cuda, cuda:N, or cpu to try it), "
                    "a row's seeds trained as one stacked model, in a home of its own (runs/device-DEVICE/)")
+    b.add_argument("--bare", action="store_true", help="the chapter runs alone, without papermill or Jupyter kernels (a machine "
+                   "with torch alone, as a GPU may be lent); their records are published, the tables chapters run later")
     be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only, executor=a.executor,
-                                     executor_config=a.executor_config, dry_run=a.dry_run, device=a.device)
+                                     executor_config=a.executor_config, dry_run=a.dry_run, device=a.device, bare=a.bare)
         elif a.cmd == "docs":
             with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:

@@ -307,29 +307,32 @@ def test_side_by_side_failure_keeps_the_other_run(home):
 
 @pytest.mark.slow                                   # two smoke books of two runs: end to end
 def test_a_device_book_trains_a_rows_seeds_stacked_as_each_trains_alone(home, monkeypatch):
-    """`capbook book --device cpu` (the GPU book's path, tried on the CPU): a row's two seeds train their cross-entropy
-    stage as one stacked model (a pack) before their notebooks run, which find it finished under their steps' keys; the
-    book lives in a home of its own, its records name the device, the keyed draws and the arithmetic, and they equal the
-    records of the same device book with each run trained alone (metrics and captions exactly, losses to 10⁻⁶)."""
+    """`capbook book --device cpu` (the GPU book's path, tried on the CPU), bare (`--bare`: no papermill, no kernel, as on
+    a GPU lent with torch alone): a row's two seeds train their cross-entropy stage as one stacked model (a pack) before
+    their runs, which find it finished under their steps' keys; the book lives in a home of its own, its records name
+    the device, the keyed draws and the arithmetic, and they equal the records of the same device book run through
+    papermill with each run trained alone (metrics and captions exactly, losses to 10⁻⁶)."""
     import capbook.book as B
     import capbook.profiles as P
     from capbook.core import load_json, runs_dir
     monkeypatch.setitem(P.SEEDS, "smoke", 2)                       # a row of two seeds: a pack
     names, quiet = ["06_baselines-nic", "06_baselines-nic-seed1"], lambda s: None
-    def book(where):
+    def book(where, bare):
         monkeypatch.setenv("CAPBOOK_HOME", str(home / where))
-        B.run_book("smoke", device="cpu", only=[f"={n}" for n in names], docs=False, log=quiet)
+        B.run_book("smoke", device="cpu", bare=bare, only=[f"={n}" for n in names], docs=False, log=quiet)
         d = B.device_home("cpu") / "runs" / "smoke"
         assert B.device_home("cpu") == runs_dir() / "device-cpu" and not (runs_dir() / "smoke").exists()   # nothing in the CPU book's folders
         return d, {n: load_json(d / n / "record.json") for n in names}
-    d, packed = book("packed")
+    d, packed = book("packed", bare=True)
     assert "nic: 2 runs stacked (seeds 0, 1)" in (d / "packs" / "06_baselines-nic.log").read_text()
     for n, r in packed.items():
         assert (r["params"]["draws"], r["params"]["device"], r["machine"]["device"], r["precision"]) == ("keyed", "cpu", "cpu", "fp32")
-        said = (d / n / "06_baselines.ipynb").read_text()
+        said = (d / n / "run.log").read_text()
         assert f"resumed from {d / n / 'ckpt' / 'last.pt'} at epoch 1" in said and "training from scratch" not in said
-    monkeypatch.setattr(B, "device_packs", lambda *a, **k: [])    # the same book, each run trained alone
-    _, alone = book("alone")
+        assert load_json(d / n / "done.json")["bare"] and not (d / n / "06_baselines.ipynb").exists()
+    monkeypatch.setattr(B, "device_packs", lambda *a, **k: [])    # the same book through papermill, each run trained alone
+    e, alone = book("alone", bare=False)
+    assert (e / "06_baselines-nic" / "06_baselines.ipynb").exists()
     for n in names:
         a, b = packed[n], alone[n]
         assert a["metrics"] == b["metrics"] and a["samples"] == b["samples"], n
