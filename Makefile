@@ -16,7 +16,7 @@ STAMP := $(VENV)/.capbook-installed
 # environment that sets PYTHONDONTWRITEBYTECODE would have every process compile its imports from source again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: book docs test test-fast soak lint hooks venv lock browser sync gpu-check
+.PHONY: book docs test test-fast soak lint hooks venv lock browser sync gpu-check gpu-book
 
 venv: $(STAMP)
 
@@ -95,3 +95,9 @@ sync: venv
 gpu-check:
 	mkdir -p $${OUT:-runs}; PYTHONUNBUFFERED=1 PYTHONPATH=.:$${PYTHONPATH} timeout $${GPU_CHECK_S:-500} python3 -c \
 	  'import sys; from capbook.cli import main; sys.exit(main())' bench --device cuda --capture $${GPU_CHECK_ARGS:---stacked 1 4 32 --batches 8} 2>&1 | tee $${OUT:-runs}/capture.log
+
+# On a machine lent with a CUDA GPU (its own python3 and torch, no venv, perhaps no Jupyter): `make gpu-check`'s
+# throughput, then the default book's chapter runs bare, a row's seeds stacked, for BOOK_S seconds (tools/gpu_book.py);
+# $OUT/gpu_book.json (wall time, share done, projected whole) and the finished runs' folders (gpu_book-N.tar.gz) come back.
+gpu-book:
+	OUT=$${OUT:-runs/gpu-book} python3 tools/gpu_book.py

@@ -635,11 +635,21 @@ def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str 
         (d / "done.json").unlink(missing_ok=True)
         for f in filter(_published, d.glob("*")): f.unlink()
         t0 = time.time()
-        with _environment({STEP_KEY: key, TRAINING_KEY: training_key or key}), open(d / "run.log", "w") as fh:
-            run_chapter(step.notebook, {**step.params, "run_dir": str(d)}, log=lambda line: (fh.write(line + "\n"), fh.flush()))
+        with _environment({STEP_KEY: key, TRAINING_KEY: training_key or key}), open(d / "run.log", "w") as fh, contextlib.redirect_stdout(fh):
+            run_chapter(step.notebook, {**step.params, "run_dir": str(d)}, log=lambda line: (fh.write(line + "\n"), fh.flush()))   # (what its measurements print: there too)
         save_json(d / "done.json", {"key": key, "seconds": time.time() - t0, "machine": cpu_name(), "bare": True})
         log(f"  {step.name}: ran bare in {time.time() - t0:.1f} s")
         return d / "record.json", True
+
+def publish_bare(profile: str, steps: list[Step]) -> Path:
+    "Publish what a bare book (`run_bare`) made: the record of each of `steps` that finished here, with its test captions and the files its tables read (`capbook.records.publish_records`: a few hundred kB a run), and the manifest's entries for them, in the profile's output folder; the reader's copies and tables wait for a machine with Jupyter. That folder alone is what a bare book's machine must give back."
+    from capbook.records import publish_records
+    from capbook.results import write_manifest
+    dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
+    done = {s.name: f for s in steps if (f := runs_dir() / profile / s.name / "done.json").exists()}
+    made = publish_records(profile, [s for s in steps if s.name in done], dst)
+    write_manifest(dst, profile, made, {n: load_json(f)["key"] for n, f in done.items()}, partial=True)
+    return dst
 
 def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
     "Write today's training key (`capbook.results.Keys.training`) into the last checkpoints of every chapter run current under today's key whose checkpoints were written under that key before checkpoints kept a training key: they were trained as it says, so a later change to the statistics or the drawing resumes them instead of training them again. Returns the checkpoints stamped."
@@ -1088,9 +1098,10 @@ def _run_book(profile: str = "default", force: bool = False, docs: bool = True, 
         with shared as meteor:                    # one METEOR JVM for every run's scoring, not one per run
             run_plan(profile, steps, force, jobs, log, executor, executor_config, bare=bare)
         if meteor["served"]: log(f"one METEOR process scored {meteor['served']} runs")
-        if bare:                                  # no Jupyter here to keep reader's copies: the records stay in the run folders
-            log(f"the chapter runs' records -> {runs_dir() / profile}/*/record.json (their tables: `capbook book` where Jupyter is)")
-            return {"seconds": time.time() - t0, "site": None, "out": None}
+        if bare:                                  # no Jupyter here for reader's copies: the runs' records, as a clone reads them
+            dst = publish_bare(profile, steps)
+            log(f"the chapter runs' records -> {dst} (their tables: `capbook book` where Jupyter is)")
+            return {"seconds": time.time() - t0, "site": None, "out": dst}
         dst = publish(profile, steps, partial=bool(only))
         log(f"tables, figures and the reader's notebooks -> {dst}")
         site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
