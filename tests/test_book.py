@@ -330,6 +330,7 @@ def test_a_device_book_trains_a_rows_seeds_stacked_as_each_trains_alone(home, mo
         said = (d / n / "run.log").read_text()
         assert f"resumed from {d / n / 'ckpt' / 'last.pt'} at epoch 1" in said and "training from scratch" not in said
         assert load_json(d / n / "done.json")["bare"] and not (d / n / "06_baselines.ipynb").exists()
+        assert (d / "figures" / "records" / f"{n}.json.gz").exists()       # what a bare book's machine gives back (`publish_bare`)
     monkeypatch.setattr(B, "device_packs", lambda *a, **k: [])    # the same book through papermill, each run trained alone
     e, alone = book("alone", bare=False)
     assert (e / "06_baselines-nic" / "06_baselines.ipynb").exists()
