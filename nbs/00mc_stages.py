@@ -178,7 +178,7 @@ def pack_params(notebook: str, params: dict) -> Any:
     return p if p.scst_epochs is not None else dataclasses.replace(p, scst_epochs=0)
 
 def fit_pack(notebook: str, runs: list[tuple[dict, Path, dict[str, str] | None]], log: Callable[[str], None] = print) -> list:
-    "Train the cross-entropy stages of runs of chapter `notebook` that differ only in their seed and rate as one stacked model, each into its run folder's `ckpt`: `runs` are (parameters, run folder, the book's keys for the run's step: `capbook.train.STEP_KEY`, `TRAINING_KEY`); each run's `draws` must be 'keyed', as a stacked run draws, so that its notebook finds the checkpoint trained as it would train it. Returns the runs' `FitResult`s."
+    "Train the cross-entropy stages of runs of chapter `notebook` that differ only in their seed and rate as one stacked model, each into its run folder's `ckpt`: `runs` are (parameters, run folder, the book's keys for the run's step: `capbook.train.STEP_KEY`, `TRAINING_KEY`); each run's `draws` must be 'keyed', as a stacked run draws, so that its notebook finds the checkpoint trained as it would train it. Returns each run's `FitResult`."
     from capbook.profiles import RunConfig
     from capbook.stacked import fit_stacked
     if not runs: return []
