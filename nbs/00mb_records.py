@@ -119,7 +119,6 @@ def run_file(rec: dict, name: str, what: str) -> Any:
 
 def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
     "Keep in `folder/records/` the record of every chapter run among `steps` that has one, with its test captions (words, by image: what the paired tests and intervals need), so a fresh clone reassembles a chapter's tables without retraining the others; {file relative to folder: step name}."
-    import gzip
     from capbook.profiles import chapters
     from capbook.core import load_torch
     chs, made = chapters(), {}
@@ -135,15 +134,20 @@ def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
                                  for w, c in caps.items() if w == "final"}   # the figures draw the final captions
         rec["files"] = {f: base64.b64encode((d / f).read_bytes()).decode() for f in RUN_FILES if (d / f).exists()}
         out = Path(folder) / RECORDS / f"{s.name}.json.gz"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        from capbook.copies import without_machine_paths
-        text = without_machine_paths(json.dumps(rec, sort_keys=True))     # a record names no path of the machine that made it
-        def write(t: Path, text=text):
-            with open(t, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
-                fh.write(text.encode())           # no name or time stamp in the header: the same record, the same bytes
-        atomic_write(out, write)
+        write_record(out, rec)
         made[f"{RECORDS}/{out.name}"] = s.name
     return made
+
+def write_record(out: Path, rec: dict) -> Path:
+    "Write a published record (gzipped JSON, naming no path of the machine that made it), atomically."
+    import gzip
+    from capbook.copies import without_machine_paths
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = without_machine_paths(json.dumps(rec, sort_keys=True))     # a record names no path of the machine that made it
+    def write(t: Path):
+        with open(t, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
+            fh.write(text.encode())               # no name or time stamp in the header: the same record, the same bytes
+    return atomic_write(out, write)
 
 def _tree(xs: list, f: Callable) -> Any:
     "`f` over the numbers at the same place of nested dicts `xs` (keys all of them have); elsewhere the first's value."

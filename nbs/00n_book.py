@@ -780,6 +780,40 @@ def _rehash(folder: Path, rels: list[str]) -> None:
     m["files"] |= {rel: {**m["files"][rel], "sha256": file_sha(folder / rel)} for rel in rels if rel in m["files"]}
     save_json(folder / MANIFEST, m)
 
+def rescore_meteor(folder: Path, log=print) -> list[str]:
+    "METEOR, scored here, for every published record in `folder` whose run was scored where Java was not (a bare device book's on a lent GPU: its notes say METEOR was unavailable), from the test captions it kept (the final ones and each earlier stage's) against the test references; the record's notes say so, and the manifest's hashes follow. The other metrics are not scored again: on shapes a caption is lower-case words without punctuation, which the PTB tokenizer and whitespace splitting cut alike (checked: a record whose BLEU-4 or CIDEr scored here differs stops in one line). Returns the records rescored, relative to `folder`."
+    from capbook.metrics import coco_scores
+    from capbook.profiles import chapter
+    from capbook.records import RECORDS, read_record, write_record
+    from capbook.stages import chapter_data, pack_params
+    folder, done, refs = Path(folder), [], {}
+    for f in sorted((folder / RECORDS).glob("*.json.gz")):
+        rec = read_record(f)
+        if "METEOR" not in (rec.get("notes") or {}): continue
+        p = pack_params(rec["notebook"], rec["params"])
+        at = (p.dataset, p.profile, p.data_seed, p.data_path)
+        if at not in refs:
+            prep = chapter_data(chapter(rec["notebook"]), p, device="cpu")
+            refs[at] = dict(zip(prep.test.keys, prep.test.refs))
+        stages = rec.get("stages") or {}
+        final = next((k for k, st in stages.items() if st.get("metrics") == rec["metrics"]), None)   # the stage whose captions are the final ones
+        for w, tw in rec["test_words"].items():
+            gts = {k: [" ".join(r) for r in refs[at][k]] for k in tw["keys"]}
+            scores, _ = coco_scores(gts, {k: " ".join(x) for k, x in zip(tw["keys"], tw["words"])}, spice=False)
+            targets = [rec["metrics"]] + ([stages[final]["metrics"]] if final else []) if w == "final" else [stages[w]["metrics"]]
+            for m in targets:
+                if any(abs(scores[k] - m[k]) > 1e-9 for k in ("BLEU-4", "CIDEr") if k in m):
+                    raise CapbookError(f"{f}: its {w} captions score BLEU-4 {scores['BLEU-4']:.6f}, CIDEr {scores['CIDEr']:.6f} here, "
+                                       f"not the record's {m.get('BLEU-4')}, {m.get('CIDEr')}: score the run again here")
+                m["METEOR"] = scores["METEOR"]
+        rec["notes"] = {**{k: v for k, v in rec["notes"].items() if k not in ("METEOR", "tokenizer")},
+                        "METEOR": "scored after training on a machine with Java, from the test captions the record keeps; "
+                                  "a stage's greedy decode has none (its captions are not kept)"}
+        write_record(f, rec); done.append(f"{RECORDS}/{f.name}")
+        log(f"  {f.name}: METEOR {100 * rec['metrics']['METEOR']:.1f} scored here")
+    _rehash(folder, done)
+    return done
+
 def readers_copies(folder: Path) -> list[str]:
     "Make the reader's copies in `folder/notebooks` read as a reader opens them anywhere (GitHub, JupyterLab): each figure shown from `img/` (`capbook.copies.link_images`), paths shown as paths (`readable_outputs`), each tables chapter opening with what it found (`capbook.docs.with_findings`, from the verdicts it published: `findings`, the same text its page opens with). The manifest's hashes follow; returns the copies rewritten."
     import nbformat

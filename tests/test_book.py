@@ -331,6 +331,12 @@ def test_a_device_book_trains_a_rows_seeds_stacked_as_each_trains_alone(home, mo
         assert f"resumed from {d / n / 'ckpt' / 'last.pt'} at epoch 1" in said and "training from scratch" not in said
         assert load_json(d / n / "done.json")["bare"] and not (d / n / "06_baselines.ipynb").exists()
         assert (d / "figures" / "records" / f"{n}.json.gz").exists()       # what a bare book's machine gives back (`publish_bare`)
+    from capbook.records import read_record, write_record                # METEOR scored here, for a machine without Java
+    f = d / "figures" / "records" / f"{names[1]}.json.gz"
+    r = read_record(f); meteor = r["metrics"].pop("METEOR"); r["notes"]["METEOR"] = "unavailable: Java not found"
+    write_record(f, r)
+    assert B.rescore_meteor(d / "figures", log=quiet) == [f"records/{f.name}"] and read_record(f)["metrics"]["METEOR"] == meteor
+    assert B.rescore_meteor(d / "figures", log=quiet) == []              # once
     monkeypatch.setattr(B, "device_packs", lambda *a, **k: [])    # the same book through papermill, each run trained alone
     e, alone = book("alone", bare=False)
     assert (e / "06_baselines-nic" / "06_baselines.ipynb").exists()
