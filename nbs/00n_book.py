@@ -789,7 +789,7 @@ def rescore_meteor(folder: Path, log=print) -> list[str]:
     folder, done, refs = Path(folder), [], {}
     for f in sorted((folder / RECORDS).glob("*.json.gz")):
         rec = read_record(f)
-        if "METEOR" not in (rec.get("notes") or {}): continue
+        if not str((rec.get("notes") or {}).get("METEOR", "")).startswith("unavailable"): continue   # scored where it ran, or here already
         p = pack_params(rec["notebook"], rec["params"])
         at = (p.dataset, p.profile, p.data_seed, p.data_path)
         if at not in refs:
