@@ -18,10 +18,10 @@ sys.modules.setdefault("rfc3987_syntax", None)
 # %% auto 0
 __all__ = ['ENV_ERRNOS', 'WRITING', 'PRECISION_CHOICES', 'IN_BOOK', 'Deferred', 'CapbookError', 'save_traceback', 'error_line',
            'project_root', 'data_dir', 'runs_dir', 'sweep_tmp', 'temp_dir', 'io_error', 'os_error_line',
-           'io_errors_as_lines', 'one_at_a_time', 'one_writer', 'atomic_write', 'save_json', 'load_json', 'save_torch',
-           'save_yaml', 'load_yaml', 'load_torch', 'stable_hash', 'package_hash', 'code_version', 'file_digests',
-           'file_digest', 'seed_everything', 'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name', 'wide',
-           'cpu_precision', 'terminal', 'tell', 'progress', 'check_choice', 'check_int', 'check_float']
+           'io_errors_as_lines', 'one_at_a_time', 'one_writer', 'environment', 'atomic_write', 'save_json', 'load_json',
+           'save_torch', 'save_yaml', 'load_yaml', 'load_torch', 'stable_hash', 'package_hash', 'code_version',
+           'file_digests', 'file_digest', 'seed_everything', 'get_device', 'autocast', 'cpu_bf16_kernels', 'cpu_name',
+           'wide', 'cpu_precision', 'terminal', 'tell', 'progress', 'check_choice', 'check_int', 'check_float']
 
 # %% ../nbs/00_core.ipynb
 class Deferred:
@@ -183,6 +183,17 @@ def one_writer(folder: str | Path, what: str = "training run", lock: str | Path 
         try: f.seek(0); f.truncate(); f.write(_holder().encode())
         except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
         yield
+
+@contextlib.contextmanager
+def environment(values: dict[str, str] | None):
+    "The process's environment with `values` set inside the block, and as it was after (a variable it lacked, unset again)."
+    old = {k: os.environ.get(k) for k in values or {}}
+    os.environ.update(values or {})
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."

@@ -6,7 +6,6 @@
 from __future__ import annotations
 import contextlib
 import copy
-import os
 from dataclasses import asdict, replace
 from typing import Callable
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from .core import CapbookError, get_device
+from .core import CapbookError, environment, get_device
 from .models import CaptionModel, captions_per_image, hparams, keyed, plain_paths
 from .objectives import Objective
 # the trainer's own run state, loop and finish: a stacked run is the trainer's run with another optimisation step
@@ -254,17 +253,6 @@ def fixed_shape(data, cfg: TrainConfig) -> tuple[int, int]:
         return -(-cfg.batch_size // int(per[0])) * int(per[0]), tr.caps.shape[1]
     return cfg.batch_size + int(per.max()) - 1, tr.caps.shape[1]
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str] | None):
-    "The process's environment with `values` set inside the block, as it was after."
-    old = {k: os.environ.get(k) for k in values or {}}
-    os.environ.update(values or {})
-    try: yield
-    finally:
-        for k, v in old.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
-
 def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_dirs: list, metas: list | None = None,
                log: Callable[[str], None] = print, fixed: bool = False, capture: bool = False,
                envs: list[dict[str, str]] | None = None) -> tuple[list[_Run], StackedStep]:
@@ -290,7 +278,7 @@ def stack_runs(models: list[CaptionModel], data, cfgs: list[TrainConfig], ckpt_d
     if envs is not None and len(envs) != len(models): raise CapbookError(f"fit_stacked: {len(models)} models and {len(envs)} environments differ in number")
     runs = []
     for i, (m, c, d) in enumerate(zip(models, cfgs, ckpt_dirs)):
-        with _environment((envs or [None] * len(models))[i]):
+        with environment((envs or [None] * len(models))[i]):
             runs.append(_Run(m, data, c, d, (metas or [None] * len(models))[i], log, None, rank, world, local, device))
     for r in runs:
         if type(r.objective).outputs is not Objective.outputs:

@@ -271,6 +271,17 @@ def one_writer(folder: str | Path, what: str = "training run", lock: str | Path 
         except OSError: pass                      # a full disk: the lock holds all the same; what fails next says why
         yield
 
+@contextlib.contextmanager
+def environment(values: dict[str, str] | None):
+    "The process's environment with `values` set inside the block, and as it was after (a variable it lacked, unset again)."
+    old = {k: os.environ.get(k) for k in values or {}}
+    os.environ.update(values or {})
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     "Call `write(tmp)` to fill a temporary file beside `path`, fsync it, then rename it to `path`."
     path = Path(path)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import atexit, base64, contextlib, dataclasses, logging, os, re, shutil, sys, tempfile, time, uuid
 from functools import lru_cache
 from pathlib import Path
-from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, io_error, load_json, one_writer, os_error_line, package_hash, progress, runs_dir,
+from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, environment, io_error, load_json, one_writer, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.profiles import check_profile, out_dir, chapters, parameters_source
 from capbook.plan import Step, device_params, nbs_dir, notebooks, plan, upstream_of
@@ -623,7 +623,6 @@ def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str 
              training_key: str | None = None) -> tuple[Path, bool]:
     "Run a chapter step as its notebook's run does (`capbook.runner.run_chapter`: training, evaluation, measurements, figure, record) in this process, without papermill or a kernel — a machine that has torch and not Jupyter (a GPU lent bare): its lines in the run folder's `run.log`, `done.json` marked bare, and no executed notebook (`unchanged` reads its record instead). Returns (its record, whether it ran)."
     from capbook.runner import run_chapter
-    from capbook.stacked import _environment
     if step.notebook not in chapters(): raise CapbookError(f"{step.name}: a bare book runs chapter steps alone; run its tables chapters with papermill")
     d = runs_dir() / profile / step.name
     if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.resuming(step)
@@ -635,7 +634,7 @@ def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str 
         (d / "done.json").unlink(missing_ok=True)
         for f in filter(_published, d.glob("*")): f.unlink()
         t0 = time.time()
-        with _environment({STEP_KEY: key, TRAINING_KEY: training_key or key}), open(d / "run.log", "w") as fh, contextlib.redirect_stdout(fh):
+        with environment({STEP_KEY: key, TRAINING_KEY: training_key or key}), open(d / "run.log", "w") as fh, contextlib.redirect_stdout(fh):
             run_chapter(step.notebook, {**step.params, "run_dir": str(d)}, log=lambda line: (fh.write(line + "\n"), fh.flush()))   # (what its measurements print: there too)
         save_json(d / "done.json", {"key": key, "seconds": time.time() - t0, "machine": cpu_name(), "bare": True})
         log(f"  {step.name}: ran bare in {time.time() - t0:.1f} s")
@@ -1089,14 +1088,7 @@ def device_book(device: str | None):
     if device is None: yield; return
     get_device(device)                            # a device this machine does not have stops here, in one line
     if os.environ.get(DEVICE_BOOK): raise CapbookError("parameter device: this book is already a device book")
-    env = {"CAPBOOK_HOME": str(device_home(device)), "CAPBOOK_DATA": str(data_dir()), DEVICE_BOOK: device}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try: yield
-    finally:
-        for k, v in old.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
+    with environment({"CAPBOOK_HOME": str(device_home(device)), "CAPBOOK_DATA": str(data_dir()), DEVICE_BOOK: device}): yield
 
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
              only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
