@@ -98,6 +98,7 @@ gpu-check:
 
 # On a machine lent with a CUDA GPU (its own python3 and torch, no venv, perhaps no Jupyter): `make gpu-check`'s
 # throughput, then the default book's chapter runs bare, a row's seeds stacked, for BOOK_S seconds (tools/gpu_book.py);
-# $OUT/gpu_book.json (wall time, share done, projected whole) and the finished runs' folders (gpu_book-N.tar.gz) come back.
+# $OUT/gpu_book.json (wall time, share done, projected whole) and the finished runs' records (gpu_book-N.tar.gz) come back;
+# here, `capbook book --device cuda --received gpu_book-*.tar.gz` scores and tabulates them.
 gpu-book:
 	OUT=$${OUT:-runs/gpu-book} python3 tools/gpu_book.py

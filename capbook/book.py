@@ -23,7 +23,8 @@ __all__ = ['SCST', 'RAN', 'SAY_VERDICTS', 'SAY_SCST', 'SAY_SEMANTIC', 'EXAMPLE',
            'publish_bare', 'stamp_training_keys', 'stamp_first_stage_keys', 'book_times', 'machines_line', 'publish',
            'retire', 'rescore_meteor', 'readers_copies', 'refresh_published', 'build_docs', 'would_run', 'Pack',
            'device_packs', 'run_pack', 'run_plan', 'select_steps', 'book_lock', 'Ended', 'ended_by_signals',
-           'device_home', 'device_book', 'run_book', 'write_kernel_config']
+           'device_home', 'device_book', 'receive_device_book', 'received_tables', 'device_verdicts', 'run_book',
+           'write_kernel_config']
 
 # %% ../nbs/00n_book.ipynb
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(\n\n# %%)', re.S)
@@ -452,12 +453,13 @@ def unchanged(step: Step, profile: str, key: str) -> Path | None:
     return None if (d / "record.json").exists() else published_stand_in(step, profile, key)
 
 def published_stand_in(step: Step, profile: str, key: str) -> Path | None:
-    "What stands in for a step that has no run folder: its reader's copy (a tagged run: its record) in the book the checkout ships, where that book made it under `key` and keeps every file it made as it made it (the manifest's hashes; a chapter run's record among them); else None. Only the checkout's own book stands in (`figures/`, the default profile's): a clone has it without the runs, and it is what the currency test holds current; a profile published inside its run folders has none (a run folder deleted beside its published copy was deleted to be made again)."
+    "What stands in for a step that has no run folder: its reader's copy (a tagged run: its record) in the book the checkout ships, where that book made it under `key` and keeps every file it made as it made it (the manifest's hashes; a chapter run's record among them); else None. Only the checkout's own book stands in (`figures/`, the default profile's): a clone has it without the runs, and it is what the currency test holds current; a profile published inside its run folders has none (a run folder deleted beside its published copy was deleted to be made again), but for a device book's runs made on another machine (`receive_device_book`: its manifest says it was received), which have no run folder here at all."
     from capbook.records import MANIFEST, RECORDS
     from capbook.results import encoder_weights, file_sha
     folder = out_dir(profile)
-    if folder.is_relative_to(runs_dir()) or not (folder / MANIFEST).exists(): return None
+    if not (folder / MANIFEST).exists(): return None
     m = load_json(folder / MANIFEST, "published book's manifest")
+    if folder.is_relative_to(runs_dir()) and not m.get("received"): return None
     if m.get("steps", {}).get(step.name) != key or m.get("encoder") != encoder_weights(profile, 0): return None
     made = [f for f, e in m.get("files", {}).items() if e["step"] == step.name]
     if not all((folder / f).is_file() and file_sha(folder / f) == m["files"][f]["sha256"] for f in made): return None
@@ -475,6 +477,22 @@ class _BookSetParameters(logging.Filter):
         from capbook.profiles import BOOK_SET
         return not re.fullmatch(rf"Passed unknown parameter: ({'|'.join(BOOK_SET)})", record.getMessage())
 
+def _keys_or_kept(step: Step, profile: str, force: bool, log, key: str | None, training_key: str | None) -> tuple[str, str | None, Path | None]:
+    "A step's key and training key (computed here where the book handed none: `Keys.get`, `Keys.resuming`) and, unless `force`, what keeps its results where they are current (`unchanged`; said on the log), else None."
+    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.resuming(step)
+    kept = None if force else unchanged(step, profile, key)
+    if kept: log(skipped_line(step, kept))
+    return key, training_key, kept
+
+@contextlib.contextmanager
+def _writing(d: Path):
+    "Within the block, run folder `d` is this process's alone (`one_writer`: a second process on the step stops in one line), its last execution's `done.json`, figures and tables removed first: this one draws its own or none."
+    d.mkdir(parents=True, exist_ok=True)
+    with one_writer(d, "book step"):
+        (d / "done.json").unlink(missing_ok=True)
+        for f in filter(_published, d.glob("*")): f.unlink()
+        yield
+
 def run_step(step: Step, profile: str, force: bool = False, log=print, key: str | None = None,
              training_key: str | None = None, bare: bool = False) -> tuple[Path, bool]:
     "Execute one plan step with papermill unless its results are current (its `key`, `capbook.results.Keys`, computed before it runs: an edit during the run is not credited to it; `training_key`, its training key, under which its runs also resume, then its training keys at the ladder's lower rungs: `Keys.resuming`); return (executed notebook path, whether it ran). `bare`: a chapter step's run without papermill or a kernel (`run_bare`)."
@@ -485,15 +503,10 @@ def run_step(step: Step, profile: str, force: bool = False, log=print, key: str 
     src = nbs_dir() / f"{step.notebook}.ipynb"
     if not src.exists(): raise CapbookError(f"{src}: notebook of the plan not found")
     d = runs_dir() / profile / step.name
-    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.resuming(step)
     out, done = d / f"{step.notebook}.ipynb", d / "done.json"
-    if not force and (kept := unchanged(step, profile, key)):
-        log(skipped_line(step, kept)); return kept, False
-    d.mkdir(parents=True, exist_ok=True)
-    with one_writer(d, "book step"):            # one writer per run folder: a second process on this step stops in one line
-        done.unlink(missing_ok=True)
-        for f in filter(_published, d.glob("*")):
-            f.unlink()                                # what the last execution drew: this one must draw its own or none
+    key, training_key, kept = _keys_or_kept(step, profile, force, log, key, training_key)
+    if kept: return kept, False
+    with _writing(d):
         params = {**step.params, "run_dir": str(d)} if step.params else {}
         os.environ.setdefault("TQDM_DISABLE", "1")  # this worker's kernels: no library's bar in the executed notebooks and the site
         os.environ.setdefault(IN_BOOK, "1")         # ... and no run's lines on the book's terminal: its step lines say where it is
@@ -520,14 +533,10 @@ def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str 
     from capbook.runner import run_chapter
     if step.notebook not in chapters(): raise CapbookError(f"{step.name}: a bare book runs chapter steps alone; run its tables chapters with papermill")
     d = runs_dir() / profile / step.name
-    if key is None: K = plan_keys(profile); key, training_key = K.get(step), K.resuming(step)
-    if not force and (kept := unchanged(step, profile, key)):
-        log(skipped_line(step, kept)); return kept, False
-    d.mkdir(parents=True, exist_ok=True)
+    key, training_key, kept = _keys_or_kept(step, profile, force, log, key, training_key)
+    if kept: return kept, False
     os.environ.setdefault("TQDM_DISABLE", "1"); os.environ.setdefault(IN_BOOK, "1")   # as a book's kernel: no bars, lines to the log
-    with one_writer(d, "book step"):
-        (d / "done.json").unlink(missing_ok=True)
-        for f in filter(_published, d.glob("*")): f.unlink()
+    with _writing(d):
         t0 = time.time()
         with environment({STEP_KEY: key, TRAINING_KEY: training_key or key}), open(d / "run.log", "w") as fh, contextlib.redirect_stdout(fh):
             run_chapter(step.notebook, {**step.params, "run_dir": str(d)}, log=lambda line: (fh.write(line + "\n"), fh.flush()))   # (what its measurements print: there too)
@@ -536,13 +545,14 @@ def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str 
         return d / "record.json", True
 
 def publish_bare(profile: str, steps: list[Step]) -> Path:
-    "Publish what a bare book (`run_bare`) made: the record of each of `steps` that finished here, with its test captions and the files its tables read (`capbook.records.publish_records`: a few hundred kB a run), and the manifest's entries for them, in the profile's output folder; the reader's copies and tables wait for a machine with Jupyter. That folder alone is what a bare book's machine must give back."
-    from capbook.records import publish_records
+    "Publish what a bare book (`run_bare`) made: the record of each of `steps` that finished here, with its test captions and the files its tables read (`capbook.records.publish_records`: a few hundred kB a run), and the manifest's entries for them, in the profile's output folder, the manifest naming the scorer its keys were computed with (the shared probe's hash: a machine without Java scores without METEOR, `receive_device_book`); the reader's copies and tables wait for a machine with Jupyter. That folder alone is what a bare book's machine must give back."
+    from capbook.records import MANIFEST, publish_records
     from capbook.results import write_manifest
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     done = {s.name: f for s in steps if (f := runs_dir() / profile / s.name / "done.json").exists()}
     made = publish_records(profile, [s for s in steps if s.name in done], dst)
-    write_manifest(dst, profile, made, {n: load_json(f)["key"] for n, f in done.items()}, partial=True)
+    m = write_manifest(dst, profile, made, {n: load_json(f)["key"] for n, f in done.items()}, partial=True)
+    save_json(dst / MANIFEST, {**m, "scorer": plan_keys(profile, made=False).shared("scorer")})
     return dst
 
 def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
@@ -955,28 +965,138 @@ def device_home(device: str) -> Path:
     return runs_dir() / f"device-{re.sub(r'[^a-z0-9]', '', device.lower())}"
 
 @contextlib.contextmanager
-def device_book(device: str | None):
-    "Inside the block the book is the device book of `device` (None: the CPU book, nothing changes): its home (`device_home`), this home's data, and every chapter run on `device` with the keyed draws stacked runs draw (`capbook.plan.device_params`); the processes it starts inherit it."
+def device_book(device: str | None, here: bool = True):
+    "Inside the block the book is the device book of `device` (None: the CPU book, nothing changes): its home (`device_home`), this home's data, and every chapter run on `device` with the keyed draws stacked runs draw (`capbook.plan.device_params`); the processes it starts inherit it. `here`: the device must be this machine's (not so for a book whose runs another machine trained, `receive_device_book`)."
     from capbook.core import data_dir, get_device
     from capbook.plan import DEVICE_BOOK
     if device is None: yield; return
-    get_device(device)                            # a device this machine does not have stops here, in one line
+    if here: get_device(device)                   # a device this machine does not have stops here, in one line
     if os.environ.get(DEVICE_BOOK): raise CapbookError("parameter device: this book is already a device book")
     with environment({"CAPBOOK_HOME": str(device_home(device)), "CAPBOOK_DATA": str(data_dir()), DEVICE_BOOK: device}): yield
 
+def _received_files(sources: list, into: Path) -> None:
+    "Gather what a bare device book's machine gave back (`sources`: `publish_bare`'s folder, or the tar.gz parts `tools/gpu_book.py` packs it into) in the empty folder `into`, each file checked to be the manifest or a record (a member outside them, a link, a missing source: one line naming it)."
+    import tarfile
+    from capbook.records import MANIFEST, RECORDS
+    wanted = lambda rel: rel == MANIFEST or re.fullmatch(rf"{RECORDS}/[\w.+-]+\.json\.gz", rel) is not None
+    for src in map(Path, sources):
+        if src.is_dir():
+            for f in sorted(p for p in src.rglob("*") if p.is_file()):
+                rel = f.relative_to(src).as_posix()
+                if not wanted(rel): raise CapbookError(f"{f}: not what a device book gives back (its {MANIFEST} and {RECORDS}/*.json.gz)")
+                (into / rel).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, into / rel)
+            continue
+        try:
+            with tarfile.open(src, "r:gz") as tar:
+                for m in tar.getmembers():
+                    if m.isdir(): continue
+                    if not m.isfile() or not wanted(m.name):
+                        raise CapbookError(f"{src}: its member {m.name!r} is not what a device book gives back (its {MANIFEST} and {RECORDS}/*.json.gz)")
+                    (into / m.name).parent.mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(m) as fh: (into / m.name).write_bytes(fh.read())
+        except (OSError, tarfile.TarError, EOFError) as e:
+            raise CapbookError(f"{src}: not a readable part of a device book ({e.__class__.__name__}: {e}); copy it back again") from None
+
+def receive_device_book(device: str, sources: list, profile: str = "default", log=print) -> list[str]:
+    "Take into this machine's device book (inside `device_book(device)`: its home here) what a bare device book's machine gave back (`sources`: `publish_bare`'s folder, or the gpu_book-N.tar.gz parts of it): its records, each checked against the manifest that came with them (its hash: a part cut short or altered on the way stops in one line before anything is taken; the encoder weights: this home's), beside the records taken before (a step taken again: its newest), their manifest entries merged; then METEOR scored here for the records a machine without Java scored (`rescore_meteor`). Returns the records taken, relative to the book's folder."
+    from capbook.records import MANIFEST, RECORDS
+    from capbook.results import encoder_weights, file_sha, write_manifest
+    if not sources: raise CapbookError("parameter received: name the parts a device book gave back (gpu_book-N.tar.gz) or their folder")
+    dst = out_dir(profile)
+    with tempfile.TemporaryDirectory(prefix="received-") as tmp:
+        tmp = Path(tmp)
+        _received_files(sources, tmp)
+        if not (tmp / MANIFEST).exists(): raise CapbookError(f"{', '.join(map(str, sources))}: no {MANIFEST} among them (its first part is missing?)")
+        m = load_json(tmp / MANIFEST, "device book's manifest")
+        if m.get("profile") != profile: raise CapbookError(f"{sources[0]}: a book of profile {m.get('profile')!r}, not {profile!r}: give --profile {m.get('profile')}")
+        if m.get("encoder") != encoder_weights(profile, 0):
+            raise CapbookError(f"{sources[0]}: trained on other encoder weights than this home's ({m.get('encoder')} there): its records cannot stand for this book's runs")
+        got = sorted(f"{RECORDS}/{f.name}" for f in (tmp / RECORDS).glob("*.json.gz"))
+        for rel in got:
+            e = m.get("files", {}).get(rel)
+            if e is None or e["sha256"] != file_sha(tmp / rel):
+                raise CapbookError(f"{rel}: " + ("not in the manifest that came with it" if e is None else "its content is not what its manifest says (cut short or altered on the way)")
+                                   + "; copy the parts back again")
+        (dst / RECORDS).mkdir(parents=True, exist_ok=True)
+        for rel in got: atomic_write(dst / rel, lambda t, rel=rel: shutil.copyfile(tmp / rel, t))
+        made = {rel: m["files"][rel]["step"] for rel in got}
+        keys = _keys_here(profile, {s: k for s, k in m.get("steps", {}).items() if s in set(made.values())}, m.get("scorer"), log)
+        save_json(dst / MANIFEST, {**write_manifest(dst, profile, made, keys, partial=True), "received": device})   # (its runs stand in: `published_stand_in`)
+    log(f"{len(got)} records a device book gave back -> {dst / RECORDS}")
+    rescore_meteor(dst, log)                      # (before any tables chapter reads them: `received_tables` runs after)
+    return got
+
+def _keys_here(profile: str, keys: dict[str, str], scorer: str | None, log=print) -> dict[str, str]:
+    "The keys under which this machine takes runs another one made under `keys` {step: key}: a step's own key where it is the one computed here; where it is the key computed here with the other machine's scorer (`scorer`: the shared probe's hash there, a machine without Java scoring no METEOR, which `rescore_meteor` then scores here), the key computed here; else the key it came with (its code or arithmetic is not this machine's: it will not stand in, and the line says so)."
+    import copy
+    K = plan_keys(profile, made=False)
+    steps, out, other = {s.name: s for s in K.steps}, {}, []
+    there = None
+    for name, k in keys.items():
+        s = steps.get(name)
+        if s is not None and k != K.get(s) and scorer and there is None:   # the keys as computed with the other machine's scorer
+            there = copy.copy(K); there._keys, there._file = {}, None
+            there._probes = {**K._probes, "shared scorer": scorer}
+        if s is not None and (k == K.get(s) or (there is not None and k == there.get(s))): out[name] = K.get(s)
+        else: out[name] = k; other.append(name)
+    if other: log(f"{len(other)} of the runs given back were made under keys this machine does not compute for them "
+                  f"(another version of capbook or torch there: {other[0]}, ...); they stand for nothing here")
+    return out
+
+def received_tables(profile: str, steps: list[Step], log=print) -> list[Step]:
+    "Of `steps`, the tables chapters (the steps with runs to tabulate, `upstream_of`) of a device book whose runs another machine trained: those whose every chapter run is here (`unchanged`: its record received under today's key), each other one named with the runs it waits for."
+    from capbook.records import MANIFEST
+    keyring, out = plan_keys(profile), []
+    got = load_json(out_dir(profile) / MANIFEST).get("steps", {}) if (out_dir(profile) / MANIFEST).exists() else {}
+    for s in steps:
+        ups = upstream_of(s, keyring.steps)
+        if not ups: continue
+        missing = [u.name for u in ups if u.name not in got or not unchanged(u, profile, keyring.get(u))]   # (a key computed only for a run given back)
+        if missing: log(f"  {s.name}: waits for {len(missing)} of its {len(ups)} chapter runs (not given back, or under another key: {missing[0]}, ...)")
+        else: out.append(s)
+    return out
+
+def device_verdicts(folder: Path, cpu: Path):
+    "Each claim's verdict in the device book published in `folder` beside the CPU book's (in `cpu`), from their verdicts tables (`verdict_tables`): seeds, mean and verdict in each, and whether the verdicts are the same; written to `folder/table_device_verdicts` (.md, .csv). Returns the table (empty where no tables chapter ran)."
+    import pandas as pd
+    from capbook.viz import save_table
+    rows = []
+    for f, _ in verdict_tables(folder):
+        dev = pd.read_csv(f)
+        theirs = pd.read_csv(cpu / f.name).set_index("claim") if (cpu / f.name).exists() else pd.DataFrame()
+        for _, r in dev.iterrows():
+            c = theirs.loc[r["claim"]] if r["claim"] in theirs.index else None
+            rows.append({"table": f.stem.removeprefix("table_").removesuffix("_verdicts"), "claim": r["claim"],
+                         "CPU seeds": c["seeds"] if c is not None else "—", "CPU means": c["mean"] if c is not None else "—",
+                         "CPU verdict": c["verdict"] if c is not None else "—",
+                         "device seeds": r["seeds"], "device means": r["mean"], "device verdict": r["verdict"],
+                         "same verdict": "—" if c is None else "yes" if c["verdict"] == r["verdict"] else "no"})
+    t = pd.DataFrame(rows)
+    if len(t): save_table(t, Path(folder) / "table_device_verdicts")
+    return t
+
 def run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
              only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
-             dry_run: bool = False, device: str | None = None, bare: bool = False) -> dict:
-    "Regenerate the book at `profile` (`device`: the device book of that device instead, `device_book`; `bare`: its chapter runs alone, without papermill or kernels, `run_bare`, publishing their records and no site); see `_run_book`."
+             dry_run: bool = False, device: str | None = None, bare: bool = False, received: list | None = None) -> dict:
+    "Regenerate the book at `profile` (`device`: the device book of that device instead, `device_book`; `bare`: its chapter runs alone, without papermill or kernels, `run_bare`, publishing their records and no site; `received`: what a bare device book's machine gave back, taken in here, `receive_device_book`, and only the tables chapters run, on those records, `received_tables`); see `_run_book`."
     if device is not None and executor != "local":
         raise CapbookError(f"parameter device={device!r} is for the local executor: a device book packs its runs on this machine")
     if bare and executor != "local": raise CapbookError("parameter bare is for the local executor: a cluster's nodes run papermill")
-    with device_book(device):
-        return _run_book(profile, force, docs and not bare, log, jobs, only, executor, executor_config, dry_run, bare)
+    if received and (device is None or bare):
+        raise CapbookError("parameter received: give it with --device (the device whose book it is) and without --bare")
+    cpu_book = out_dir(profile)                   # (the CPU book's folder: a received book's verdicts are set beside its)
+    with device_book(device, here=not received):
+        if received and not dry_run: receive_device_book(device, received, profile, log)
+        out = _run_book(profile, force, docs and not bare, log, jobs, only, executor, executor_config, dry_run, bare, bool(received))
+        if received and out["out"] is not None:
+            t = device_verdicts(out["out"], cpu_book)
+            if len(t): log(f"its verdicts beside the CPU book's -> {out['out'] / 'table_device_verdicts.md'} "
+                           f"({int(t['same verdict'].eq('yes').sum())} of {len(t)} the same)")
+        return out
 
 def _run_book(profile: str = "default", force: bool = False, docs: bool = True, log=print, jobs: int | None = None,
               only: list[str] | None = None, executor: str = "local", executor_config: str | Path | None = None,
-              dry_run: bool = False, bare: bool = False) -> dict:
+              dry_run: bool = False, bare: bool = False, tables: bool = False) -> dict:
     "Regenerate the book at `profile`: run the plan (`jobs` notebooks side by side: default one here, every ready step at once on a cluster), publish tables and figures, build the docs site. `only`: just the steps these patterns select (`select_steps`); the runs their assembly notebooks read must exist, and the other chapters' published copies stay. `executor`: 'local' or 'slurm' (`run_plan`); the lock and the publishing stay on this machine either way. `dry_run`: say which steps would run (on SLURM, with each job's sbatch script) and run nothing (`would_run`). SIGTERM and SIGHUP end it as Ctrl-C does (`ended_by_signals`)."
     check_profile(profile)
     check_choice("executor", executor, EXECUTORS)
@@ -985,6 +1105,7 @@ def _run_book(profile: str = "default", force: bool = False, docs: bool = True, 
     t0, steps = time.time(), plan(profile)
     if only: steps = select_steps(steps, only)
     if bare: steps = [s for s in steps if s.notebook in chapters()]   # the chapter runs: the tables chapters run with papermill later
+    if tables: steps = received_tables(profile, steps, log)           # a device book trained elsewhere: its tables chapters alone
     jobs = check_int("jobs", jobs, lo=1) if jobs is not None else (1 if executor == "local" else max(1, len(steps)))
     head = (f"capbook book --profile {profile} -j {jobs}" + (f" --executor {executor}" if executor != "local" else "")
             + f": {len(steps)} notebooks -> {runs_dir() / profile}")
@@ -1002,9 +1123,9 @@ def _run_book(profile: str = "default", force: bool = False, docs: bool = True, 
             dst = publish_bare(profile, steps)
             log(f"the chapter runs' records -> {dst} (their tables: `capbook book` where Jupyter is)")
             return {"seconds": time.time() - t0, "site": None, "out": dst}
-        dst = publish(profile, steps, partial=bool(only))
+        dst = publish(profile, steps, partial=bool(only) or tables)
         log(f"tables, figures and the reader's notebooks -> {dst}")
-        site = build_docs(profile, log) if docs else None   # the site a clone builds: from the kept notebooks
+        site = build_docs(profile, log) if docs and not tables else None   # (a received book: its chapters' notebooks ran elsewhere)   # the site a clone builds: from the kept notebooks
     secs = time.time() - t0
     log(f"book regenerated in {secs:.0f} s")
     return {"seconds": secs, "site": site, "out": dst}

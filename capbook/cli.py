@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                    "a row's seeds trained as one stacked model, in a home of its own (runs/device-DEVICE/)")
     b.add_argument("--bare", action="store_true", help="the chapter runs alone, without papermill or Jupyter kernels (a machine "
                    "with torch alone, as a GPU may be lent); their records are published, the tables chapters run later")
+    b.add_argument("--received", nargs="+", metavar="PART", help="with --device: what a bare device book's machine gave back "
+                   "(its gpu_book-N.tar.gz parts, or their folder), taken into the device book here, METEOR scored, and its "
+                   "tables chapters run on those records, their verdicts set beside the CPU book's (table_device_verdicts)")
     be = sub.add_parser("bench", help="print every model family's training and decoding speed (JSON on the last line)")
     be.add_argument("--profile", default="default", choices=PROFILES)
     be.add_argument("--family", help="comma-separated model names (default: every registered model)")
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "book": run_book(a.profile, force=a.force, docs=not a.no_docs, jobs=a.jobs, only=a.only, executor=a.executor,
-                                     executor_config=a.executor_config, dry_run=a.dry_run, device=a.device, bare=a.bare)
+                                     executor_config=a.executor_config, dry_run=a.dry_run, device=a.device, bare=a.bare,
+                                     received=a.received)
         elif a.cmd == "docs":
             with book_lock(a.profile): site = build_docs(a.profile)     # not while a book rewrites the kept notebooks
             if a.open:

@@ -442,13 +442,14 @@ def published_files(folder: Path) -> list[Path]:
     return sorted(top) + sorted((folder / "notebooks").glob("*.ipynb")) + sorted((folder / RECORDS).glob("*.json.gz"))
 
 def write_manifest(folder: Path, profile: str, made_by: dict[str, str], keys: dict[str, str], partial: bool = False) -> dict:
-    "Write `folder/book.json`: `made_by` {file relative to folder: step name} with each file's hash, `keys` {step: key as it ran}; `partial`: the entries of the steps not republished stay."
+    "Write `folder/book.json`: `made_by` {file relative to folder: step name} with each file's hash, `keys` {step: key as it ran}; `partial`: the entries of the steps not republished stay, and what else the manifest says of the book (a device book's: where it was received from, the scorer its keys had there)."
     folder = Path(folder)
     old = load_json(folder / MANIFEST) if partial and (folder / MANIFEST).exists() else {}
     redone = set(made_by.values())
     files = {f: e for f, e in old.get("files", {}).items() if e["step"] not in redone and (folder / f).exists()}
     files |= {f: {"step": s, "sha256": file_sha(folder / f)} for f, s in made_by.items() if (folder / f).exists()}
-    m = {"profile": profile, "encoder": encoder_weights(profile, 0) if profile != "paper" else None,
+    m = {**{k: v for k, v in old.items() if k not in ("profile", "encoder", "steps", "files")},
+         "profile": profile, "encoder": encoder_weights(profile, 0) if profile != "paper" else None,
          "steps": {**old.get("steps", {}), **keys}, "files": dict(sorted(files.items()))}
     save_json(folder / MANIFEST, m)
     return m

@@ -193,6 +193,23 @@ def test_a_runs_training_key_leaves_out_what_only_its_tables_and_figures_compute
     assert K.key(step, training=True) != training
 
 
+def test_a_device_books_verdicts_are_set_beside_the_cpu_books(tmp_path):
+    "`device_verdicts`: each claim of the device book's verdicts tables beside the same claim in the CPU book's (seeds, means, verdict), whether the two verdicts are the same, and a dash where the CPU book has no such claim; written as a table of the device book."
+    import pandas as pd
+    from capbook.book import device_verdicts
+    cpu, dev = tmp_path / "cpu", tmp_path / "dev"
+    cpu.mkdir(); dev.mkdir()
+    row = lambda c, v, m: {"claim": c, "verdict": v, "seeds": "5 vs 5", "mean": m}
+    pd.DataFrame([row("A above B", "holds", "120.0, 110.0"), row("C above D", "cannot tell", "100.0, 99.0")]).to_csv(cpu / "table_x_verdicts.csv", index=False)
+    pd.DataFrame([row("A above B", "holds", "121.0, 109.0"), row("C above D", "does not hold", "98.0, 99.5"),
+                  row("E above F", "holds", "1.0, 0.0")]).to_csv(dev / "table_x_verdicts.csv", index=False)
+    t = device_verdicts(dev, cpu)
+    assert list(t["same verdict"]) == ["yes", "no", "—"] and list(t["table"]) == ["x"] * 3
+    assert list(t["CPU verdict"]) == ["holds", "cannot tell", "—"] and t["device means"][1] == "98.0, 99.5"
+    assert (dev / "table_device_verdicts.md").exists() and pd.read_csv(dev / "table_device_verdicts.csv")["claim"].tolist() == ["A above B", "C above D", "E above F"]
+    assert len(device_verdicts(cpu / "none", cpu)) == 0
+
+
 @pytest.fixture(scope="module")
 def site_pages(book, site):
     "Every page of the fixture's site, checked in Chromium as a reader meets it (`sitecheck.check_site`: each page loaded once), {page: its DOM}."
@@ -337,6 +354,7 @@ def test_a_device_book_trains_a_rows_seeds_stacked_as_each_trains_alone(home, mo
     write_record(f, r)
     assert B.rescore_meteor(d / "figures", log=quiet) == [f"records/{f.name}"] and read_record(f)["metrics"]["METEOR"] == meteor
     assert B.rescore_meteor(d / "figures", log=quiet) == []              # once
+    _received_here(B, home, monkeypatch, d / "figures", names, meteor)
     monkeypatch.setattr(B, "device_packs", lambda *a, **k: [])    # the same book through papermill, each run trained alone
     e, alone = book("alone", bare=False)
     assert (e / "06_baselines-nic" / "06_baselines.ipynb").exists()
@@ -344,6 +362,59 @@ def test_a_device_book_trains_a_rows_seeds_stacked_as_each_trains_alone(home, mo
         a, b = packed[n], alone[n]
         assert a["metrics"] == b["metrics"] and a["samples"] == b["samples"], n
         assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a["history"], b["history"]) if "loss" in x) < 1e-6, n
+
+
+def _received_here(B, home, monkeypatch, given: Path, names: list[str], meteor: float) -> None:
+    """What a bare device book's machine gives back (`given`: `publish_bare`'s folder, packed in parts by tools/gpu_book.py),
+    taken in by another home (`capbook book --device cpu --received PARTS`, `receive_device_book`): a part cut short or
+    altered on the way stops in one line before anything is taken; the records stand for their runs under the keys this
+    machine computes (one made where the scorer had no Java, METEOR scored here; one under a key of other code stands for
+    nothing), and a tables chapter whose runs did not all come back waits, named."""
+    import copy, tarfile
+    from capbook.core import load_json, save_json
+    from capbook.records import MANIFEST, read_record
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "tools"))
+    import gpu_book
+    lines = []
+    monkeypatch.setattr(gpu_book, "PART", 1)                       # a part a file: the manifest and each record apart
+    m = load_json(given / MANIFEST)
+    with B.device_book("cpu"):
+        K = B.plan_keys("smoke", made=False)
+        steps = {s.name: s for s in K.steps}
+        there = copy.copy(K); there._keys, there._file = {}, None           # a lent machine without Java: another scorer's keys
+        there._probes = {**K._probes, "shared scorer": "0123456789abcdef"}
+        m["steps"][names[1]], m["scorer"] = there.get(steps[names[1]]), "0123456789abcdef"
+        r = read_record(given / "records" / f"{names[1]}.json.gz"); r["metrics"].pop("METEOR"); r["notes"]["METEOR"] = "unavailable: Java not found"
+        from capbook.records import write_record
+        from capbook.results import file_sha
+        write_record(given / "records" / f"{names[1]}.json.gz", r)
+        m["files"][f"records/{names[1]}.json.gz"]["sha256"] = file_sha(given / "records" / f"{names[1]}.json.gz")
+    save_json(given / MANIFEST, m)
+    out = home / "given"; out.mkdir()
+    parts = [out / p for p in gpu_book.pack(given, out)]
+    assert len(parts) >= 3 and all(tarfile.is_tarfile(p) for p in parts)
+    monkeypatch.setenv("CAPBOOK_HOME", str(home / "received"))
+    cut, extra = out / "cut.tar.gz", out / "extra.tar.gz"
+    cut.write_bytes(parts[-1].read_bytes()[:200])
+    with tarfile.open(extra, "w:gz") as tar: tar.add(given / MANIFEST, arcname="../run.log")
+    for bad, said in ((cut, "not a readable part of a device book"), (extra, "is not what a device book gives back")):
+        with pytest.raises(CapbookError) as e, B.device_book("cpu", here=False): B.receive_device_book("cpu", [*parts[:-1], bad], "smoke", log=lines.append)
+        assert said in str(e.value) and "\n" not in str(e.value)
+    with B.device_book("cpu", here=False):
+        assert not (B.out_dir("smoke") / "records").exists()               # nothing taken from a bad set of parts
+        got = B.receive_device_book("cpu", parts, "smoke", log=lines.append)
+        assert sorted(got) == sorted(f"records/{n}.json.gz" for n in names)
+        assert read_record(B.out_dir("smoke") / "records" / f"{names[1]}.json.gz")["metrics"]["METEOR"] == meteor   # scored here
+        for n in names: assert B.unchanged(steps[n], "smoke", K.get(steps[n])), n           # each stands for its run
+        tables = [s for s in B.plan("smoke") if s.notebook == "06a_baselines_tables"]
+        assert B.received_tables("smoke", tables, log=lines.append) == []
+        assert any(l.startswith("  06a_baselines_tables: waits for ") for l in lines), lines
+    m = load_json(given / MANIFEST); m["steps"][names[0]] = "fedcba9876543210"       # made by other code: stands for nothing
+    save_json(given / MANIFEST, m)
+    with B.device_book("cpu", here=False):
+        B.receive_device_book("cpu", [given], "smoke", log=lines.append)
+        assert not B.unchanged(steps[names[0]], "smoke", K.get(steps[names[0]]))
+    assert any("made under keys this machine does not compute" in l and names[0] in l for l in lines), lines
 
 
 @pytest.mark.slow   # starts a kernel or fresh processes: the full suite's, not the quick loop's

@@ -6,8 +6,9 @@ torch, no venv, no Java, perhaps no Jupyter):
    stacked, for as long as BOOK_S seconds allow; SIGTERM then ends it as Ctrl-C does, keeping what finished;
 3. into $OUT: gpu_book.json (the throughput, the book's wall time, the share of its chapter runs' CPU minutes done and
    the whole book's projected wall time) and gpu_book-N.tar.gz (the finished runs' records with their test captions and
-   the manifest, `capbook.book.publish_bare`: what `capbook book --device cuda` reads back on a machine with Java and
-   Jupyter, to score and tabulate).
+   the manifest, `capbook.book.publish_bare`), which a machine with Java and Jupyter takes back with
+   `capbook book --device cuda --received gpu_book-*.tar.gz`: METEOR scored there, the tables chapters run on the
+   records, and the device book's verdicts set beside the CPU book's (`table_device_verdicts`).
 
 Environment: DEVICE (cuda), PROFILE (default), JOBS (8), BENCH_S (150), BOOK_S (240), OUT (runs/gpu-book): about 7 minutes
 in all, so that a 15-minute lease, its start included, leaves time to run it again.
