@@ -106,12 +106,8 @@ def test_no_workshop_talk_in_the_published_book():
     assert not found, found
 
 
-COUNTLESS = {"03_spca", "04_spatial_self_attention"}   # copies kept before the book kept execution counts, each
-             # current under its step's key: it gets them when its step runs again
-
-
 def test_published_copies_read_as_they_ran_wherever_opened(monkeypatch):
-    "Each reader's copy in figures/notebooks shows what it ran on GitHub and in JupyterLab: paths as paths (no repr, no temporary folder's random name, no machine path written into its code), every figure output carries a Markdown link to its image (`capbook.copies.link_images`) whose file is there, every code cell that ran has its execution count (but a copy kept before counts were, `COUNTLESS`), and every tables chapter opens with its findings, the same text as its page's (`capbook.book.findings`), before its first output."
+    "Each reader's copy in figures/notebooks shows what it ran on GitHub and in JupyterLab: paths as paths (no repr, no temporary folder's random name, no machine path written into its code), every figure output carries a Markdown link to its image (`capbook.copies.link_images`) whose file is there, every code cell that ran has its execution count, and every tables chapter opens with its findings, the same text as its page's (`capbook.book.findings`), before its first output."
     import nbformat
     from capbook.book import findings
     from capbook.docs import FINDINGS
@@ -136,8 +132,7 @@ def test_published_copies_read_as_they_ran_wherever_opened(monkeypatch):
             if at is None or at > first or not nb.cells[at].source.startswith(found[f.stem][0]): late.append(f.stem)
     assert not bare, ("figure outputs a reader's viewer cannot show", bare)
     assert not reprs, ("a path's repr, a temporary folder's random name, or a machine's path written into code", reprs)
-    assert countless - COUNTLESS == set(), ("code cells that ran without an execution count", sorted(countless - COUNTLESS))
-    assert COUNTLESS - countless == set(), f"{sorted(COUNTLESS - countless)} now keep their counts: take them off COUNTLESS"
+    assert not countless, ("code cells that ran without an execution count", sorted(countless))
     assert not late and len(found) >= 8, ("chapters whose copy does not open with its findings", late)   # five tables chapters, the chapter runs
 
 
