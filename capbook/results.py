@@ -15,8 +15,8 @@ from .plan import Step, nbs_dir, plan, upstream_of
 from .records import MANIFEST, RECORDS, merge_seeds
 
 # %% auto 0
-__all__ = ['PROBE_SEED', 'PROBE_DIGITS', 'HELPER_PROBES', 'SHARED_PROBES', 'SHARED_NAMES', 'TABLES_ONLY', 'RUN_SHARED',
-           'BOOK_STEP', 'MEASUREMENTS', 'cell_digest', 'code_cells', 'notebook_code', 'encoder_digest',
+__all__ = ['PROBE_SEED', 'PROBE_DIGITS', 'HELPER_PROBES', 'RUN_FIGURE', 'SHARED_PROBES', 'SHARED_NAMES', 'TABLES_ONLY',
+           'RUN_SHARED', 'BOOK_STEP', 'MEASUREMENTS', 'cell_digest', 'code_cells', 'notebook_code', 'encoder_digest',
            'encoder_weights', 'data_key', 'probe_data', 'resolved', 'budget', 'probe', 'scorer_probe', 'stats_probe',
            'drawing_probe', 'labels_probe', 'rows_probe', 'show_probe', 'helpers_used', 'shared_used',
            'fingerprint_cache', 'Keys', 'first_stage_step', 'plan_keys', 'file_sha', 'published_files',
@@ -281,6 +281,7 @@ def show_probe() -> str:
     with _probing() as tmp: return show_table(df, tmp / "t")
 
 HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "show_table": show_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+RUN_FIGURE = "attention_rows"   # the helper a chapter run draws its attention figure with (`capbook.runner.run_chapter`): in the key of each row's own run, whose figure the book publishes (a seed's or a tagged run's stays in its run folder)
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
@@ -386,6 +387,7 @@ class Keys:
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for s in shared_used(path, run=ch is not None, tables=bool(ups)): part[f"shared {s}"] = self.shared(s)
         for h in helpers_used(path): part[f"helper {h}"] = self.helper(h)
+        if ch is not None and not step.tag: part[f"helper {RUN_FIGURE}"] = self.helper(RUN_FIGURE)   # the figure the book publishes
         if training: part = {k: v for k, v in part.items() if k not in TABLES_ONLY and not k.startswith("helper ")}
         return stable_hash(part, 16)
 

@@ -104,7 +104,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     from capbook.models import make_config
     from capbook.train import fit
     from capbook.metrics import evaluate, write_results
-    from capbook.viz import attention_figure
+    from capbook.viz import attention_rows
     ch = chapter(notebook)
     given = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
     p = ch.resolve(given)                         # the profile's sizes where the parameters leave None
@@ -153,7 +153,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     with timed(phase, "figure_s"):
         if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
             i = figure_pick(ev, prep.gt)
-            ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
+            ctx.figure = attention_rows([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
                                             "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, device=str(dev), notes=ev["notes"], best_epoch=fitted.best_epoch, best_at=fitted.best_at,

@@ -113,7 +113,9 @@ assert load_yaml(_run.path("params.yaml")) == {"profile": "smoke", "seed": 3, "r
 # chapter's own measurements, saves every test caption with its attention (`test_captions.pt`, for the assembly
 # notebooks' figures) and as a COCO results file (`captions_test.json`, `capbook.metrics.write_results`: what the
 # evaluation server and the peers' eval scripts read, and what `capbook score` scores), writes the results record, and draws the attention of the first test image whose caption names
-# two of its objects (one plotting path for every model, `capbook.viz.attention_figure`). It returns a `ChapterRun`
+# two of its objects (one plotting path for every model, `capbook.viz.attention_rows`: the caption's words on lines of
+# four panels, so the figure fits a page's column; the book publishes a row's own run's, so that helper is in those
+# runs' keys, `capbook.results.RUN_FIGURE`). It returns a `ChapterRun`
 # with all of it, for the chapter's own analysis cells.
 
 # %%
@@ -158,7 +160,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     from capbook.models import make_config
     from capbook.train import fit
     from capbook.metrics import evaluate, write_results
-    from capbook.viz import attention_figure
+    from capbook.viz import attention_rows
     ch = chapter(notebook)
     given = namespace if isinstance(namespace, ch.params) else read_params(ch.params, namespace)
     p = ch.resolve(given)                         # the profile's sizes where the parameters leave None
@@ -207,7 +209,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
     with timed(phase, "figure_s"):
         if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
             i = figure_pick(ev, prep.gt)
-            ctx.figure = attention_figure([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
+            ctx.figure = attention_rows([{"label": ch.label(p), "image": prep.image_paths("test")[i], "words": ev["words"][i],
                                             "alpha": ev["captions"][i].alpha, "grid": tuple(grid)}], run.path(ch.figure(p)))
     ctx.record = run.record(measured(ev), timings={**phase, "train_captions_per_s": fitted.captions_per_s, **ev["timings"]},
                             n_params=model.n_params, device=str(dev), notes=ev["notes"], best_epoch=fitted.best_epoch, best_at=fitted.best_at,

@@ -420,6 +420,7 @@ def show_probe() -> str:
     with _probing() as tmp: return show_table(df, tmp / "t")
 
 HELPER_PROBES = {"label_points": labels_probe, "attention_rows": rows_probe, "show_table": show_probe}   # drawing helpers some notebooks call: a notebook that names one has its probe in its key
+RUN_FIGURE = "attention_rows"   # the helper a chapter run draws its attention figure with (`capbook.runner.run_chapter`): in the key of each row's own run, whose figure the book publishes (a seed's or a tagged run's stays in its run folder)
 
 def helpers_used(path: Path) -> list[str]:
     "The fingerprinted helpers (`HELPER_PROBES`) a notebook's code cells name."
@@ -454,7 +455,10 @@ def shared_used(path: Path, run: bool = False, tables: bool = False) -> list[str
 # probe (`HELPER_PROBES`: `capbook.viz.label_points`, which places a scatter plot's labels,
 # `capbook.viz.attention_rows`, which wraps an attention figure's words, and `capbook.viz.show_table`, which splits a
 # wide table on its page) has that helper's probe in its key too, so a changed layout redraws exactly the pages that
-# use it.
+# use it. A chapter run draws its attention figure with `attention_rows` (`RUN_FIGURE`) inside `run_chapter`, which its
+# cells do not name: the key of a row's own run (untagged, seed 0), whose figure the book publishes, holds that probe;
+# a seed's or a tagged run's figure stays in its run folder and its key leaves it out, so a changed layout redraws the
+# five published figures and trains nothing (the probe is not in a training key).
 
 # %%
 #| export
@@ -539,6 +543,7 @@ class Keys:
         elif step.notebook.startswith("00"): part["models"] = self.all_models()
         for s in shared_used(path, run=ch is not None, tables=bool(ups)): part[f"shared {s}"] = self.shared(s)
         for h in helpers_used(path): part[f"helper {h}"] = self.helper(h)
+        if ch is not None and not step.tag: part[f"helper {RUN_FIGURE}"] = self.helper(RUN_FIGURE)   # the figure the book publishes
         if training: part = {k: v for k, v in part.items() if k not in TABLES_ONLY and not k.startswith("helper ")}
         return stable_hash(part, 16)
 

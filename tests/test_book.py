@@ -191,6 +191,16 @@ def test_a_runs_training_key_leaves_out_what_only_its_tables_and_figures_compute
     assert K.key(step) != key and K.key(step, training=True) == training
     K._probes["shared scorer"] = "s2"
     assert K.key(step, training=True) != training
+    # the run's attention figure: in the key of a row's own run (its figure is published), never in a seed's or a tagged run's
+    import dataclasses
+    seed = dataclasses.replace(step, params={**step.params, "seed": 1}, tag="seed1", replica=1)   # (the smoke book has one seed)
+    tagged = next(s for s in K.steps if s.name == "06_baselines-nic")
+    K._probes.update({K.row(tagged): "model of the tagged row", "helper attention_rows": "r1"})
+    before = {s.name: (K.key(s), K.key(s, training=True)) for s in (step, seed, tagged)}
+    K._probes["helper attention_rows"] = "r2"
+    after = {s.name: (K.key(s), K.key(s, training=True)) for s in (step, seed, tagged)}
+    assert after["06_baselines"][0] != before["06_baselines"][0] and after["06_baselines"][1] == before["06_baselines"][1]
+    assert after["06_baselines-seed1"] == before["06_baselines-seed1"] and after["06_baselines-nic"] == before["06_baselines-nic"]
 
 
 def test_a_device_books_verdicts_are_set_beside_the_cpu_books(tmp_path):
