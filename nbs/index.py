@@ -45,7 +45,8 @@
 #
 # `make book` trains only what `figures/` lacks under today's code (`FORCE=1`: every step); part of the book:
 # `make book ONLY="03_spca*"`; each step a SLURM job: `.venv/bin/capbook book --executor slurm` (a filesystem the
-# nodes share, and `sacct`; [set-up](00nb_cluster.ipynb)); in Python: `import capbook`.
+# nodes share, and `sacct`; [set-up](00nb_cluster.ipynb)); on a GPU: `.venv/bin/capbook book --device cuda`
+# ([how](00n_book.ipynb)); in Python: `import capbook`.
 #
 # <!-- onechapter -->
 # <!-- /onechapter -->
