@@ -404,6 +404,16 @@ def _refusal(name: str, e: BaseException, r: Resources, source: str) -> str:
 
 RECORD = "jobs.json"    # the pool's live jobs, {step: {job, key, folder, submitted}}: what a book killed outright leaves for the next
 
+@contextlib.contextmanager
+def _script_only(cluster: str):
+    "Within the block, submitit's SLURM executor can be built where no SLURM client (`srun`) is installed — for its sbatch script alone, which is text (`SlurmPool.script`); nothing is submitted through it. Elsewhere, and where a client is installed, nothing changes."
+    from submitit.slurm.slurm import SlurmExecutor
+    if cluster != "slurm" or shutil.which("srun") is not None: yield; return
+    was = SlurmExecutor.__dict__["affinity"]
+    SlurmExecutor.affinity = classmethod(lambda cls: 2)    # submitit's only check: that `srun` is on the PATH
+    try: yield
+    finally: SlurmExecutor.affinity = was
+
 class SlurmPool:
     "Book steps as SLURM jobs through submitit (`cluster`: 'slurm'; submitit's 'local' runs the same jobs as processes here, for a machine without SLURM); each step's job files under `folder/<step>/`, the live jobs recorded in `folder/jobs.json`; each job runs its step with `run_step` (the book's `capbook.book.run_step`, which the book hands in: a module-level function, pickled by name)."
     def __init__(self, profile: str, config: ExecutorConfig, folder: str | Path, run_step: Callable, force: bool = False, cluster: str = "slurm",
@@ -442,8 +452,9 @@ class SlurmPool:
         return executor
 
     def script(self, name: str) -> str:
-        "The sbatch script the job of step `name` would be submitted with (resources, setup lines, logs; `%j`: its job id)."
-        ex = self._executor(name)._executor
+        "The sbatch script the job of step `name` would be submitted with (resources, setup lines, logs; `%j`: its job id): text, written on a machine with no SLURM client too (a dry run, this chapter's example), where submitit's executor would refuse to be built (`_script_only`)."
+        with _script_only(self.cluster):
+            ex = self._executor(name)._executor
         return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
 
     # the record of live jobs: written under its own lock (the watcher settles jobs while the book submits)

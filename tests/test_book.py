@@ -1176,6 +1176,21 @@ def test_a_step_job_runs_with_its_resources_and_leaves_the_signals_as_they_were(
     with pytest.raises(CapbookError, match="CAPBOOK_SACCT_S='soon' is invalid"): cluster.sacct_interval()
 
 
+def test_a_jobs_sbatch_script_is_written_where_no_slurm_client_is_installed(monkeypatch, tmp_path):
+    "`SlurmPool.script` (a dry run's scripts, 00nb_cluster's example) on a machine without `srun` (a reader's laptop, a fresh clone's book): the same script as where SLURM is, and submitit's check left as it was after."
+    import shutil
+    from submitit.slurm.slurm import SlurmExecutor
+    from capbook import cluster
+    pool = lambda: cluster.SlurmPool("default", cluster.executor_config(None, "default"), tmp_path, print, cluster="slurm")
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: which(name, *a, **k) or ("/usr/bin/srun" if name == "srun" else None))
+    there = pool().script("03_spca-k5")                                 # a SLURM client installed
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "srun" else which(name, *a, **k))
+    with pytest.raises(RuntimeError, match="srun"): SlurmExecutor(tmp_path)   # submitit's own check, untouched
+    here = pool().script("03_spca-k5")
+    assert here == there and "#SBATCH --cpus-per-task=2" in here and SlurmExecutor.affinity() == -1
+
+
 SLURM_STEPS = ["02_show_attend_tell-none", "02a_soft_vs_hard"]       # a training run and the tables step that reads it
 SLURM_CANCELLED = "02_show_attend_tell-hard"                          # the training run whose job is requeued, then cancelled
 
