@@ -546,13 +546,13 @@ def run_bare(step: Step, profile: str, force: bool = False, log=print, key: str 
 
 def publish_bare(profile: str, steps: list[Step]) -> Path:
     "Publish what a bare book (`run_bare`) made: the record of each of `steps` that finished here, with its test captions and the files its tables read (`capbook.records.publish_records`: a few hundred kB a run), and the manifest's entries for them, in the profile's output folder, the manifest naming the scorer its keys were computed with (the shared probe's hash: a machine without Java scores without METEOR, `receive_device_book`); the reader's copies and tables wait for a machine with Jupyter. That folder alone is what a bare book's machine must give back."
-    from capbook.records import MANIFEST, publish_records
+    from capbook.records import publish_records
     from capbook.results import write_manifest
     dst = out_dir(profile); dst.mkdir(parents=True, exist_ok=True)
     done = {s.name: f for s in steps if (f := runs_dir() / profile / s.name / "done.json").exists()}
     made = publish_records(profile, [s for s in steps if s.name in done], dst)
-    m = write_manifest(dst, profile, made, {n: load_json(f)["key"] for n, f in done.items()}, partial=True)
-    save_json(dst / MANIFEST, {**m, "scorer": plan_keys(profile, made=False).shared("scorer")})
+    write_manifest(dst, profile, made, {n: load_json(f)["key"] for n, f in done.items()}, partial=True,
+                   extra={"scorer": plan_keys(profile, made=False).shared("scorer")})
     return dst
 
 def stamp_training_keys(profile: str = "default", log=print) -> list[Path]:
@@ -978,22 +978,18 @@ def _received_files(sources: list, into: Path) -> None:
     "Gather what a bare device book's machine gave back (`sources`: `publish_bare`'s folder, or the tar.gz parts `tools/gpu_book.py` packs it into) in the empty folder `into`, each file checked to be the manifest or a record (a member outside them, a link, a missing source: one line naming it)."
     import tarfile
     from capbook.records import MANIFEST, RECORDS
-    wanted = lambda rel: rel == MANIFEST or re.fullmatch(rf"{RECORDS}/[\w.+-]+\.json\.gz", rel) is not None
+    def take(rel: str, where: str, data) -> None:       # `where` names the file for the one line; `data()` reads it
+        if rel != MANIFEST and re.fullmatch(rf"{RECORDS}/[\w.+-]+\.json\.gz", rel) is None:
+            raise CapbookError(f"{where} not what a device book gives back (its {MANIFEST} and {RECORDS}/*.json.gz)")
+        (into / rel).parent.mkdir(parents=True, exist_ok=True); (into / rel).write_bytes(data())
     for src in map(Path, sources):
         if src.is_dir():
-            for f in sorted(p for p in src.rglob("*") if p.is_file()):
-                rel = f.relative_to(src).as_posix()
-                if not wanted(rel): raise CapbookError(f"{f}: not what a device book gives back (its {MANIFEST} and {RECORDS}/*.json.gz)")
-                (into / rel).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, into / rel)
+            for f in sorted(p for p in src.rglob("*") if p.is_file()): take(f.relative_to(src).as_posix(), f"{f}:", f.read_bytes)
             continue
         try:
             with tarfile.open(src, "r:gz") as tar:
-                for m in tar.getmembers():
-                    if m.isdir(): continue
-                    if not m.isfile() or not wanted(m.name):
-                        raise CapbookError(f"{src}: its member {m.name!r} is not what a device book gives back (its {MANIFEST} and {RECORDS}/*.json.gz)")
-                    (into / m.name).parent.mkdir(parents=True, exist_ok=True)
-                    with tar.extractfile(m) as fh: (into / m.name).write_bytes(fh.read())
+                for m in (m for m in tar.getmembers() if not m.isdir()):
+                    take(m.name if m.isfile() else f"{m.name} (a link)", f"{src}: its member {m.name!r} is", lambda m=m: tar.extractfile(m).read())
         except (OSError, tarfile.TarError, EOFError) as e:
             raise CapbookError(f"{src}: not a readable part of a device book ({e.__class__.__name__}: {e}); copy it back again") from None
 
@@ -1021,23 +1017,19 @@ def receive_device_book(device: str, sources: list, profile: str = "default", lo
         for rel in got: atomic_write(dst / rel, lambda t, rel=rel: shutil.copyfile(tmp / rel, t))
         made = {rel: m["files"][rel]["step"] for rel in got}
         keys = _keys_here(profile, {s: k for s, k in m.get("steps", {}).items() if s in set(made.values())}, m.get("scorer"), log)
-        save_json(dst / MANIFEST, {**write_manifest(dst, profile, made, keys, partial=True), "received": device})   # (its runs stand in: `published_stand_in`)
+        write_manifest(dst, profile, made, keys, partial=True, extra={"received": device})   # (its runs stand in: `published_stand_in`)
     log(f"{len(got)} records a device book gave back -> {dst / RECORDS}")
     rescore_meteor(dst, log)                      # (before any tables chapter reads them: `received_tables` runs after)
     return got
 
 def _keys_here(profile: str, keys: dict[str, str], scorer: str | None, log=print) -> dict[str, str]:
     "The keys under which this machine takes runs another one made under `keys` {step: key}: a step's own key where it is the one computed here; where it is the key computed here with the other machine's scorer (`scorer`: the shared probe's hash there, a machine without Java scoring no METEOR, which `rescore_meteor` then scores here), the key computed here; else the key it came with (its code or arithmetic is not this machine's: it will not stand in, and the line says so)."
-    import copy
     K = plan_keys(profile, made=False)
+    there = K.with_shared("scorer", scorer) if scorer else K    # the keys as computed with the other machine's scorer
     steps, out, other = {s.name: s for s in K.steps}, {}, []
-    there = None
     for name, k in keys.items():
         s = steps.get(name)
-        if s is not None and k != K.get(s) and scorer and there is None:   # the keys as computed with the other machine's scorer
-            there = copy.copy(K); there._keys, there._file = {}, None
-            there._probes = {**K._probes, "shared scorer": scorer}
-        if s is not None and (k == K.get(s) or (there is not None and k == there.get(s))): out[name] = K.get(s)
+        if s is not None and k in (K.get(s), there.get(s)): out[name] = K.get(s)
         else: out[name] = k; other.append(name)
     if other: log(f"{len(other)} of the runs given back were made under keys this machine does not compute for them "
                   f"(another version of capbook or torch there: {other[0]}, ...); they stand for nothing here")

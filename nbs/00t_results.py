@@ -493,6 +493,13 @@ class Keys:
             except (CapbookError, OSError): pass  # a cache that cannot be written is recomputed next time
         return value
 
+    def with_shared(self, name: str, digest: str) -> "Keys":
+        "These keys as a machine whose shared probe `name` hashes to `digest` computes them (another machine's scorer: `capbook.book.receive_device_book`): the other fingerprints reused, nothing written to the cache."
+        import copy
+        other = copy.copy(self)
+        other._keys, other._file, other._probes = {}, None, {**self._probes, f"shared {name}": digest}
+        return other
+
     def shared(self, name: str) -> str:
         "The hash of a shared probe (`SHARED_PROBES`: the scorer, the statistics, the drawing)."
         if f"shared {name}" not in self._probes:
@@ -622,8 +629,9 @@ def published_files(folder: Path) -> list[Path]:
     top = [f for f in folder.glob("*") if f.suffix == ".png" or (f.name.startswith("table_") and f.suffix in (".md", ".csv"))]
     return sorted(top) + sorted((folder / "notebooks").glob("*.ipynb")) + sorted((folder / RECORDS).glob("*.json.gz"))
 
-def write_manifest(folder: Path, profile: str, made_by: dict[str, str], keys: dict[str, str], partial: bool = False) -> dict:
-    "Write `folder/book.json`: `made_by` {file relative to folder: step name} with each file's hash, `keys` {step: key as it ran}; `partial`: the entries of the steps not republished stay, and what else the manifest says of the book (a device book's: where it was received from, the scorer its keys had there)."
+def write_manifest(folder: Path, profile: str, made_by: dict[str, str], keys: dict[str, str], partial: bool = False,
+                   extra: dict | None = None) -> dict:
+    "Write `folder/book.json`: `made_by` {file relative to folder: step name} with each file's hash, `keys` {step: key as it ran}; `partial`: the entries of the steps not republished stay, and what else the manifest says of the book; `extra`: what else it says now (a device book's: where it was received from, the scorer its keys had where it ran)."
     folder = Path(folder)
     old = load_json(folder / MANIFEST) if partial and (folder / MANIFEST).exists() else {}
     redone = set(made_by.values())
@@ -631,7 +639,7 @@ def write_manifest(folder: Path, profile: str, made_by: dict[str, str], keys: di
     files |= {f: {"step": s, "sha256": file_sha(folder / f)} for f, s in made_by.items() if (folder / f).exists()}
     m = {**{k: v for k, v in old.items() if k not in ("profile", "encoder", "steps", "files")},
          "profile": profile, "encoder": encoder_weights(profile, 0) if profile != "paper" else None,
-         "steps": {**old.get("steps", {}), **keys}, "files": dict(sorted(files.items()))}
+         "steps": {**old.get("steps", {}), **keys}, "files": dict(sorted(files.items())), **(extra or {})}
     save_json(folder / MANIFEST, m)
     return m
 

@@ -380,7 +380,7 @@ def _received_here(B, home, monkeypatch, given: Path, names: list[str], meteor: 
     altered on the way stops in one line before anything is taken; the records stand for their runs under the keys this
     machine computes (one made where the scorer had no Java, METEOR scored here; one under a key of other code stands for
     nothing), and a tables chapter whose runs did not all come back waits, named."""
-    import copy, tarfile
+    import tarfile
     from capbook.core import load_json, save_json
     from capbook.records import MANIFEST, read_record
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "tools"))
@@ -391,8 +391,7 @@ def _received_here(B, home, monkeypatch, given: Path, names: list[str], meteor: 
     with B.device_book("cpu"):
         K = B.plan_keys("smoke", made=False)
         steps = {s.name: s for s in K.steps}
-        there = copy.copy(K); there._keys, there._file = {}, None           # a lent machine without Java: another scorer's keys
-        there._probes = {**K._probes, "shared scorer": "0123456789abcdef"}
+        there = K.with_shared("scorer", "0123456789abcdef")                   # a lent machine without Java: another scorer's keys
         m["steps"][names[1]], m["scorer"] = there.get(steps[names[1]]), "0123456789abcdef"
         r = read_record(given / "records" / f"{names[1]}.json.gz"); r["metrics"].pop("METEOR"); r["notes"]["METEOR"] = "unavailable: Java not found"
         from capbook.records import write_record
