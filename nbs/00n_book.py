@@ -1164,7 +1164,7 @@ def _keys_here(profile: str, keys: dict[str, str], scorer: str | None, log=print
     steps, out, other = {s.name: s for s in K.steps}, {}, []
     for name, k in keys.items():
         s = steps.get(name)
-        if s is not None and k in (K.get(s), there.get(s)): out[name] = K.get(s)
+        if s is not None and (k == K.get(s) or k == there.get(s)): out[name] = K.get(s)   # the other scorer's key computed only where this one's differs
         else: out[name] = k; other.append(name)
     if other: log(f"{len(other)} of the runs given back were made under keys this machine does not compute for them "
                   f"(another version of capbook or torch there: {other[0]}, ...); they stand for nothing here")
