@@ -17,7 +17,7 @@ from .plan import Step, chapter_steps, nb_defaults, nbs_dir, replicas
 __all__ = ['MANIFEST', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'PAPER_CHAPTERS', 'SEED_METRICS', 'run_files', 'records',
            'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_words', 'run_file', 'publish_records',
            'write_record', 'merge_seeds', 'step_record', 'row_record', 'compared_runs', 'chapter_verdicts',
-           'record_stage', 'stage_stats', 'seed_cells', 'stage_best']
+           'record_stage', 'stage_stats', 'seed_cells', 'stage_best', 'relation_seeds', 'relation_cells']
 
 # %% ../nbs/00mb_records.ipynb
 MANIFEST = "book.json"   # the published book's manifest (capbook.results.write_manifest): which step made each file, every step's key
@@ -250,3 +250,21 @@ def stage_best(rec: dict, which: str = "scst") -> str:
         val = [100 * e["val CIDEr"] for e in r["stages"][which]["history"] if "val CIDEr" in e]
         if val: pairs.append(f"{max(val[1:], default=float('nan')):.1f} vs {val[0]:.1f}")
     return "its best validation CIDEr against its start's: " + ", ".join(pairs) if pairs else ""
+
+# %% ../nbs/00mb_records.ipynb
+def relation_seeds(rec: dict, prep, which: str = "final") -> list[dict]:
+    "Each seed's `capbook.shapes.relation_truth` of a row's test captions of stage `which` ('final', 'xe', ...: the words `run_words` finds); empty on data without ground truth."
+    from capbook.shapes import relation_truth
+    if not getattr(prep, "gt", None): return []
+    return [relation_truth(run_words(r, which), list(prep.test.keys), prep.gt["images"]) for r in rec.get("seed_runs", [rec])]
+
+def relation_cells(rec: dict, prep, which: str = "final") -> dict:
+    "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds' own McNemar p is below 0.05 with the gap above 0; and Student's two-sided p over the seeds' gaps (`t p`, '—' with one seed). Empty without ground truth."
+    from scipy.stats import ttest_1samp
+    rs = relation_seeds(rec, prep, which)
+    if not rs: return {}
+    gaps = [100 * (r["true"] - r["swapped"]) for r in rs]
+    return {"relation statements": float(np.mean([r["statements"] for r in rs])), "rel. true": 100 * float(np.mean([r["true"] for r in rs])),
+            "rel. swapped": 100 * float(np.mean([r["swapped"] for r in rs])), "gap per seed": ", ".join(f"{g:+.1f}" for g in gaps),
+            "seeds p < 0.05": f"{sum(r['p'] < 0.05 and g > 0 for r, g in zip(rs, gaps))} of {len(rs)}",
+            "t p": float(ttest_1samp(gaps, 0.0).pvalue) if len(gaps) > 1 and np.std(gaps) > 0 else "—"}

@@ -17,7 +17,8 @@ from .core import CapbookError, check_choice, check_int, data_dir, load_json, te
 __all__ = ['SHAPES', 'COLOURS', 'SIZES', 'RELATIONS', 'CATEGORIES', 'PROFILES', 'MIN_WORDS', 'CAPTION_KINDS', 'relation_holds',
            'scene_relations', 'sample_scene', 'render', 'parse_caption', 'phrase_key', 'caption_tuples', 'statements',
            'tuple_is_true', 'statement_truth', 'object_mentions', 'semantic_counts', 'semantic_scores', 'make_captions',
-           'make_example', 'generate', 'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt', 'caption_kinds']
+           'make_example', 'generate', 'generator_digest', 'shapes_root', 'ensure_shapes', 'load_gt', 'caption_kinds',
+           'relation_truth']
 
 # %% ../nbs/00a_shapes.ipynb
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
@@ -390,3 +391,20 @@ def caption_kinds(captions: list[list[str]]) -> dict:
     n = max(len(captions), 1)
     top, k = rels.most_common(1)[0] if rels else ("—", 0)
     return {**{kind: kinds[kind] / n for kind in CAPTION_KINDS}, "top relation": top, "top relation share": k / n}
+
+# %% ../nbs/00a_shapes.ipynb
+def relation_truth(captions: list[list[str]], keys: list[str], gt: dict[str, dict]) -> dict:
+    "Of the relation statements in `captions` (token lists, one per image of `keys`; `gt`: image -> ground truth): how many (`statements`), the share true of the image (`true`), the share true with the two noun phrases swapped (`swapped`), and McNemar's exact two-sided p over the statements where just one of the two holds (`p`)."
+    from scipy.stats import binomtest
+    if len(captions) != len(keys): raise CapbookError(f"relation_truth: {len(captions)} captions for {len(keys)} images")
+    pairs = Counter()                                      # (true as said, true swapped) -> statements
+    for c, k in zip(captions, keys):
+        if k not in gt: raise CapbookError(f"relation_truth: image {k!r} has no ground truth")
+        objs = gt[k]["objects"]
+        pairs.update((_rel_true(st["a"], st["rel"], st["b"], objs), _rel_true(st["b"], st["rel"], st["a"], objs))
+                     for st in parse_caption(list(c)) if st["kind"] == "rel")
+    n = sum(pairs.values())
+    # McNemar: only the statements true one way and false the other count; both or neither say nothing about position
+    only_said, only_swapped = pairs[True, False], pairs[False, True]
+    return {"statements": n, "true": (only_said + pairs[True, True]) / max(n, 1), "swapped": (only_swapped + pairs[True, True]) / max(n, 1),
+            "p": float(binomtest(only_said, only_said + only_swapped).pvalue) if only_said + only_swapped else 1.0}

@@ -616,7 +616,8 @@ print(_absent, _sc["all"]); assert _sc["all"]["p"] < 1
 # left of a small green triangle"), both, or neither (objects and attributes only). `caption_kinds` gives the share of
 # each kind in a set of captions, and the relation word most of them use with its share. A decoder or an objective
 # that moves a model from one kind to another moves its CIDEr with it (the kinds' references earn different CIDEr-D),
-# and one that writes one relation for every image has stopped looking at where the objects are.
+# and one that writes one relation for every image says nothing with its relation word (whether a model's relation
+# words say anything at all: `relation_truth`, below).
 
 # %%
 #| export
@@ -641,3 +642,46 @@ _k = caption_kinds([["there", "are", "two", "red", "circles"], "a red circle is 
                     "an image of a star below a square".split(), "a red circle and a star".split()])
 print(_k)
 assert _k["counts"] == _k["neither"] == 0.25 and _k["relations"] == 0.5 and _k["top relation share"] == 0.25
+
+# %% [markdown]
+# ## Does a model see where the objects are?
+#
+# A relation statement names two objects and a relation word. A model that knows where the objects are says true ones
+# more often than the same statements with the two noun phrases swapped ("a circle left of a star" for "a star left of
+# a circle", which is the opposite relation between the same two objects); a model that writes the relation word from
+# the objects alone says both about equally often. `relation_truth` counts, over a set of captions, the relation
+# statements, the share true of their image and the share true swapped, and tests the difference on the statements
+# where just one of the two holds (the exact binomial test of McNemar: under "no sight of position" each of those is
+# as likely one way as the other).
+#
+# *capbook:* this is a control, not a score: it asks whether the relation words carry any information about the image
+# at all. The semantic F1's relations part cannot tell: its precision counts a statement true when some pair of
+# objects of those shapes stands so, which a guessed relation often is.
+
+# %%
+#| export
+def relation_truth(captions: list[list[str]], keys: list[str], gt: dict[str, dict]) -> dict:
+    "Of the relation statements in `captions` (token lists, one per image of `keys`; `gt`: image -> ground truth): how many (`statements`), the share true of the image (`true`), the share true with the two noun phrases swapped (`swapped`), and McNemar's exact two-sided p over the statements where just one of the two holds (`p`)."
+    from scipy.stats import binomtest
+    if len(captions) != len(keys): raise CapbookError(f"relation_truth: {len(captions)} captions for {len(keys)} images")
+    pairs = Counter()                                      # (true as said, true swapped) -> statements
+    for c, k in zip(captions, keys):
+        if k not in gt: raise CapbookError(f"relation_truth: image {k!r} has no ground truth")
+        objs = gt[k]["objects"]
+        pairs.update((_rel_true(st["a"], st["rel"], st["b"], objs), _rel_true(st["b"], st["rel"], st["a"], objs))
+                     for st in parse_caption(list(c)) if st["kind"] == "rel")
+    n = sum(pairs.values())
+    # McNemar: only the statements true one way and false the other count; both or neither say nothing about position
+    only_said, only_swapped = pairs[True, False], pairs[False, True]
+    return {"statements": n, "true": (only_said + pairs[True, True]) / max(n, 1), "swapped": (only_swapped + pairs[True, True]) / max(n, 1),
+            "p": float(binomtest(only_said, only_said + only_swapped).pvalue) if only_said + only_swapped else 1.0}
+
+# %%
+_scene = {"objects": [dict(shape="circle", colour="red", size="small", box=[10, 40, 30, 60]),
+                      dict(shape="star", colour="blue", size="large", box=[70, 40, 100, 70])]}
+_seen = relation_truth(["a red circle is left of a blue star".split()] * 20, ["i"] * 20, {"i": _scene})
+_guess = relation_truth(["a red circle is left of a blue star".split(), "a blue star is left of a red circle".split()] * 10,
+                        ["i"] * 20, {"i": _scene})
+print(_seen, _guess)
+assert _seen["true"] == 1 and _seen["swapped"] == 0 and _seen["p"] < 1e-5
+assert _guess["true"] == _guess["swapped"] == 0.5 and _guess["p"] == 1.0

@@ -291,3 +291,41 @@ def stage_best(rec: dict, which: str = "scst") -> str:
         val = [100 * e["val CIDEr"] for e in r["stages"][which]["history"] if "val CIDEr" in e]
         if val: pairs.append(f"{max(val[1:], default=float('nan')):.1f} vs {val[0]:.1f}")
     return "its best validation CIDEr against its start's: " + ", ".join(pairs) if pairs else ""
+
+# %% [markdown]
+# Whether a row's relation words say where the objects are (`capbook.shapes.relation_truth`, on shapes only): each
+# seed's share of relation statements true of the image and true with the two objects swapped, and over the seeds, the
+# unit of replication, Student's t of the gap. A row whose models write relations from the objects alone has a gap
+# near 0 in every seed.
+
+# %%
+#| export
+def relation_seeds(rec: dict, prep, which: str = "final") -> list[dict]:
+    "Each seed's `capbook.shapes.relation_truth` of a row's test captions of stage `which` ('final', 'xe', ...: the words `run_words` finds); empty on data without ground truth."
+    from capbook.shapes import relation_truth
+    if not getattr(prep, "gt", None): return []
+    return [relation_truth(run_words(r, which), list(prep.test.keys), prep.gt["images"]) for r in rec.get("seed_runs", [rec])]
+
+def relation_cells(rec: dict, prep, which: str = "final") -> dict:
+    "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds' own McNemar p is below 0.05 with the gap above 0; and Student's two-sided p over the seeds' gaps (`t p`, '—' with one seed). Empty without ground truth."
+    from scipy.stats import ttest_1samp
+    rs = relation_seeds(rec, prep, which)
+    if not rs: return {}
+    gaps = [100 * (r["true"] - r["swapped"]) for r in rs]
+    return {"relation statements": float(np.mean([r["statements"] for r in rs])), "rel. true": 100 * float(np.mean([r["true"] for r in rs])),
+            "rel. swapped": 100 * float(np.mean([r["swapped"] for r in rs])), "gap per seed": ", ".join(f"{g:+.1f}" for g in gaps),
+            "seeds p < 0.05": f"{sum(r['p'] < 0.05 and g > 0 for r, g in zip(rs, gaps))} of {len(rs)}",
+            "t p": float(ttest_1samp(gaps, 0.0).pvalue) if len(gaps) > 1 and np.std(gaps) > 0 else "—"}
+
+# %%
+from types import SimpleNamespace
+_objs = [dict(shape="circle", colour="red", size="small", box=[10, 40, 30, 60]),
+         dict(shape="star", colour="blue", size="large", box=[70, 40, 100, 70])]
+_prep = SimpleNamespace(test=SimpleNamespace(keys=["a.png", "b.png"]), gt={"images": {k: {"objects": _objs} for k in ("a.png", "b.png")}})
+_said = lambda s: {"_dir": "/nonexistent", "test_words": {"final": {"keys": ["a.png", "b.png"], "words": [s.split()] * 2}}}
+_row = {"seed_runs": [_said("a red circle is left of a blue star"), _said("a blue star is right of a red circle"),
+                      _said("a red circle left of a blue star and a star")]}
+_c = relation_cells(_row, _prep)
+print(_c)
+assert _c["relation statements"] == 2 and _c["rel. true"] == 100 and _c["rel. swapped"] == 0 and _c["gap per seed"] == "+100.0, +100.0, +100.0" and _c["t p"] == "—"
+assert relation_cells(_row, SimpleNamespace(test=_prep.test, gt=None)) == {}

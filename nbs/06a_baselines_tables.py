@@ -273,19 +273,22 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # book can show what the reward bought. For each stage and its start (beam 3, test split, mean over seeds): the
 # semantic F1 and its four parts (`capbook.shapes.semantic_scores`), the share of captions of each kind
 # (`capbook.shapes.caption_kinds`: counts, relations, both, neither), and the relation word most captions use with
-# its share. A stage that raises CIDEr by writing the references' most typical template, or one relation for every
-# image, games the reward rather than describing better: the reward hacking SCST is known for, measured.
+# its share, and whether its relation statements are true more often than the same statements with the two objects
+# swapped (`capbook.shapes.relation_truth`: a model that knows where the objects are says true ones more often; one that
+# writes the relation word from the objects alone, both equally often). A stage that raises CIDEr by writing the
+# references' most typical template, or one relation for every image, has bought its reward with the captions' form;
+# one that raises the objects' and attributes' F1 has bought it with what they say. The table tells the two apart.
 #
-# *capbook:* how to read it. SCST maximises the expected CIDEr-D of captions sampled at temperature 1, and on shapes the
-# sampled captions and the greedy one start far apart (the training reward of the samples is well below the greedy
-# caption's, `table_baselines_scst`). A policy that writes one template it can sample reliably — a relation caption
-# with one relation word — earns its samples more than a policy whose most likely caption is better but whose samples
-# scatter, so the stage can trade the greedy caption's quality for its samples'. Counting is the first thing to go:
-# a wrong number costs a count caption most of its n-grams. Where the cross-entropy model's greedy captions were far
-# below its beam's, the stage can lift them and the decoding bonus shrinks (the bonus line above gives each row's).
+# *capbook:* how to read it. CIDEr-D rewards the n-grams an image's five references share: the colour, size and shape
+# words of its objects recur across them, while their relation words vary from one reference to the next and only some
+# count. A relation caption naming two objects with their colours and sizes earns those shared n-grams, and a count
+# caption risks the n-grams around a wrong number: counting is the first thing to go. Which relation word the caption
+# then uses is true no more often than any other when the model cannot see where the objects are (the last two
+# columns: alike when it cannot), so the stage can settle on whichever one its samples made pay first and write it for
+# every image; which one may differ between seeds.
 
 # %%
-from capbook.records import run_words
+from capbook.records import run_words, relation_cells
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
     return [run_words(r, "final" if st == "scst" else st) for r in rec.get("seed_runs", [rec])]
@@ -293,6 +296,7 @@ effect_rows = []
 if has_sem:
     for label, k, st in stages_of:
         for name, which in ((START[label], "xe"), (label, st)):
+            rel = relation_cells(recs[k], prep, "final" if which == "scst" else which)
             runs = recs[k].get("seed_runs", [recs[k]])
             sem = [record_stage(r, which)["metrics"]["semantic"] for r in runs]
             kinds = [caption_kinds(w) for w in captions_of(recs[k], which)]
@@ -301,7 +305,8 @@ if has_sem:
                                 **{f"F1 {c}": 100 * np.mean([x[c]["f1"] for x in sem]) for c in CATEGORIES},
                                 **{f"% {kd}": 100 * np.mean([x[kd] for x in kinds]) for kd in CAPTION_KINDS},
                                 "top relation (seeds)": ", ".join(kd["top relation"] for kd in kinds),
-                                "% with it": ", ".join(f"{100 * kd['top relation share']:.0f}" for kd in kinds)})
+                                "% with it": ", ".join(f"{100 * kd['top relation share']:.0f}" for kd in kinds),
+                                "% rel. true": rel["rel. true"], "% rel. swapped": rel["rel. swapped"]})
     effect = pd.DataFrame(effect_rows)
     display(Markdown(save_table(effect, run.path("table_baselines_scst_captions"), floatfmt=".1f")))
     E2 = effect.set_index(["stage", "captions of"])
@@ -312,7 +317,8 @@ if has_sem:
         found.append(f"{label}: semantic F1 {a['F1 all']:.1f} → {b['F1 all']:.1f} (relations {a['F1 relations']:.1f} → {b['F1 relations']:.1f}, "
                      f"counts {a['F1 counts']:.1f} → {b['F1 counts']:.1f}); captions with a relation {a['% relations'] + a['% counts and relations']:.0f} % → "
                      f"{b['% relations'] + b['% counts and relations']:.0f} %; the most used relation word is in {min(shares_b)}–{max(shares_b)} % of a seed's captions "
-                     f"({b['top relation (seeds)']}).")
+                     f"({b['top relation (seeds)']}); relation statements true {a['% rel. true']:.1f} % → {b['% rel. true']:.1f} %, "
+                     f"with the objects swapped {a['% rel. swapped']:.1f} % → {b['% rel. swapped']:.1f} %.")
     display(Markdown("\n".join(f"- {l}" for l in found)))
 else:
     display(Markdown("No ground truth on this data set: what the captions state cannot be scored."))

@@ -169,6 +169,21 @@ def test_semantic_scores(ds):
     with pytest.raises(CapbookError, match="nope"): S.semantic_scores({"nope": ["a", "circle"]}, refs, gt)
 
 
+def test_relation_truth_tells_seeing_from_guessing(ds):
+    "The references' relation statements are all true; the same statements with the opposite relation word are true exactly where the originals are true swapped."
+    _, d, gt = ds
+    caps = [(im["filename"], s["tokens"]) for im in d["images"] for s in im["sentences"]]
+    keys, words = [k for k, _ in caps], [w for _, w in caps]
+    seen = S.relation_truth(words, keys, gt)
+    assert seen["statements"] >= 20 and seen["true"] == 1.0 and seen["swapped"] < 1.0 and seen["p"] < 0.05
+    opposite = {"left": "right", "right": "left", "above": "below", "below": "above", "over": "under", "under": "over", "beneath": "above"}
+    flipped = S.relation_truth([[opposite.get(t, t) for t in w] for w in words], keys, gt)
+    assert flipped["statements"] == seen["statements"]
+    assert flipped["true"] == pytest.approx(seen["swapped"]) and flipped["swapped"] == pytest.approx(seen["true"])
+    with pytest.raises(CapbookError, match="'nope.png' has no ground truth"): S.relation_truth([words[0]], ["nope.png"], gt)
+    with pytest.raises(CapbookError, match="2 captions for 1 images"): S.relation_truth(words[:2], keys[:1], gt)
+
+
 def test_data_folder_is_keyed_by_what_the_generator_draws(monkeypatch):
     "A changed grammar writes a new data set beside the old one: the folder name hashes the generator's output."
     before = S.shapes_root("smoke")
