@@ -109,6 +109,7 @@ def results_table(folder: Path) -> str:
         lines += ["", f"A *{SCST.strip()}* row continues its start self-critically, keeping the stage's best greedy validation, "
                   "never the start" + _stage_ends(Path(folder))
                   + "; [`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start." + _stage_captions(Path(folder))]
+    if sight := _relation_sight(Path(folder)): lines += ["", sight]
     return "\n".join(lines)
 
 def _stage_ends(folder: Path) -> str:
@@ -130,14 +131,33 @@ def _stage_captions(folder: Path) -> str:
     if not csv.exists(): return ""
     df = pd.read_csv(csv)
     if not {"stage", "captions of", "F1 counts", "F1 relations", "% with it"} <= set(df): return ""
-    out = []
+    out, sight = [], {"% rel. true", "% rel. swapped"} <= set(df)
     for stage, g in df[~df["stage"].str.endswith("(mean baseline)")].groupby("stage", sort=False):
         start, end = g[g["captions of"] != stage].iloc[0], g[g["captions of"] == stage].iloc[0]
         shares = [int(x) for x in str(end["% with it"]).split(", ")]
         out.append(f"{stage.removesuffix(SCST)} {start['F1 counts']:.1f} → {end['F1 counts']:.1f}, {start['F1 relations']:.1f} → "
-                   f"{end['F1 relations']:.1f}, {min(shares)}–{max(shares)} %")
+                   f"{end['F1 relations']:.1f}, {min(shares)}–{max(shares)} %"
+                   + (f", {end['% rel. true']:.1f} against {end['% rel. swapped']:.1f} %" if sight else ""))
     return (" What each stage did to the captions (counts F1, relations F1, share of a seed's captions with its top relation "
-            "word): " + "; ".join(out) + ".") if out else ""
+            "word" + (", and its relation statements true against the same statements with the two objects swapped" if sight else "")
+            + "): " + "; ".join(out) + ".") if out else ""
+
+def _relation_sight(folder: Path) -> str:
+    "Whether SPCA's rows' relation words say where the objects are, from the published `table_spca_relations.csv` (`03a_spca_tables`' exploratory control): one sentence, or '' where the table is not published."
+    import pandas as pd
+    csv = folder / "table_spca_relations.csv"
+    if not csv.exists(): return ""
+    df = pd.read_csv(csv)
+    if not {"model", "rel. true", "rel. swapped", "gap per seed", "t p"} <= set(df): return ""
+    p = pd.to_numeric(df["t p"], errors="coerce")
+    every = df[(p < 0.05) & df["gap per seed"].map(lambda g: all(float(x) > 0 for x in str(g).split(", ")))]
+    said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %" for _, r in every.iterrows())
+    return ("Do the relation words say where the objects are? A model that knows states true relations more often than the "
+            "same statements with the two objects swapped; one that writes the relation word from the objects alone, equally "
+            f"often. Of SPCA's {len(df)} rows, " + (f"{len(every)} did so in every seed, with Student's t over the seeds below "
+                                                     f"0.05 ({said})" if len(every) else "none did so in every seed with Student's t over the seeds below 0.05")
+            + f", where about {0.05 * len(df):.1f} would by chance: an exploratory measure, outside the registered claims "
+              "([`03a_spca_tables`](03a_spca_tables.ipynb)).")
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."
