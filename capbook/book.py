@@ -152,12 +152,11 @@ def _relation_sight(folder: Path) -> str:
     p = pd.to_numeric(df["t p"], errors="coerce")
     every = df[(p < 0.05) & df["gap per seed"].map(lambda g: all(float(x) > 0 for x in str(g).split(", ")))]
     said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %" for _, r in every.iterrows())
-    return ("Do the relation words say where the objects are? A model that knows states true relations more often than the "
-            "same statements with the two objects swapped; one that writes the relation word from the objects alone, equally "
-            f"often. Of SPCA's {len(df)} rows, " + (f"{len(every)} did so in every seed, with Student's t over the seeds below "
-                                                     f"0.05 ({said})" if len(every) else "none did so in every seed with Student's t over the seeds below 0.05")
-            + f", where about {0.05 * len(df):.1f} would by chance: an exploratory measure, outside the registered claims "
-              "([`03a_spca_tables`](03a_spca_tables.ipynb)).")
+    return ("Do the relation words say where the objects are, true more often than the same statements with the objects "
+            f"swapped? Of SPCA's {len(df)} rows, " + (f"{len(every)} in every seed, with Student's t over the seeds below 0.05 ({said})"
+                                                      if len(every) else "none in every seed with Student's t over the seeds below 0.05")
+            + f"; about {0.05 * len(df):.1f} would by chance. Exploratory, outside the registered claims: "
+              "[`03a_spca_tables`](03a_spca_tables.ipynb).")
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."

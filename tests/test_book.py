@@ -811,7 +811,7 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
                   {"model": "one seed", "rel. true": 9.0, "rel. swapped": 1.0, "gap per seed": "+8.0", "t p": "—"}]).to_csv(tmp_path / "table_spca_relations.csv", index=False)
     t = results_table(tmp_path)
     assert "with the two objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %, 22.0 against 22.5 %." in t
-    assert "Of SPCA's 3 rows, 1 did so in every seed, with Student's t over the seeds below 0.05 (SPCA, 9.3 against 6.4 %), where about 0.2 would by chance" in t
+    assert "Of SPCA's 3 rows, 1 in every seed, with Student's t over the seeds below 0.05 (SPCA, 9.3 against 6.4 %); about 0.2 would by chance." in t
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
