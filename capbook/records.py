@@ -252,13 +252,15 @@ def stage_best(rec: dict, which: str = "scst") -> str:
     return "its best validation CIDEr against its start's: " + ", ".join(pairs) if pairs else ""
 
 # %% ../nbs/00mb_records.ipynb
-def relation_seeds(rec: dict, prep, which: str = "final") -> list[dict]:
-    "Each seed's `capbook.shapes.relation_truth` of a row's test captions of stage `which` ('final', 'xe', ...: the words `run_words` finds); empty on data without ground truth."
+def relation_seeds(rec: dict, prep, which: str | None = None) -> list[dict]:
+    "Each seed's `capbook.shapes.relation_truth` of a row's test captions of stage `which` (as `stage_stats` names them: None for the final ones, 'xe' for those after cross-entropy, 'scst-mean', ...); empty on data without ground truth."
     from capbook.shapes import relation_truth
     if not getattr(prep, "gt", None): return []
-    return [relation_truth(run_words(r, which), list(prep.test.keys), prep.gt["images"]) for r in rec.get("seed_runs", [rec])]
+    final = lambda r: which is None or which == ("scst" if "stages" in r else "xe")
+    return [relation_truth(run_words(r, "final" if final(r) else which), list(prep.test.keys), prep.gt["images"])
+            for r in rec.get("seed_runs", [rec])]
 
-def relation_cells(rec: dict, prep, which: str = "final") -> dict:
+def relation_cells(rec: dict, prep, which: str | None = None) -> dict:
     "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds' own McNemar p is below 0.05 with the gap above 0; and Student's two-sided p over the seeds' gaps (`t p`, '—' with one seed). Empty without ground truth."
     from scipy.stats import ttest_1samp
     rs = relation_seeds(rec, prep, which)

@@ -347,8 +347,8 @@ rel_rows = [{"model": name, "seeds": len(recs[tag]["seed_runs"]), **relation_cel
             if tag in recs]
 rel_table = pd.DataFrame([r for r in rel_rows if "rel. true" in r])
 if len(rel_table):
-    display(Markdown(save_table(rel_table.assign(**{"t p": rel_table["t p"].map(lambda p: p if isinstance(p, str) else f"{p:.3f}")}),
-                                run.path("table_spca_relations"), floatfmt=".1f")))
+    display(Markdown(save_table(rel_table, run.path("table_spca_relations"),
+                                floatfmt=tuple(".3f" if c == "t p" else ".1f" for c in rel_table.columns))))   # a p to 3 places
     every = rel_table[rel_table.apply(lambda r: all(float(g) > 0 for g in r["gap per seed"].split(", ")) and r["t p"] != "—"
                                       and r["t p"] < 0.05, axis=1)]
     display(Markdown(

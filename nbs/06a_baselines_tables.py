@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.runner import start_run
 from capbook.profiles import read_params, epochs_trained, late_gain, curve_end, row_epochs, LADDER, SCST_RUNGS
-from capbook.records import record_stage, stage_stats, seed_cells, SEED_METRICS, stage_best
+from capbook.records import record_stage, stage_stats, seed_cells, SEED_METRICS, stage_best, relation_cells
 from capbook.claims import interval_cells, Claims, paired_verdict, same_budget, book_family
 from capbook.papers import CLAIM_SOURCES
 from capbook.records import compared_runs
@@ -99,7 +99,9 @@ prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0
 # 95 % interval by Student's t with the seed as the unit of replication, over the seeds and the test images, each
 # variance component counted once (`capbook.claims.seed_t_test`): how far the number would move with other seeds and another test set of the same
 # size; a row of one seed (the smoke and paper profiles) gets the test images' interval alone, marked so. "—": the run
-# kept no captions of that stage.
+# kept no captions of that stage. `rel. true` and `rel. swapped`: the share of a row's relation statements true of the
+# image, and true with the two objects swapped (`capbook.shapes.relation_truth`; mean over seeds): alike where its
+# relation words do not say where the objects are.
 
 # %%
 rows, stats, E = [], {}, {}
@@ -111,12 +113,14 @@ for label, family, k, st in MODELS:
     epochs = epochs_trained(rec["history"]) + (epochs_trained(rec["stages"][st]["history"]) if st != "xe" else 0)
     stats[label] = stage_stats(rec, prep, st)
     rows.append({"model": label, "family": family, "training": "cross-entropy" if st == "xe" else "+ self-critical",
-                 **results_row(s["metrics"]), **interval_cells(stats[label]), **seed_cells(rec, st), "params (M)": rec["n_params"] / 1e6,
+                 **results_row(s["metrics"]), **interval_cells(stats[label]), **seed_cells(rec, st),
+                 **{c: v for c, v in relation_cells(rec, prep, st).items() if c in ("rel. true", "rel. swapped")}, "params (M)": rec["n_params"] / 1e6,
                  "train min": (xe["train_s"] + (s["train_s"] if st != "xe" else 0)) / 60, "epochs": epochs,
                  "images/s": s["images_per_s"]})
 table = pd.DataFrame(rows)
 order = ["model", "training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass",
-         "att. hit", "BLEU-4 95% CI", "METEOR", "F1 counts", "F1 relations", "params (M)", "train min", "epochs", "images/s", "family"]
+         "att. hit", "BLEU-4 95% CI", "METEOR", "F1 counts", "F1 relations", "rel. true", "rel. swapped", "params (M)", "train min", "epochs",
+         "images/s", "family"]
 table = table[[c for c in order if c in table.columns and table[c].notna().any()]]      # no all-empty column
 display(Markdown(show_table(table, run.path("table_baselines_all"), floatfmt=".1f")))   # the key columns, then the rest
 
@@ -288,7 +292,7 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # every image; which one may differ between seeds.
 
 # %%
-from capbook.records import run_words, relation_cells
+from capbook.records import run_words
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
     return [run_words(r, "final" if st == "scst" else st) for r in rec.get("seed_runs", [rec])]
@@ -296,7 +300,7 @@ effect_rows = []
 if has_sem:
     for label, k, st in stages_of:
         for name, which in ((START[label], "xe"), (label, st)):
-            rel = relation_cells(recs[k], prep, "final" if which == "scst" else which)
+            rel = relation_cells(recs[k], prep, which)
             runs = recs[k].get("seed_runs", [recs[k]])
             sem = [record_stage(r, which)["metrics"]["semantic"] for r in runs]
             kinds = [caption_kinds(w) for w in captions_of(recs[k], which)]
