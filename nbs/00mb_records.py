@@ -294,9 +294,10 @@ def stage_best(rec: dict, which: str = "scst") -> str:
 
 # %% [markdown]
 # Whether a row's relation words say where the objects are (`capbook.shapes.relation_truth`, on shapes only): each
-# seed's share of relation statements true of the image and true with the two objects swapped, and over the seeds, the
-# unit of replication, Student's t of the gap. A row whose models write relations from the objects alone has a gap
-# near 0 in every seed.
+# seed's share of relation statements true of the image and true with the two objects swapped, whether its own McNemar
+# test puts that seed's gap above 0, and over the seeds, the unit of replication, Student's t of the gaps, never below
+# the least p that S seeds can give (2^(1−S), as for every verdict). A row whose models write relations from the
+# objects alone has a gap near 0 in every seed.
 
 # %%
 #| export
@@ -309,15 +310,17 @@ def relation_seeds(rec: dict, prep, which: str | None = None) -> list[dict]:
             for r in rec.get("seed_runs", [rec])]
 
 def relation_cells(rec: dict, prep, which: str | None = None) -> dict:
-    "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds' own McNemar p is below 0.05 with the gap above 0; and Student's two-sided p over the seeds' gaps (`t p`, '—' with one seed). Empty without ground truth."
+    "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds beat the swap by their own McNemar test (p below 0.05, the gap above 0); and the p over the seeds (`p over seeds`: Student's t of the gaps, never below the 2^(1−S) that S seeds can claim, as the book's verdicts; '—' with one seed). Empty without ground truth."
     from scipy.stats import ttest_1samp
+    from capbook.claims import least_p
     rs = relation_seeds(rec, prep, which)
     if not rs: return {}
     gaps = [100 * (r["true"] - r["swapped"]) for r in rs]
+    t = (float(ttest_1samp(gaps, 0.0).pvalue) if np.std(gaps) > 0 else float(np.mean(gaps) == 0))   # equal gaps: 0 unless all are 0
     return {"relation statements": float(np.mean([r["statements"] for r in rs])), "rel. true": 100 * float(np.mean([r["true"] for r in rs])),
             "rel. swapped": 100 * float(np.mean([r["swapped"] for r in rs])), "gap per seed": ", ".join(f"{g:+.1f}" for g in gaps),
-            "seeds p < 0.05": f"{sum(r['p'] < 0.05 and g > 0 for r, g in zip(rs, gaps))} of {len(rs)}",
-            "t p": float(ttest_1samp(gaps, 0.0).pvalue) if len(gaps) > 1 and np.std(gaps) > 0 else "—"}
+            "seeds beating the swap": f"{sum(r['p'] < 0.05 and g > 0 for r, g in zip(rs, gaps))} of {len(rs)}",
+            "p over seeds": max(t, float(least_p(len(gaps)))) if len(gaps) > 1 else "—"}
 
 # %%
 from types import SimpleNamespace
@@ -329,5 +332,6 @@ _row = {"seed_runs": [_said("a red circle is left of a blue star"), _said("a blu
                       _said("a red circle left of a blue star and a star")]}
 _c = relation_cells(_row, _prep)
 print(_c)
-assert _c["relation statements"] == 2 and _c["rel. true"] == 100 and _c["rel. swapped"] == 0 and _c["gap per seed"] == "+100.0, +100.0, +100.0" and _c["t p"] == "—"
+assert _c["relation statements"] == 2 and _c["rel. true"] == 100 and _c["rel. swapped"] == 0 and _c["gap per seed"] == "+100.0, +100.0, +100.0"
+assert _c["p over seeds"] == 0.25          # three seeds all one way: no test over them may claim less (`capbook.claims.least_p`)
 assert relation_cells(_row, SimpleNamespace(test=_prep.test, gt=None)) == {}

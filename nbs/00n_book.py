@@ -179,15 +179,14 @@ def _relation_sight(folder: Path) -> str:
     csv = folder / "table_spca_relations.csv"
     if not csv.exists(): return ""
     df = pd.read_csv(csv)
-    if not {"model", "rel. true", "rel. swapped", "gap per seed", "t p"} <= set(df): return ""
-    p = pd.to_numeric(df["t p"], errors="coerce")
-    every = df[(p < 0.05) & df["gap per seed"].map(lambda g: all(float(x) > 0 for x in str(g).split(", ")))]
-    said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %" for _, r in every.iterrows())
+    if not {"model", "seeds", "rel. true", "rel. swapped", "seeds beating the swap", "p over seeds"} <= set(df): return ""
+    every = df[df["seeds beating the swap"].map(lambda c: len(set(str(c).split(" of "))) == 1)]
+    said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %, p over its {r['seeds']} seeds "
+                     f"{float(r['p over seeds']):.3g}" for _, r in every.iterrows())
     return ("Do the relation words say where the objects are, true more often than the same statements with the objects "
-            f"swapped? Of SPCA's {len(df)} rows, " + (f"{len(every)} in every seed, with Student's t over the seeds below 0.05 ({said})"
-                                                      if len(every) else "none in every seed with Student's t over the seeds below 0.05")
-            + f"; about {0.05 * len(df):.1f} would by chance. Exploratory, outside the registered claims: "
-              "[`03a_spca_tables`](03a_spca_tables.ipynb).")
+            f"swapped? Of SPCA's {len(df)} rows, " + (f"{len(every)} in every seed by its own McNemar test ({said})" if len(every) else
+                                                      "none in every seed by its own McNemar test")
+            + ". Exploratory, outside the registered claims: [`03a_spca_tables`](03a_spca_tables.ipynb).")
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."

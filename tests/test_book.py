@@ -806,12 +806,13 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
     pd.DataFrame([{"stage": "Up-Down + SCST", "captions of": "Up-Down", "F1 counts": 11.1, "F1 relations": 9.0, "% with it": "40, 45", "% rel. true": 30.0, "% rel. swapped": 29.5},
                   {"stage": "Up-Down + SCST", "captions of": "Up-Down + SCST", "F1 counts": 0.0, "F1 relations": 12.0, "% with it": "83, 100", "% rel. true": 22.0, "% rel. swapped": 22.5},
                   ]).to_csv(tmp_path / "table_baselines_scst_captions.csv", index=False)
-    pd.DataFrame([{"model": "Soft", "rel. true": 6.8, "rel. swapped": 6.7, "gap per seed": "+0.1, -0.1", "t p": 0.9},
-                  {"model": "SPCA", "rel. true": 9.3, "rel. swapped": 6.4, "gap per seed": "+3.2, +1.9, +3.7", "t p": 0.029},
-                  {"model": "one seed", "rel. true": 9.0, "rel. swapped": 1.0, "gap per seed": "+8.0", "t p": "—"}]).to_csv(tmp_path / "table_spca_relations.csv", index=False)
+    pd.DataFrame([{"model": "Soft", "seeds": 2, "rel. true": 6.8, "rel. swapped": 6.7, "seeds beating the swap": "0 of 2", "p over seeds": 0.9},
+                  {"model": "SPCA", "seeds": 3, "rel. true": 9.3, "rel. swapped": 6.4, "seeds beating the swap": "3 of 3", "p over seeds": 0.25},
+                  {"model": "S", "seeds": 3, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": "2 of 3", "p over seeds": 0.25}]
+                 ).to_csv(tmp_path / "table_spca_relations.csv", index=False)
     t = results_table(tmp_path)
     assert "with the two objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %, 22.0 against 22.5 %." in t
-    assert "Of SPCA's 3 rows, 1 in every seed, with Student's t over the seeds below 0.05 (SPCA, 9.3 against 6.4 %); about 0.2 would by chance." in t
+    assert "Of SPCA's 3 rows, 1 in every seed by its own McNemar test (SPCA, 9.3 against 6.4 %, p over its 3 seeds 0.25)." in t
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
