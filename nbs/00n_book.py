@@ -181,8 +181,8 @@ def _relation_sight(folder: Path) -> str:
     df = pd.read_csv(csv)
     if not {"model", "seeds", "rel. true", "rel. swapped", "seeds beating the swap", "p over seeds"} <= set(df): return ""
     every = df[df["seeds beating the swap"].map(lambda c: len(set(str(c).split(" of "))) == 1)]
-    said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %, p over its {r['seeds']} seeds "
-                     f"{float(r['p over seeds']):.3g}" for _, r in every.iterrows())
+    said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %, "
+                     + (f"p over its {r['seeds']} seeds {float(r['p over seeds']):.3g}" if r["seeds"] > 1 else "one seed") for _, r in every.iterrows())
     return ("Do the relation words say where the objects are, true more often than the same statements with the objects "
             f"swapped? Of SPCA's {len(df)} rows, " + (f"{len(every)} in every seed by its own McNemar test ({said})" if len(every) else
                                                       "none in every seed by its own McNemar test")

@@ -356,11 +356,11 @@ if len(rel_table):
     display(Markdown(
         (("Rows whose every seed beats the swap by its own McNemar test: " + "; ".join(
             f"**{r.model}** ({r['rel. true']:.1f} % true against {r['rel. swapped']:.1f} % swapped, gaps {r['gap per seed']} points, "
-            f"p over its {r.seeds} seeds {r['p over seeds']:.3f})" for _, r in every.iterrows()) + ". ")
+            + (f"p over its {r.seeds} seeds {r['p over seeds']:.3f})" if r.seeds > 1 else "one seed)") for _, r in every.iterrows()) + ". ")
          if len(every) else "No row's every seed beats the swap by its own McNemar test. ")
         + (f"Over the seeds, p is below 0.05 for {', '.join(below['model'])}" if len(below) else
-           f"Over the seeds no row's p is below 0.05: {int(rel_table['seeds'].min())} seeds can give no p below "
-           f"{2.0 ** (1 - int(rel_table['seeds'].min())):.3g}, so whether a recipe's models see where the objects are, rather than "
+           f"Over the seeds no row's p is below 0.05 ({int(rel_table['seeds'].max())} seeds can give no p below "
+           f"{2.0 ** (1 - int(rel_table['seeds'].max())):.3g}): whether a recipe's models see where the objects are, rather than "
            "the models trained so far, waits for more seeds")
         + f". The largest mean gap is {max(rel_table['rel. true'] - rel_table['rel. swapped']):+.1f} points; {len(rel_table)} rows "
           f"were measured, so about {0.05 * len(rel_table):.1f} would pass a 5 % test by chance alone."))

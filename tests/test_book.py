@@ -808,11 +808,12 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
                   ]).to_csv(tmp_path / "table_baselines_scst_captions.csv", index=False)
     pd.DataFrame([{"model": "Soft", "seeds": 2, "rel. true": 6.8, "rel. swapped": 6.7, "seeds beating the swap": "0 of 2", "p over seeds": 0.9},
                   {"model": "SPCA", "seeds": 3, "rel. true": 9.3, "rel. swapped": 6.4, "seeds beating the swap": "3 of 3", "p over seeds": 0.25},
-                  {"model": "S", "seeds": 3, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": "2 of 3", "p over seeds": 0.25}]
+                  {"model": "S", "seeds": 3, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": "2 of 3", "p over seeds": 0.25},
+                  {"model": "k1", "seeds": 1, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": "1 of 1", "p over seeds": "—"}]
                  ).to_csv(tmp_path / "table_spca_relations.csv", index=False)
     t = results_table(tmp_path)
     assert "with the two objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %, 22.0 against 22.5 %." in t
-    assert "Of SPCA's 3 rows, 1 in every seed by its own McNemar test (SPCA, 9.3 against 6.4 %, p over its 3 seeds 0.25)." in t
+    assert "Of SPCA's 4 rows, 2 in every seed by its own McNemar test (SPCA, 9.3 against 6.4 %, p over its 3 seeds 0.25; k1, 9.0 against 1.0 %, one seed)." in t
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
