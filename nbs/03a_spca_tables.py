@@ -359,7 +359,7 @@ if len(rel_table):
             + (f"p over its {r.seeds} seeds {r['p over seeds']:.3f})" if r.seeds > 1 else "one seed)") for _, r in every.iterrows()) + ". ")
          if len(every) else "No row's every seed beats the swap by its own McNemar test. ")
         + (f"Over the seeds, p is below 0.05 for {', '.join(below['model'])}" if len(below) else
-           f"Over the seeds no row's p is below 0.05 ({int(rel_table['seeds'].max())} seeds can give no p below "
+           f"Over the seeds no row's p is below 0.05 ({int(rel_table['seeds'].max())} seed{'s' if rel_table['seeds'].max() > 1 else ''} can give no p below "
            f"{2.0 ** (1 - int(rel_table['seeds'].max())):.3g}): whether a recipe's models see where the objects are, rather than "
            "the models trained so far, waits for more seeds")
         + f". The largest mean gap is {max(rel_table['rel. true'] - rel_table['rel. swapped']):+.1f} points; {len(rel_table)} rows "
