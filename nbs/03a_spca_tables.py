@@ -324,8 +324,9 @@ display(Markdown(
 # %% [markdown]
 # ## Do the relation words say where the objects are? (exploratory)
 #
-# The paper's case for the 2D latent state and convolutional attention is that they keep the feature map's spatial
-# structure, where a 1D state and grid attention lose it (§1, §3). On shapes a caption's relation statements ("a red
+# The paper's case for convolutional attention on the 2D latent state is that it keeps the feature map's spatial
+# structure, which grid attention "totally discards" (§3.2): "lack of spatial structure will lead to inaccurate
+# positioning, which affects the quality of the generated captions" (§3.2.1). On shapes a caption's relation statements ("a red
 # circle to the left of a blue star") put that to a test no attention map needs: a model that knows where the objects
 # it names are states true relations more often than the same statements with the two objects swapped; a model that
 # writes the relation word from the objects alone states both equally often (`capbook.shapes.relation_truth`). Below,
