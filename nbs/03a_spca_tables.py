@@ -326,14 +326,15 @@ display(Markdown(
 #
 # The paper's case for convolutional attention on the 2D latent state is that it keeps the feature map's spatial
 # structure, which grid attention "totally discards" (§3.2): "lack of spatial structure will lead to inaccurate
-# positioning, which affects the quality of the generated captions" (§3.2.1). On shapes a caption's relation statements ("a red
-# circle to the left of a blue star") put that to a test no attention map needs: a model that knows where the objects
-# it names are states true relations more often than the same statements with the two objects swapped; a model that
-# writes the relation word from the objects alone states both equally often (`capbook.shapes.relation_truth`). Below,
-# for each row: the relation statements per test set, the share true and the share true swapped (means over seeds),
-# each seed's gap, how many seeds beat the swap by their own McNemar test (that seed's model, over its statements), and
-# the p over the seeds, the unit of replication: Student's t of the gaps, never below the $2^{1-S}$ that $S$ seeds can
-# give (`capbook.records.relation_cells`), so that a recipe, not one trained model, is what it speaks of.
+# positioning, which affects the quality of the generated captions" (§3.2.1). On shapes a caption's relation
+# statements ("a red circle to the left of a blue star") put that to a test no attention map needs: a model that knows
+# where the objects it names are states true relations more often than the same statements with the two objects
+# swapped; a model that writes the relation word from the objects alone states both equally often
+# (`capbook.shapes.relation_truth`). Below, for each row: the relation statements per test set, the share true and the
+# share true swapped (means over seeds), each seed's gap, how many seeds beat the swap by their own McNemar test (that
+# seed's model, over its statements), and the p over the seeds, the unit of replication: Student's t of the gaps,
+# never below the $2^{1-S}$ that $S$ seeds can give (`capbook.records.relation_cells`), so that a recipe, not one
+# trained model, is what it speaks of.
 #
 # *capbook:* this measurement was not among the chapter's claims registered before its runs; it was found while
 # reading what self-critical training does to the captions (`06a_baselines_tables`), where no model's relation words
