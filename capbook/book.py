@@ -149,7 +149,7 @@ def _relation_sight(folder: Path) -> str:
     if not csv.exists(): return ""
     df = pd.read_csv(csv)
     if not {"model", "seeds", "rel. true", "rel. swapped", "seeds beating the swap", "p over seeds"} <= set(df): return ""
-    every = df[df["seeds beating the swap"].map(lambda c: len(set(str(c).split(" of "))) == 1)]
+    every = df[df["seeds beating the swap"] == df["seeds"]]
     said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %, "
                      + (f"p over its {r['seeds']} seeds {float(r['p over seeds']):.3g}" if r["seeds"] > 1 else "one seed") for _, r in every.iterrows())
     return ("Do the relation words say where the objects are, true more often than the same statements with the objects "

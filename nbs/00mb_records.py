@@ -248,14 +248,18 @@ def record_stage(rec: dict, which: str = "xe") -> dict:
     return {"metrics": rec["metrics"], "train_s": rec["timings"]["train_s"], "images_per_s": rec["timings"]["images_per_s"],
             "best_epoch": rec.get("best_epoch")}
 
+def stage_tag(rec: dict, which: str | None = None) -> str:
+    "The name a run keeps stage `which`'s test captions under (`run_words`): 'final' for its last stage (None, or 'scst' / 'xe' as its record ends), else `which` ('xe' of a run that went on, 'scst-mean')."
+    return "final" if which in (None, "scst" if "stages" in rec else "xe") else which
+
 def stage_stats(rec: dict, prep, which: str | None = None) -> dict | list[dict] | None:
     "Per-image statistics of a run's test captions for bootstrap intervals (`capbook.metrics.image_stats`): its final captions, or those after cross-entropy (`which='xe'`) of a run that went on with SCST where it kept them; None where it kept none; a list, one per seed, for a row of several seeds (`merge_seeds`). Cached in the run folder, keyed by the captions' content, the data and the package code."
     from capbook.metrics import image_stats
     if len(rec.get("seed_runs", [])) > 1: return [stage_stats(r, prep, which) for r in rec["seed_runs"]]
-    d, final = Path(rec["_dir"]), ("scst" if "stages" in rec else "xe")
-    which = which or final
-    f = d / ("test_captions.pt" if which == final else f"test_captions-{which}.pt")
-    kept = rec.get("test_words", {}).get("final" if which == final else which)   # a published record's captions (no run folder here)
+    d, tag = Path(rec["_dir"]), stage_tag(rec, which)
+    which = which or ("scst" if "stages" in rec else "xe")
+    f = d / ("test_captions.pt" if tag == "final" else f"test_captions-{tag}.pt")
+    kept = rec.get("test_words", {}).get(tag)              # a published record's captions (no run folder here)
     if not f.exists() and kept is None: return None
     if rec.get("data", {}).get("fingerprint") != prep.fingerprint:
         raise CapbookError(f"{d}: trained on other data than {prep.dataset} (fingerprint {prep.fingerprint}); its captions are not scored against these references")
@@ -305,21 +309,19 @@ def relation_seeds(rec: dict, prep, which: str | None = None) -> list[dict]:
     "Each seed's `capbook.shapes.relation_truth` of a row's test captions of stage `which` (as `stage_stats` names them: None for the final ones, 'xe' for those after cross-entropy, 'scst-mean', ...); empty on data without ground truth."
     from capbook.shapes import relation_truth
     if not getattr(prep, "gt", None): return []
-    final = lambda r: which is None or which == ("scst" if "stages" in r else "xe")
-    return [relation_truth(run_words(r, "final" if final(r) else which), list(prep.test.keys), prep.gt["images"])
-            for r in rec.get("seed_runs", [rec])]
+    return [relation_truth(run_words(r, stage_tag(r, which)), list(prep.test.keys), prep.gt["images"]) for r in rec.get("seed_runs", [rec])]
 
 def relation_cells(rec: dict, prep, which: str | None = None) -> dict:
-    "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds beat the swap by their own McNemar test (p below 0.05, the gap above 0); and the p over the seeds (`p over seeds`: Student's t of the gaps, never below the 2^(1−S) that S seeds can claim, as the book's verdicts; '—' with one seed). Empty without ground truth."
+    "A table row's relation control over its seeds: its relation statements per test set (mean), % of them true (`rel. true`) and true with the objects swapped (`rel. swapped`), means over seeds; each seed's gap in points; how many seeds beat the swap by their own McNemar test (p below 0.05, the gap above 0; beside `seeds`); and the p over the seeds (`p over seeds`: Student's t of the gaps, never below the 2^(1−S) that S seeds can claim, as the book's verdicts; '—' with one seed). Empty without ground truth."
     from scipy.stats import ttest_1samp
     from capbook.claims import least_p
     rs = relation_seeds(rec, prep, which)
     if not rs: return {}
     gaps = [100 * (r["true"] - r["swapped"]) for r in rs]
     t = (float(ttest_1samp(gaps, 0.0).pvalue) if np.std(gaps) > 0 else float(np.mean(gaps) == 0))   # equal gaps: 0 unless all are 0
-    return {"relation statements": float(np.mean([r["statements"] for r in rs])), "rel. true": 100 * float(np.mean([r["true"] for r in rs])),
+    return {"seeds": len(rs), "relation statements": float(np.mean([r["statements"] for r in rs])), "rel. true": 100 * float(np.mean([r["true"] for r in rs])),
             "rel. swapped": 100 * float(np.mean([r["swapped"] for r in rs])), "gap per seed": ", ".join(f"{g:+.1f}" for g in gaps),
-            "seeds beating the swap": f"{sum(r['p'] < 0.05 and g > 0 for r, g in zip(rs, gaps))} of {len(rs)}",
+            "seeds beating the swap": sum(r["p"] < 0.05 and g > 0 for r, g in zip(rs, gaps)),
             "p over seeds": max(t, float(least_p(len(gaps)))) if len(gaps) > 1 else "—"}
 
 # %%
@@ -333,5 +335,5 @@ _row = {"seed_runs": [_said("a red circle is left of a blue star"), _said("a blu
 _c = relation_cells(_row, _prep)
 print(_c)
 assert _c["relation statements"] == 2 and _c["rel. true"] == 100 and _c["rel. swapped"] == 0 and _c["gap per seed"] == "+100.0, +100.0, +100.0"
-assert _c["p over seeds"] == 0.25          # three seeds all one way: no test over them may claim less (`capbook.claims.least_p`)
+assert _c["seeds"] == 3 and _c["seeds beating the swap"] == 0 and _c["p over seeds"] == 0.25          # three seeds all one way: no test over them may claim less (`capbook.claims.least_p`)
 assert relation_cells(_row, SimpleNamespace(test=_prep.test, gt=None)) == {}

@@ -343,7 +343,7 @@ display(Markdown(
 
 # %%
 from capbook.records import relation_cells
-rel_rows = [{"model": name, "seeds": len(recs[tag]["seed_runs"]), **relation_cells(recs[tag], prep)}
+rel_rows = [{"model": name, **relation_cells(recs[tag], prep)}
             for name, tag in [("Soft-Attention* (grid)", "soft"), ("2D-latent state (no attention)", "base"),
                               ("1D-LSTM + SPCA (S‖C, 3×3)", "1d"), ("2D-LSTM + SPCA (S, 3×3)", "S"), ("2D-LSTM + SPCA (C, 3×3)", "C"),
                               ("2D-LSTM + SPCA (C-S, 3×3)", "C-S"), ("2D-LSTM + SPCA (S-C, 3×3)", "S-C"),
@@ -353,7 +353,7 @@ rel_table = pd.DataFrame([r for r in rel_rows if "rel. true" in r])
 if len(rel_table):
     display(Markdown(save_table(rel_table, run.path("table_spca_relations"),
                                 floatfmt=tuple(".3f" if c == "p over seeds" else ".1f" for c in rel_table.columns))))   # a p to 3 places
-    every = rel_table[rel_table["seeds beating the swap"].map(lambda c: c.split(" of ")[0] == c.split(" of ")[1])]
+    every = rel_table[rel_table["seeds beating the swap"] == rel_table["seeds"]]
     below = rel_table[rel_table["p over seeds"].map(lambda p: not isinstance(p, str) and p < 0.05)]
     display(Markdown(
         (("Rows whose every seed beats the swap by its own McNemar test: " + "; ".join(

@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
 from capbook.runner import start_run
 from capbook.profiles import read_params, epochs_trained, late_gain, curve_end, row_epochs, LADDER, SCST_RUNGS
-from capbook.records import record_stage, stage_stats, seed_cells, SEED_METRICS, stage_best, relation_cells
+from capbook.records import record_stage, stage_stats, stage_tag, seed_cells, SEED_METRICS, stage_best, relation_cells
 from capbook.claims import interval_cells, Claims, paired_verdict, same_budget, book_family
 from capbook.papers import CLAIM_SOURCES
 from capbook.records import compared_runs
@@ -295,7 +295,7 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 from capbook.records import run_words
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
-    return [run_words(r, "final" if st == "scst" else st) for r in rec.get("seed_runs", [rec])]
+    return [run_words(r, stage_tag(r, st)) for r in rec.get("seed_runs", [rec])]
 effect_rows = []
 if has_sem:
     for label, k, st in stages_of:

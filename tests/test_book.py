@@ -806,10 +806,10 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
     pd.DataFrame([{"stage": "Up-Down + SCST", "captions of": "Up-Down", "F1 counts": 11.1, "F1 relations": 9.0, "% with it": "40, 45", "% rel. true": 30.0, "% rel. swapped": 29.5},
                   {"stage": "Up-Down + SCST", "captions of": "Up-Down + SCST", "F1 counts": 0.0, "F1 relations": 12.0, "% with it": "83, 100", "% rel. true": 22.0, "% rel. swapped": 22.5},
                   ]).to_csv(tmp_path / "table_baselines_scst_captions.csv", index=False)
-    pd.DataFrame([{"model": "Soft", "seeds": 2, "rel. true": 6.8, "rel. swapped": 6.7, "seeds beating the swap": "0 of 2", "p over seeds": 0.9},
-                  {"model": "SPCA", "seeds": 3, "rel. true": 9.3, "rel. swapped": 6.4, "seeds beating the swap": "3 of 3", "p over seeds": 0.25},
-                  {"model": "S", "seeds": 3, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": "2 of 3", "p over seeds": 0.25},
-                  {"model": "k1", "seeds": 1, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": "1 of 1", "p over seeds": "—"}]
+    pd.DataFrame([{"model": "Soft", "seeds": 2, "rel. true": 6.8, "rel. swapped": 6.7, "seeds beating the swap": 0, "p over seeds": 0.9},
+                  {"model": "SPCA", "seeds": 3, "rel. true": 9.3, "rel. swapped": 6.4, "seeds beating the swap": 3, "p over seeds": 0.25},
+                  {"model": "S", "seeds": 3, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": 2, "p over seeds": 0.25},
+                  {"model": "k1", "seeds": 1, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": 1, "p over seeds": "—"}]
                  ).to_csv(tmp_path / "table_spca_relations.csv", index=False)
     t = results_table(tmp_path)
     assert "with the two objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %, 22.0 against 22.5 %." in t
