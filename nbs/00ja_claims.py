@@ -74,7 +74,8 @@ from capbook.metrics import FROM_SUMS
 #   p = \max\Bigl(2\,P(T_\nu > |\hat\Delta| / \sqrt{\hat V}),\ p_{\text{sign}}\Bigr).$$
 #
 # *Holds* when the interval is above zero and p below 5 %, *does not hold* when it is below zero and p below 5 %, *cannot
-# tell* otherwise. The sign tests' least p is 0.25 at three seeds a side and 0.0625 at five: below six seeds a side no
+# tell* otherwise; at a look of the book's sequential design (*Seeds where they decide*, below) p must be below that
+# look's bound instead of 5 %. The sign tests' least p is 0.25 at three seeds a side and 0.0625 at five: below six seeds a side no
 # claim is decided, whatever its interval; why the book accepts that is measured in *Choosing the test* below.
 #
 # - **Paired stages.** A stage that continues a run (self-critical training after cross-entropy) is compared with its

@@ -323,7 +323,8 @@ display(Markdown(save_table(ema, run.path("table_protocol_ema"), floatfmt=".4g")
 # t takes the degrees of freedom the seeds support, the smaller side's $S - 1$ (Hsu's), whatever the spreads, and its
 # p is never below that of the **sign tests** over the seeds: each row's seeds against the other row's mean (a stage's
 # per-seed differences against zero), which hold whatever shape the seeds' distribution takes. *Holds* when the 95 %
-# interval is above zero and that p is below 5 %, *does not hold* below zero, *cannot tell* otherwise; a row of one
+# interval is above zero and that p is below 5 % (at a look of the design below, below that look's bound), *does not
+# hold* below zero, *cannot tell* otherwise; a row of one
 # seed states no verdict. A stage that continues a run (self-critical after cross-entropy) is tested against its own
 # start seed by seed; a stage that kept its start in every seed is no test.
 #

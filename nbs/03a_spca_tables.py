@@ -199,9 +199,12 @@ display(Markdown(show_table(table4, run.path("table_spca_table4"), floatfmt=".2f
 # %% [markdown]
 # The paper's comparisons in Tables 2–4, each a claim on CIDEr tested on the same test images
 # (`capbook.claims.Claims`, `nbs/02b_protocol`): Student's *t* over each row's training seeds and the test images, each
-# variance component counted once — the seed is the unit of replication; *holds* when the 95 % interval of the
-# difference is above zero, *does not hold* below, *cannot tell* when it contains zero. A row trained once (every row at the smoke
-# and paper profiles; at the default profile every row has three seeds) states *one seed: no verdict*: its
+# variance component counted once — the seed is the unit of replication; *holds* when the difference is above zero
+# and its p, never below the sign tests' over the seeds, is under the bound of the sequential design's look (each
+# verdict's bracket names the look, its seeds a side and the bound: `02b_protocol`), *does not hold* the same below
+# zero, *cannot tell* otherwise, and below six seeds a side whatever the difference. The interval shown is the single
+# test's 95 %: it may lie above zero while the look's stricter bound is not met. A row trained once (every row at the smoke
+# and paper profiles; at the default profile every row has three seeds or more) states *one seed: no verdict*: its
 # interval is over the test images alone, marked *images only*, and says nothing about another seed of the same row.
 # Each claim quotes the paper's words or table cells it tests; SPCA's Table 4 has the 2D-latent LSTM + SPCA below
 # ATT2in (CIDEr 99.3 vs 101.3), so the book tests the paper's stronger row, 1D-LSTM + SPCA, against ATT2in. The note

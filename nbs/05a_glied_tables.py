@@ -301,8 +301,8 @@ _ = save_table(judged.parts_table("Table 4"), run.path("table_glied_table4_parts
 # *capbook:* how a claim is read as a test. "Overall improvement" is a higher CIDEr; "higher Relations and Count" a
 # higher F1 in both; "almost all sub-categories except for Object" higher attribute, relation and count F1s (the
 # sentence names no CIDEr, so none is tested); GLIED's "especially Relations and Count" a higher CIDEr and higher
-# relation and count F1s — each *holds* only when every named score is reliably higher (its 95 % interval above zero;
-# the claim's p is then the largest of the tests', the intersection-union test), *does not hold* when one is reliably
+# relation and count F1s — each *holds* only when every named score is reliably higher (the book's rule, `02b_protocol`: its p
+# under the bound of the sequential design's look; the claim's p is then the largest of the tests', the intersection-union test), *does not hold* when one is reliably
 # lower (its p then Bonferroni's over the parts, k times the smallest), and otherwise *cannot tell*. "Almost the same, if not worse" does not hold when the CIDEr is reliably higher, holds when it is reliably lower,
 # and otherwise cannot be told (that two numbers are "almost the same" would need an equivalence margin, which the
 # paper does not give). A sub-category whose F1 is 0 for every row (the model never states it) cannot carry the claim

@@ -333,9 +333,11 @@ else:
 # What the runs say, computed from the table above. Each comparison is a claim "the first scores a higher CIDEr" on
 # the same test images (`capbook.claims.Claims`), each quoting the paper's words or table cells it tests: Student's *t*
 # over the rows' training seeds and the test images, each variance component counted once; a self-critical stage
-# against its own start is paired seed by seed, and a stage that kept its start in every seed is no test. *Holds* when
-# the 95 % interval of the difference is above zero, *does not hold* when below, *cannot tell* when it contains zero,
-# *one seed: no verdict* for rows trained once. Where a paper's table puts a model below another (SPCA's Table 4 has
+# against its own start is paired seed by seed, and a stage that kept its start in every seed is no test. *Holds* when the difference is above zero
+# and its p, never below the sign tests' over the seeds, is under the bound of the sequential design's look (each
+# verdict's bracket names the look, its seeds a side and the bound: `02b_protocol`), *does not hold* the same below
+# zero, *cannot tell* otherwise, and below six seeds a side whatever the difference. The interval shown is the single
+# test's 95 %: it may lie above zero while the look's stricter bound is not met. *One seed: no verdict* for rows trained once. Where a paper's table puts a model below another (SPCA's Table 4 has
 # SCA-CNN below Soft-Attention*, GLIED's Table 2 its base below CT), the claim is stated in the paper's direction. The
 # last line says how many verdicts the list states and which survive Holm's correction over the chapter's distinct tests.
 

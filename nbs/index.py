@@ -66,7 +66,8 @@
 # what the seeds could give by chance (a t over seeds and images whose p is never below that of sign tests over the
 # seeds, so that no shape of the seeds' distribution can fool it), does not hold when below zero on the same terms,
 # and "cannot tell" otherwise: below six seeds a side it cannot tell, whatever the difference. A claim still undecided
-# gets more seeds, look by look, by a design registered before its runs (up to ten a row). Scores ×100; SCST:
+# gets more seeds, look by look, by a design registered before its runs (up to ten a row), whose bound on p at each
+# look holds the error rate at 5 % over all its looks. Scores ×100; SCST:
 # self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations checked
 # against the image.
 #
