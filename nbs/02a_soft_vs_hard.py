@@ -16,17 +16,18 @@
 # %% [markdown]
 # # Soft vs hard attention: Table 1, Figures 3 and 5, and §4.2.1
 #
-# > Show, Attend and Tell's results, assembled from the six runs of the previous chapter: soft attention, hard attention and the no-attention baseline (Table 1), their attention on the same image (Figure 3), a mistake explained by where the model looked (Figure 5), and the two claims of §4.2.1 measured.
+# > Show, Attend and Tell's results, assembled from the previous chapter's runs: soft attention, hard attention and the no-attention baseline (Table 1), their attention on the same image (Figure 3), a mistake explained by where the model looked (Figure 5), and the two claims of §4.2.1 measured.
 #
-# The book runs `02_show_attend_tell` six times on the same data, seed and budget (the runs `capbook.sat` declares): soft
-# attention with the doubly stochastic penalty and the gate (the paper's soft model), hard attention with two REINFORCE
-# weights, no attention, and soft attention without the penalty (λ = 0) or without the gate. This notebook trains nothing: it reads the runs'
-# results records (`capbook.records.step_record`: the book's own run of each, or a hand run with exactly the same
-# parameters) and the captions and attention maps each run saved.
+# The book runs `02_show_attend_tell` once for each row `capbook.sat` declares, on the same data, each over its seeds
+# (the table below lists them): soft attention with the doubly stochastic penalty and the gate (the paper's soft
+# model), hard attention with two REINFORCE weights, no attention, and soft attention without the penalty (λ = 0) or
+# without the gate; beside them the soft model under the earlier recipes that `02b_protocol` compares (legacy, early
+# stopping) and its twin at 30 epochs, for the claims against rows trained that long. This notebook trains nothing: it
+# reads the runs' results records (`capbook.records.step_record`: the book's own run of each, or a hand run with
+# exactly the same parameters) and the captions and attention maps each run saved.
 
 # %%
 #| hide
-from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image as IPImage, Markdown, display
@@ -41,7 +42,7 @@ from capbook.prepare import prepare
 from capbook.metrics import results_row, semantic_table
 from capbook.papers import SAT_TABLE1_MARKS, sat_table1
 from capbook.shapes import object_mentions, parse_caption
-from capbook.viz import attention_rows, save_figure, save_table, show_table
+from capbook.viz import attention_rows, markdown_table, save_figure, save_table, show_table
 from capbook.baselines import BASELINE_NOTE
 
 # %% tags=["parameters"]
@@ -58,8 +59,10 @@ p0 = recs[""]["params"]
 prep = prepare(p0["dataset"], profile, seed=p0.get("data_seed", 0), data_path=p0["data_path"], encoder=p0["encoder"])
 images = prep.image_paths("test")
 stats = {tag: stage_stats(r, prep) for tag, r in recs.items()}      # per-image statistics of each run's test captions
-pd.DataFrame([{"run": s.name, "parameters": s.params, "record": Path(r["_dir"]).name, "finished": r["finished"]}
-              for s, r in zip(steps.values(), recs.values())])
+display(Markdown(markdown_table(pd.DataFrame([
+    {"run": s.name, "differs from the paper's soft model": ", ".join(f"{k} = {v}" for k, v in s.params.items() if k != "profile") or "—",
+     "seeds": len(r.get("seed_runs", [r])), "last finished": max(x["finished"] for x in r.get("seed_runs", [r]))}
+    for s, r in zip(steps.values(), recs.values())]))))
 
 
 # %% [markdown]
