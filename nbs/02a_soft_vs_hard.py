@@ -105,7 +105,7 @@ display(Markdown(save_table(lam, run.path("table_sat_hard_lambda"), floatfmt=".2
 ds_name = f"{prep.dataset.split('-')[0]} (capbook, {profile} profile)"
 def row(model, m, rec, st=None):
     return {"dataset": ds_name, "model": model, "source": "capbook (measured)", **results_row(m), **interval_cells(st), **seed_cells(rec),
-            "train min": rec["timings"]["train_s"] / 60, "params (M)": rec["n_params"] / 1e6}
+            "train min": rec["timings"]["train_s"] / 60, "params (k)": round(rec["n_params"] / 1e3)}
 ours = [row("Soft-Attention", recs[""]["metrics"], recs[""], stats[""]),
         row("Hard-Attention", recs[sel]["metrics"], recs[sel], stats[sel]),
         row("Hard-Attention, argmax location at test", recs[sel]["metrics_argmax_context"], recs[sel]),   # captions not kept

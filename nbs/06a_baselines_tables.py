@@ -114,12 +114,12 @@ for label, family, k, st in MODELS:
     stats[label] = stage_stats(rec, prep, st)
     rows.append({"model": label, "family": family, "training": "cross-entropy" if st == "xe" else "+ self-critical",
                  **results_row(s["metrics"]), **interval_cells(stats[label]), **seed_cells(rec, st),
-                 **{c: v for c, v in relation_cells(rec, prep, st).items() if c in ("rel. true", "rel. swapped")}, "params (M)": rec["n_params"] / 1e6,
+                 **{c: v for c, v in relation_cells(rec, prep, st).items() if c in ("rel. true", "rel. swapped")}, "params (k)": round(rec["n_params"] / 1e3),
                  "train min": (xe["train_s"] + (s["train_s"] if st != "xe" else 0)) / 60, "epochs": epochs,
                  "images/s": s["images_per_s"]})
 table = pd.DataFrame(rows)
 order = ["model", "training", "seeds", "CIDEr", "CIDEr sd", "CIDEr 95% CI", "BLEU-4", "F1 all", "semantic F1 95% CI", "att. mass",
-         "att. hit", "BLEU-4 95% CI", "METEOR", "F1 counts", "F1 relations", "rel. true", "rel. swapped", "params (M)", "train min", "epochs",
+         "att. hit", "BLEU-4 95% CI", "METEOR", "F1 counts", "F1 relations", "rel. true", "rel. swapped", "params (k)", "train min", "epochs",
          "images/s", "family"]
 table = table[[c for c in order if c in table.columns and table[c].notna().any()]]      # no all-empty column
 display(Markdown(show_table(table, run.path("table_baselines_all"), floatfmt=".1f")))   # the key columns, then the rest
