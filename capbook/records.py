@@ -17,7 +17,8 @@ from .plan import Step, chapter_steps, nb_defaults, nbs_dir, replicas
 __all__ = ['MANIFEST', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'PAPER_CHAPTERS', 'SEED_METRICS', 'run_files', 'records',
            'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_words', 'run_file', 'publish_records',
            'write_record', 'merge_seeds', 'step_record', 'row_record', 'compared_runs', 'chapter_verdicts',
-           'record_stage', 'stage_tag', 'stage_stats', 'seed_cells', 'stage_best', 'relation_seeds', 'relation_cells']
+           'record_stage', 'stage_tag', 'stage_stats', 'seed_cells', 'stage_best', 'relation_seeds', 'relation_cells',
+           'relation_spread']
 
 # %% ../nbs/00mb_records.ipynb
 MANIFEST = "book.json"   # the published book's manifest (capbook.results.write_manifest): which step made each file, every step's key
@@ -274,3 +275,11 @@ def relation_cells(rec: dict, prep, which: str | None = None) -> dict:
             "rel. swapped": 100 * float(np.mean([r["swapped"] for r in rs])), "gap per seed": ", ".join(f"{g:+.1f}" for g in gaps),
             "seeds beating the swap": sum(r["p"] < 0.05 and g > 0 for r, g in zip(rs, gaps)),
             "p over seeds": max(t, float(least_p(len(gaps)))) if len(gaps) > 1 else "—"}
+
+# %% ../nbs/00mb_records.ipynb
+def relation_spread(words: str, shares: str) -> tuple[str, int, int]:
+    "A row's seeds' most used relation word from the caption table's cells (`top relation (seeds)`, `% with it`: one comma-separated entry per seed, '—' for a seed that writes no relation): the span of its share of a seed's captions over the seeds that write one ('97–100 %', one number where they agree, '—' where none does), how many seeds write none, and the seeds."
+    w, v = [x.strip() for x in str(words).split(",")], [int(x) for x in str(shares).split(",")]
+    said = [x for t, x in zip(w, v) if t != "—"]
+    span = "—" if not said else f"{min(said)} %" if min(said) == max(said) else f"{min(said)}–{max(said)} %"
+    return span, len(v) - len(said), len(v)

@@ -337,3 +337,22 @@ print(_c)
 assert _c["relation statements"] == 2 and _c["rel. true"] == 100 and _c["rel. swapped"] == 0 and _c["gap per seed"] == "+100.0, +100.0, +100.0"
 assert _c["seeds"] == 3 and _c["seeds beating the swap"] == 0 and _c["p over seeds"] == 0.25          # three seeds all one way: no test over them may claim less (`capbook.claims.least_p`)
 assert relation_cells(_row, SimpleNamespace(test=_prep.test, gt=None)) == {}
+
+# %% [markdown]
+# A self-critical stage may settle one seed on one relation word and leave another writing none at all. How far each
+# seed's most used word spreads over its captions is read off the caption table's two cells (one entry per seed), and
+# a seed that writes no relation is said so, not averaged in as 0 %.
+
+# %%
+#| export
+def relation_spread(words: str, shares: str) -> tuple[str, int, int]:
+    "A row's seeds' most used relation word from the caption table's cells (`top relation (seeds)`, `% with it`: one comma-separated entry per seed, '—' for a seed that writes no relation): the span of its share of a seed's captions over the seeds that write one ('97–100 %', one number where they agree, '—' where none does), how many seeds write none, and the seeds."
+    w, v = [x.strip() for x in str(words).split(",")], [int(x) for x in str(shares).split(",")]
+    said = [x for t, x in zip(w, v) if t != "—"]
+    span = "—" if not said else f"{min(said)} %" if min(said) == max(said) else f"{min(said)}–{max(said)} %"
+    return span, len(v) - len(said), len(v)
+
+# %%
+assert relation_spread("right of, below, right of", "97, 100, 99") == ("97–100 %", 0, 3)
+assert relation_spread("right of, —, right of", "100, 0, 100") == ("100 %", 1, 3)          # the silent seed is not a 0 % share
+assert relation_spread("—, —", "0, 0") == ("—", 2, 2)

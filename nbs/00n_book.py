@@ -161,13 +161,14 @@ def _stage_captions(folder: Path) -> str:
     csv = folder / "table_baselines_scst_captions.csv"
     if not csv.exists(): return ""
     df = pd.read_csv(csv)
-    if not {"stage", "captions of", "F1 counts", "F1 relations", "% with it"} <= set(df): return ""
+    from capbook.records import relation_spread
+    if not {"stage", "captions of", "F1 counts", "F1 relations", "top relation (seeds)", "% with it"} <= set(df): return ""
     out, sight = [], {"% rel. true", "% rel. swapped"} <= set(df)
     for stage, g in df[~df["stage"].str.endswith("(mean baseline)")].groupby("stage", sort=False):
         start, end = g[g["captions of"] != stage].iloc[0], g[g["captions of"] == stage].iloc[0]
-        shares = [int(x) for x in str(end["% with it"]).split(", ")]
+        span, none, seeds = relation_spread(end["top relation (seeds)"], end["% with it"])
         out.append(f"{stage.removesuffix(SCST)} {start['F1 counts']:.1f} → {end['F1 counts']:.1f}, {start['F1 relations']:.1f} → "
-                   f"{end['F1 relations']:.1f}, {min(shares)}–{max(shares)} %"
+                   f"{end['F1 relations']:.1f}, {span}" + (f" ({none} of {seeds} seeds write none)" if none else "")
                    + (f", {end['% rel. true']:.1f} against {end['% rel. swapped']:.1f} %" if sight else ""))
     return (" What each stage did to the captions (counts F1, relations F1, share of a seed's captions with its top relation "
             "word" + (", and its relation statements true against the same statements with the two objects swapped" if sight else "")

@@ -292,10 +292,14 @@ display(Markdown("The decoding bonus (beam 3 over greedy, test CIDEr, mean over 
 # every image; which one may differ between seeds.
 
 # %%
-from capbook.records import run_words
+from capbook.records import run_words, relation_spread
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
     return [run_words(r, stage_tag(r, st)) for r in rec.get("seed_runs", [rec])]
+def spread_words(row):                                     # how far each seed's most used relation word spreads over its captions
+    span, none, S = relation_spread(row["top relation (seeds)"], row["% with it"])
+    if none == S: return "no seed writes a relation"
+    return f"the most used relation word is in {span} of a seed's captions" + (f" ({none} of {S} seeds write none)" if none else "")
 effect_rows = []
 if has_sem:
     for label, k, st in stages_of:
@@ -317,10 +321,9 @@ if has_sem:
     found = []
     for label, _k, _st in stages_of:
         a, b = E2.loc[(label, START[label])], E2.loc[(label, label)]
-        shares_b = [int(x) for x in b["% with it"].split(", ")]
         found.append(f"{label}: semantic F1 {a['F1 all']:.1f} → {b['F1 all']:.1f} (relations {a['F1 relations']:.1f} → {b['F1 relations']:.1f}, "
                      f"counts {a['F1 counts']:.1f} → {b['F1 counts']:.1f}); captions with a relation {a['% relations'] + a['% counts and relations']:.0f} % → "
-                     f"{b['% relations'] + b['% counts and relations']:.0f} %; the most used relation word is in {min(shares_b)}–{max(shares_b)} % of a seed's captions "
+                     f"{b['% relations'] + b['% counts and relations']:.0f} %; {spread_words(b)} "
                      f"({b['top relation (seeds)']}); relation statements true {a['% rel. true']:.1f} % → {b['% rel. true']:.1f} %, "
                      f"with the objects swapped {a['% rel. swapped']:.1f} % → {b['% rel. swapped']:.1f} %.")
     display(Markdown("\n".join(f"- {l}" for l in found)))
@@ -372,9 +375,8 @@ for a, b_ in (("Up-Down", "Soft-Attention"), ("Att2in", "Soft-Attention"), ("Sof
 def what_it_did(stage):                                    # a stage's captions against its start's, from the table above
     if not has_sem: return ""
     x, y = E2.loc[(stage, START[stage])], E2.loc[(stage, stage)]
-    shares = [int(v) for v in y["% with it"].split(", ")]
     return (f"counts F1 {x['F1 counts']:.1f} → {y['F1 counts']:.1f}, relations F1 {x['F1 relations']:.1f} → {y['F1 relations']:.1f}; "
-            f"its most used relation word in {min(shares)}–{max(shares)} % of a seed's captions")
+            + spread_words(y))
 for a in ("Att2in", "Up-Down", "GLIED"):
     label, did = f"self-critical training raised {a}", what_it_did(a + " + SCST")
     lines.append(f"Self-critical training raised {a}'s CIDEr (its stage against its own start, seed by seed): "
