@@ -296,10 +296,11 @@ from capbook.records import run_words, relation_spread
 from capbook.shapes import caption_kinds, CATEGORIES, CAPTION_KINDS
 def captions_of(rec, st):                                  # each seed's test captions of a stage (beam 3)
     return [run_words(r, stage_tag(r, st)) for r in rec.get("seed_runs", [rec])]
-def spread_words(row):                                     # how far each seed's most used relation word spreads over its captions
+def spread_words(row, named=False):                        # how far each seed's most used relation word spreads over its captions
     span, none, S = relation_spread(row["top relation (seeds)"], row["% with it"])
     if none == S: return "no seed writes a relation"
-    return f"the most used relation word is in {span} of a seed's captions" + (f" ({none} of {S} seeds write none)" if none else "")
+    word = "the most used relation word" + (f" ({row['top relation (seeds)']})" if named else "")
+    return f"{word} is in {span} of a seed's captions" + (f" ({none} of {S} seeds write none)" if none else "")
 effect_rows = []
 if has_sem:
     for label, k, st in stages_of:
@@ -323,8 +324,8 @@ if has_sem:
         a, b = E2.loc[(label, START[label])], E2.loc[(label, label)]
         found.append(f"{label}: semantic F1 {a['F1 all']:.1f} → {b['F1 all']:.1f} (relations {a['F1 relations']:.1f} → {b['F1 relations']:.1f}, "
                      f"counts {a['F1 counts']:.1f} → {b['F1 counts']:.1f}); captions with a relation {a['% relations'] + a['% counts and relations']:.0f} % → "
-                     f"{b['% relations'] + b['% counts and relations']:.0f} %; {spread_words(b)} "
-                     f"({b['top relation (seeds)']}); relation statements true {a['% rel. true']:.1f} % → {b['% rel. true']:.1f} %, "
+                     f"{b['% relations'] + b['% counts and relations']:.0f} %; {spread_words(b, named=True)}; "
+                     f"relation statements true {a['% rel. true']:.1f} % → {b['% rel. true']:.1f} %, "
                      f"with the objects swapped {a['% rel. swapped']:.1f} % → {b['% rel. swapped']:.1f} %.")
     display(Markdown("\n".join(f"- {l}" for l in found)))
 else:
