@@ -16,8 +16,8 @@ __all__ = ['RULES', 'SIZE_SETTINGS', 'LOOKS', 'FUTILE_BELOW', 'FUTILE_FROM', 'CI
            'seed_means_t_test', 'seed_t_test', 'holm', 'compound_p', 'simulated_scores', 'rule_p', 'simulate_verdicts',
            'verdict_shares', 'simulated_p', 'simulated_sides', 'configuration_size', 'seed_means_size', 'size_sweep',
            'spent', 'boundaries', 'conditional_power', 'look_verdict', 'seeds_wanted', 'simulate_design',
-           'interval_cells', 'paired_verdict', 'test_id', 'declared_pair', 'at_look', 'at_look_verdict', 'look_record',
-           'Claims', 'within_reach', 'same_budget', 'book_family']
+           'interval_cells', 'paired_verdict', 'test_id', 'declared_pair', 'at_look', 'at_look_verdict',
+           'seed_means_at_look', 'look_record', 'Claims', 'within_reach', 'same_budget', 'book_family']
 
 # %% ../nbs/00ja_claims.ipynb
 def reach(V, df, level: float = 0.95, power: float = 0.8, floor=0.0):
@@ -493,6 +493,11 @@ def at_look_verdict(r: dict, look: int | None) -> dict:
             "cannot tell": "the last look", "holds": "decided", "does not hold": "decided"}[lv]
     return {**r, "verdict": verdict, "look": look, "look verdict": lv,
             "text": text + f" [look {look + 1} of {len(LOOKS)}, {LOOKS[look]} seeds a side: p must be below {limit:.4f}; {what}]"}
+
+def seed_means_at_look(a, b, **kw) -> dict:
+    "`seed_means_t_test` (one number per seed) under the sequential design, as `Claims.test` takes every other comparison: both rows' numbers cut to the look (`at_look`) and the verdict judged at its boundary (`at_look_verdict`)."
+    a, b, look = at_look(list(a), list(b))
+    return at_look_verdict(seed_means_t_test(a, b, **kw), look)
 
 def look_record(tables: Mapping[str, Any]) -> dict[str, dict]:
     "The sequential design's state from published verdict tables (`{chapter: DataFrame}`, each `Claims.table`'s columns): each distinct test's rows, its last look and that look's verdict — what `seeds_wanted` reads. A test claimed in two chapters is one entry; a table without looks (one seed a row, or the book before the design) gives none."

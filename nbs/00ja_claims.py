@@ -805,6 +805,11 @@ def at_look_verdict(r: dict, look: int | None) -> dict:
     return {**r, "verdict": verdict, "look": look, "look verdict": lv,
             "text": text + f" [look {look + 1} of {len(LOOKS)}, {LOOKS[look]} seeds a side: p must be below {limit:.4f}; {what}]"}
 
+def seed_means_at_look(a, b, **kw) -> dict:
+    "`seed_means_t_test` (one number per seed) under the sequential design, as `Claims.test` takes every other comparison: both rows' numbers cut to the look (`at_look`) and the verdict judged at its boundary (`at_look_verdict`)."
+    a, b, look = at_look(list(a), list(b))
+    return at_look_verdict(seed_means_t_test(a, b, **kw), look)
+
 def look_record(tables: Mapping[str, Any]) -> dict[str, dict]:
     "The sequential design's state from published verdict tables (`{chapter: DataFrame}`, each `Claims.table`'s columns): each distinct test's rows, its last look and that look's verdict — what `seeds_wanted` reads. A test claimed in two chapters is one entry; a table without looks (one seed a row, or the book before the design) gives none."
     import pandas as pd
@@ -1053,4 +1058,7 @@ assert _r3["look"] == 0 and _r3["look verdict"] == "next look" and _r3["verdict"
 _rec = look_record({"ch": _lk.table()})
 assert seeds_wanted(_rec) == {"up": 7 if _r7["look verdict"] != "next look" else 9, "base": 7 if _r7["look verdict"] != "next look" else 9,
                               "up3": 5, "base3": 5}                                   # which runs exist next: the verdicts alone
+_sm = seed_means_at_look([0.30, 0.31, 0.29, 0.30, 0.32, 0.31, 0.30], [0.10, 0.11, 0.09, 0.10, 0.12])   # one number per seed, 7 and 5
+assert _sm["seeds"] == (5, 5) and _sm["look"] == 1 and _sm["verdict"] == "cannot tell" and _sm["p"] == 0.0625   # look 2: five a side, and no decision
+assert seed_means_at_look([0.3, 0.4], [0.1, 0.2])["look"] is None                 # below the first look: the test as it is
 print(_cl.tests["clear"]["text"]); print(_r7["text"]); print(_cl.note())

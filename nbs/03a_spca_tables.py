@@ -37,7 +37,7 @@ from capbook.profiles import read_params
 from capbook.records import stage_stats, seed_cells
 from capbook.claims import interval_cells, Claims
 from capbook.papers import CLAIM_SOURCES
-from capbook.claims import seed_means_t_test
+from capbook.claims import seed_means_at_look
 from capbook.records import FIGURE_IMAGES, restored_maps, row_record, run_captions
 from capbook.plan import chapter_steps
 from capbook.prepare import prepare
@@ -227,7 +227,7 @@ tests = [(c, judged.test(c, ST[a], ST[b], source=CLAIM_SOURCES[c], rows=(ROW[a],
 # (1D-LSTM + SPCA against Soft-Attention) and the same reference words: higher attention mass on the named object and
 # a peak on it more often, each over the rows' seeds (one number per seed; the section below shows the numbers)
 LOCALISES = "SPCA's attention is more precise than grid attention (1D-LSTM + SPCA above Soft-Attention, mass and hit)"
-loc = {k: seed_means_t_test(*([s["attention_on_references"][k] for s in recs[t]["seed_runs"]] for t in ("1d", "soft")))
+loc = {k: seed_means_at_look(*([s["attention_on_references"][k] for s in recs[t]["seed_runs"]] for t in ("1d", "soft")))
        for k in ("mass", "hit") if all("attention_on_references" in s for t in ("1d", "soft") for s in recs[t]["seed_runs"])}
 for k, t in loc.items(): t["test"], t["rows"] = f"attention {k}: 1d vs soft", (recs["1d"]["row"], recs["soft"]["row"])
 if loc: judged.add(LOCALISES, loc, all_parts=True, source=CLAIM_SOURCES[LOCALISES], section="localisation")
@@ -288,7 +288,8 @@ if len(claim):
         f"The median max/min of the maps is {g['map max/min']:.3f} for grid attention and {s1['map max/min']:.3f} for SPCA. "
         f"The claim that convolutional attention localises more precisely than grid attention **{verdict}** "
         f"(t over the rows' seeds, the seed the unit of replication, degrees of freedom as for every verdict: "
-        f"{said or 'one seed'}; it holds when both mass and hit are higher at 5 %, does not hold when one is lower; the "
+        f"{said or 'one seed'}; it holds when both mass and hit are higher, each p under the bound of the design's look, does not hold when one is "
+        f"lower; the "
         f"per-word spread within a run, over {int(g['words']):,} words, is far below the seeds' and is not added; "
         f"Holm over the chapter: {judged.holm_cell(LOCALISES) if loc else '—'})."))
 
@@ -322,7 +323,7 @@ display(Markdown(
     + (": " + ", ".join(f"{m} seed {s} ({c:.1f} CIDEr, hit {h:.1f} %)" for m, s, c, h in
                         flat[["model", "seed", "test CIDEr", "ref. hit"]].itertuples(index=False)) if len(flat) else "")
     + ". A flat seed is a model that attends nowhere; it widens its row's interval, which is why a comparison of "
-      "1D-LSTM + SPCA with Soft-Attention* can come out *cannot tell* at three seeds."))
+      f"1D-LSTM + SPCA with Soft-Attention* can come out *cannot tell* at {len(recs['1d']['seed_runs'])} seeds."))
 
 # %% [markdown]
 # ## Do the relation words say where the objects are? (exploratory)
