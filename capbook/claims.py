@@ -544,6 +544,7 @@ class Claims:
         "A claim judged from several tests `parts` (metric: `paired_verdict`): 'every part holds' (`all_parts`) holds when every part holds, its p the intersection-union p (the largest), and does not hold when one part is reliably the other way (Bonferroni's p over the parts); 'some part holds' the reverse. `verdict` overrides the rule (a claim whose words read a test otherwise)."
         from capbook.claims import compound_p
         vs, ps = [t["verdict"] for t in parts.values()], [t.get("p") for t in parts.values()]
+        read = verdict if verdict in ("holds", "does not hold") else None     # a verdict the claim's words give: its direction is the claim's
         if verdict is None:
             if any(t["verdict"].startswith(("cannot tell:", "kept")) for t in parts.values()): verdict = next(v for v in vs if v.startswith(("cannot tell:", "kept")))
             elif None in ps: verdict = "one seed: no verdict"
@@ -563,6 +564,7 @@ class Claims:
              "text": verdict, "rows": rows}
         if look is not None and verdict in ("holds", "does not hold", "cannot tell") and p is not None:
             sign = 1.0 if all(t.get("value", 0) > 0 for t in parts.values()) else -1.0      # the claim's direction: every part above
+            if read: sign = 1.0 if read == "holds" else -1.0     # "almost the same, if not worse": a higher score refutes it
             r = at_look_verdict({**r, "value": sign}, look)
         self.tests[label] = r
         return r

@@ -855,6 +855,7 @@ class Claims:
         "A claim judged from several tests `parts` (metric: `paired_verdict`): 'every part holds' (`all_parts`) holds when every part holds, its p the intersection-union p (the largest), and does not hold when one part is reliably the other way (Bonferroni's p over the parts); 'some part holds' the reverse. `verdict` overrides the rule (a claim whose words read a test otherwise)."
         from capbook.claims import compound_p
         vs, ps = [t["verdict"] for t in parts.values()], [t.get("p") for t in parts.values()]
+        read = verdict if verdict in ("holds", "does not hold") else None     # a verdict the claim's words give: its direction is the claim's
         if verdict is None:
             if any(t["verdict"].startswith(("cannot tell:", "kept")) for t in parts.values()): verdict = next(v for v in vs if v.startswith(("cannot tell:", "kept")))
             elif None in ps: verdict = "one seed: no verdict"
@@ -874,6 +875,7 @@ class Claims:
              "text": verdict, "rows": rows}
         if look is not None and verdict in ("holds", "does not hold", "cannot tell") and p is not None:
             sign = 1.0 if all(t.get("value", 0) > 0 for t in parts.values()) else -1.0      # the claim's direction: every part above
+            if read: sign = 1.0 if read == "holds" else -1.0     # "almost the same, if not worse": a higher score refutes it
             r = at_look_verdict({**r, "value": sign}, look)
         self.tests[label] = r
         return r
@@ -1061,4 +1063,8 @@ assert seeds_wanted(_rec) == {"up": 7 if _r7["look verdict"] != "next look" else
 _sm = seed_means_at_look([0.30, 0.31, 0.29, 0.30, 0.32, 0.31, 0.30], [0.10, 0.11, 0.09, 0.10, 0.12])   # one number per seed, 7 and 5
 assert _sm["seeds"] == (5, 5) and _sm["look"] == 1 and _sm["verdict"] == "cannot tell" and _sm["p"] == 0.0625   # look 2: five a side, and no decision
 assert seed_means_at_look([0.3, 0.4], [0.1, 0.2])["look"] is None                 # below the first look: the test as it is
+_big = _lk.test("ten against ten", _up, _base)                                     # look 5: p far below its bound
+assert _big["verdict"] == "holds" and _big["look"] == 4
+_rev = _lk.add("almost the same, if not worse", {"CIDEr": _big}, verdict="does not hold")   # the words read a higher score as refuting
+assert _rev["verdict"] == "does not hold" and _rev["look"] == 4, _rev["verdict"]           # at its look too, not turned back by the sign
 print(_cl.tests["clear"]["text"]); print(_r7["text"]); print(_cl.note())
