@@ -15,10 +15,10 @@ from .plan import Step, chapter_steps, nb_defaults, nbs_dir, replicas
 
 # %% auto 0
 __all__ = ['MANIFEST', 'RECORDS', 'FIGURE_IMAGES', 'RUN_FILES', 'PAPER_CHAPTERS', 'SEED_METRICS', 'run_files', 'records',
-           'read_record', 'kept_maps', 'restored_maps', 'run_captions', 'run_words', 'run_file', 'publish_records',
-           'write_record', 'merge_seeds', 'step_record', 'row_record', 'compared_runs', 'chapter_verdicts',
-           'record_stage', 'stage_tag', 'stage_stats', 'seed_cells', 'stage_best', 'relation_seeds', 'relation_cells',
-           'relation_spread']
+           'read_record', 'kept_maps', 'restored_maps', 'captions_file', 'captions_tags', 'run_captions', 'run_words',
+           'run_file', 'publish_records', 'write_record', 'merge_seeds', 'step_record', 'row_record', 'compared_runs',
+           'chapter_verdicts', 'record_stage', 'stage_tag', 'stage_stats', 'seed_cells', 'stage_best', 'relation_seeds',
+           'relation_cells', 'relation_spread']
 
 # %% ../nbs/00mb_records.ipynb
 MANIFEST = "book.json"   # the published book's manifest (capbook.results.write_manifest): which step made each file, every step's key
@@ -64,10 +64,19 @@ def restored_maps(d: dict | None) -> torch.Tensor | None:
     if d is None: return None
     return torch.from_numpy(np.frombuffer(base64.b64decode(d["f16"]), dtype=np.float16).copy()).reshape(d["shape"]).float()
 
+def captions_file(folder: Path, tag: str = "final") -> Path:
+    "Where a run folder keeps the test captions of stage `tag` (`stage_tag`): `test_captions.pt` for its last stage, `test_captions-{tag}.pt` for an earlier one ('xe', 'scst-mean')."
+    return Path(folder) / ("test_captions.pt" if tag == "final" else f"test_captions-{tag}.pt")
+
+def captions_tags(folder: Path) -> list[tuple[str, Path]]:
+    "Every stage's test captions a run folder keeps, as (tag, file): the inverse of `captions_file`."
+    d = Path(folder)
+    return [("final", captions_file(d))] + [(f.stem.removeprefix("test_captions-"), f) for f in sorted(d.glob("test_captions-*.pt"))]
+
 def run_captions(rec: dict, which: str = "final") -> dict:
     "A run's test captions as the assembly notebooks read them (a row of seeds: its first run's): `keys` and `words` of every test image, `alpha`, the attention maps (T, L) of the first `FIGURE_IMAGES` as a published record keeps them (float16, so a figure is the same from a run folder and from the book; None where the model has no map), and `grid`; from the run folder, else from the published record."
     from capbook.core import load_torch
-    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    f = captions_file(rec["_dir"], which)
     if f.exists():
         c = load_torch(f, "test captions")
         return {"keys": list(c["keys"]), "words": [list(w) for w in c["words"]], "grid": list(c["grid"]),
@@ -80,7 +89,7 @@ def run_captions(rec: dict, which: str = "final") -> dict:
 def run_words(rec: dict, which: str = "final") -> list[list[str]]:
     "The words of a run's test captions of stage `which` ('final', 'xe', 'scst-mean', ...), one list per test image: from its run folder, else from the published record (which keeps every run's words, replicas' too, but only the first run's final maps)."
     from capbook.core import load_torch
-    f = Path(rec["_dir"]) / ("test_captions.pt" if which == "final" else f"test_captions-{which}.pt")
+    f = captions_file(rec["_dir"], which)
     if f.exists(): return [list(w) for w in load_torch(f, "test captions")["words"]]
     if which not in rec.get("test_words", {}):
         raise CapbookError(f"{rec.get('_published', f)}: no {which} test captions (run the step again: `capbook book --only ={Path(rec['_dir']).name} --force`)")
@@ -104,7 +113,7 @@ def publish_records(profile: str, steps: list, folder: Path) -> dict[str, str]:
         d = runs_dir() / profile / s.name
         if s.notebook not in chs or not (d / "record.json").exists(): continue
         rec = load_json(d / "record.json", "results record")
-        files = [("final", d / "test_captions.pt")] + [(f.stem.removeprefix("test_captions-"), f) for f in sorted(d.glob("test_captions-*.pt"))]
+        files = captions_tags(d)
         caps = {w: load_torch(f, "test captions") for w, f in files if f.exists()}   # the final captions, and each earlier stage's
         rec["test_words"] = {w: {"keys": list(c["keys"]), "words": [list(x) for x in c["words"]]} for w, c in caps.items()}
         if not s.replica:                             # a row's figures draw its first seed's maps
@@ -218,7 +227,7 @@ def stage_stats(rec: dict, prep, which: str | None = None) -> dict | list[dict] 
     if len(rec.get("seed_runs", [])) > 1: return [stage_stats(r, prep, which) for r in rec["seed_runs"]]
     d, tag = Path(rec["_dir"]), stage_tag(rec, which)
     which = which or ("scst" if "stages" in rec else "xe")
-    f = d / ("test_captions.pt" if tag == "final" else f"test_captions-{tag}.pt")
+    f = captions_file(d, tag)
     kept = rec.get("test_words", {}).get(tag)              # a published record's captions (no run folder here)
     if not f.exists() and kept is None: return None
     if rec.get("data", {}).get("fingerprint") != prep.fingerprint:

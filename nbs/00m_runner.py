@@ -36,6 +36,7 @@ from capbook.metrics import measured
 from capbook.profiles import (Chapter, RunConfig, chapter, check_profile, decoding, model_hparams, read_params, run_precision, scst_arms,
                               train_procs)
 from capbook.stages import chapter_setup, fit_under_torchrun, scst_start, self_critical, timed
+from capbook.records import captions_file
 
 # %% [markdown]
 # ## Runs and results records
@@ -189,7 +190,7 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
         with timed(phase, "test_s"): evg = evaluate(model, prep, "test", beam_size=1, device=dev, **decoding(p))   # greedy, beside the beam
         stages["xe"] = {"metrics": measured(ev), "greedy": measured(evg), "best_epoch": fitted.best_epoch, "best_at": fitted.best_at,
                         "train_s": fitted.train_seconds, "images_per_s": ev["timings"]["images_per_s"]}
-        save_test_captions(run.path("test_captions-xe.pt"), ev, grid)
+        save_test_captions(captions_file(run.dir, "xe"), ev, grid)
         xe = run.path("ckpt")
         for arm, baseline in scst_arms(p):           # each arm from the same start; the greedy baseline's last
             scst_start(model, xe)
@@ -197,14 +198,14 @@ def run_chapter(notebook: str, namespace: Mapping[str, Any] | Any, log: Callable
             stages[arm] = {"metrics": measured(ev), "greedy": measured(evg), "baseline": baseline, "best_epoch": rl.best_epoch,
                            "best_at": rl.best_at, "train_s": rl.train_seconds, "val_s": rl.val_seconds, "history": rl.history,
                            "images_per_s": ev["timings"]["images_per_s"]}
-            if arm != "scst": save_test_captions(run.path(f"test_captions-{arm}.pt"), ev, grid)
+            if arm != "scst": save_test_captions(captions_file(run.dir, arm), ev, grid)
             phase["train_s"] += rl.train_seconds; phase["val_s"] += rl.val_seconds
             # the stage's test: its two decodes and their scoring, as timed (its training and validation may have run in
             # an earlier process that was stopped: this process's wall time less those would go negative)
             phase["test_s"] += sum(e["timings"].get(k, 0.0) for e in (ev, evg) for k in ("decode_s", "score_s"))
     ctx = ChapterRun(ch, p, run, prep, model, fitted, ev, {}, dev)
     with timed(phase, "measure_s"): extra = ch.measure(ctx) if ch.measure else {}
-    save_test_captions(run.path("test_captions.pt"), ev, grid)
+    save_test_captions(captions_file(run.dir), ev, grid)
     write_results(run.path("captions_test.json"), results_ids(prep, "test", ev["keys"]), [" ".join(w) for w in ev["words"]])   # COCO results form
     with timed(phase, "figure_s"):
         if ev["captions"] and ev["captions"][0].alpha is not None and "feat_mask" not in prep.test.inputs:   # a grid to draw on
