@@ -272,7 +272,7 @@ class BaselineParams(SCAConfig, RunConfig):
     hidden_dim: int | None = None       # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
-    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs two rungs up the ladder, `scst_budget`)
+    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs three rungs up the ladder, `scst_budget`)
     d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
     heads: int | None = None            # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
     d_hidden: int | None = None         # ct: the feed-forward's width; None: the profile's (2 d_model)

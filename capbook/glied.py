@@ -318,7 +318,7 @@ class GLIEDParams(GLIEDConfig, RunConfig):
     d_model: int | None = None          # None: the profile's (paper 512, default and smoke 64)
     heads: int | None = None            # n; None: the profile's, for a d_attn of 64 as every transformer of the book (paper 8, default and smoke 1)
     d_hidden: int | None = None         # None: the profile's (4 d_model)
-    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (paper 20, default 80: 2/3 of the cross-entropy epochs, two rungs up the ladder)
+    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (paper 20, default 160: 2/3 of the cross-entropy epochs, three rungs up the ladder)
     attr_epochs: int | None = None      # the attribute detector's epochs; None: the profile's
     attr_keep: int = 0                  # attributes kept per image; 0: as many as there are regions (§4.2)
     attr_threshold: float = 0.5         # keep detections of probability at least this (always the first); 0: a fixed count as in the paper
@@ -368,7 +368,7 @@ GLIED_CHAPTER = register_chapter(Chapter(
     epochs={**protocol_epochs(longer=True), "paper": 25},   # every row at the ladder's second rung (GLIED's curve dips at 15); the paper: at most 25, early stopping
     sizes={"smoke": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "scst_epochs": 1, "attr_epochs": 3},
            "default": {"d_embed": 32, "d_model": 64, "heads": 1, "d_hidden": 256, "lr": 4e-4, "attr_epochs": 15,
-                       "scst_epochs": lambda p: scst_budget(p.epochs or LADDER * BUDGET["default"], rungs=SCST_RUNGS)},   # 2/3 of the row's cross-entropy epochs, two rungs up: still rising at 20 and 40
+                       "scst_epochs": lambda p: scst_budget(p.epochs or LADDER * BUDGET["default"], rungs=SCST_RUNGS)},   # 2/3 of the row's cross-entropy epochs, three rungs up: still rising at 20, 40 and 80 (Att2in's, which GLIED's claims name)
            "paper": {"d_embed": 256, "d_model": 512, "heads": 8, "d_hidden": 2048, "lr": 1e-4, "scst_epochs": 20, "attr_epochs": 30}},
     train={},                                             # the protocol; the warm-up: its registry entry
     label=lambda p: p.variant,

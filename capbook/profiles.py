@@ -272,7 +272,7 @@ def curve_end(gains: list[float | None], margin: float = RISING) -> str:
 
 SCST_SHARE = 2 / 3    # a self-critical stage's most epochs, as a share of its cross-entropy run's: the peers' (ruotianluo's recipes: 20 after 30)
 
-SCST_RUNGS = 2        # the rungs the '+ SCST' rows' stages climbed at the default profile: most seeds of GLIED's and its base's arms still rising at 20 and again at 40, Att2in's at 40 (02b_protocol); one number for every such row, so that a claim between two compares one budget
+SCST_RUNGS = 3        # the rungs the '+ SCST' rows' stages climbed at the default profile: most seeds of GLIED's and its base's arms still rising at 20 and again at 40, Att2in's at 40 and again at 80 (02b_protocol); one number for every such row, so that a claim between two compares one budget
 
 def scst_budget(xe_epochs: int, rungs: int = 0) -> int:
     "The most epochs a self-critical stage trains after `xe_epochs` of cross-entropy: `SCST_SHARE` of them, rounded up, at the ladder's first rung; `rungs` up the ladder (`SCST_RUNGS` for the default book's '+ SCST' rows), `LADDER`**`rungs` times that, for a row whose stages were still rising at the end of each rung below (`curve_end` over its stages' seeds: the ladder rule holds for every row, a self-critical stage's too)."

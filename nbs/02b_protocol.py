@@ -225,11 +225,13 @@ display(Markdown(f"Seed by seed, the protocol's test CIDEr minus the early-stop 
 # start's). At the peers' budget, 20 self-critical epochs after 30, most seeds of both arms of GLIED's, its base's
 # and Up-Down's stages were still rising, so their stages climbed to the ladder's next rung, 40 (Att2in's, flat at 20,
 # with them); at 40 most seeds of both arms of GLIED's, its base's and Att2in's stages were still rising (each seed's
-# gain at both rungs is in the changelog), so they climb to the third rung, 80 (`capbook.profiles.scst_budget`,
-# `SCST_RUNGS`), and `06a_baselines_tables`' self-critical tables give each stage's gain at 80 and read the rule again at
-# every rung off today's stages (trained since with the sampler's log-probabilities the policy's). Up-Down's climbs with
-# them, so that a claim between two "+ SCST" rows compares one budget. A stage's rate is constant after
-# its warm-up and does not read its budget, so a stage's run at 80 is its run at 40 continued, and that its run at 20:
+# gain at both rungs is in the changelog), so they climbed to the third rung, 80; at 80 most seeds of Att2in's stages
+# were still rising (both arms; the gains are in the changelog), so every "+ SCST" row climbs to the fourth rung, 160
+# (`capbook.profiles.scst_budget`, `SCST_RUNGS`), and `06a_baselines_tables`' self-critical tables give each stage's
+# gain at 160 and read the rule again at every rung off today's stages (trained since with the sampler's
+# log-probabilities the policy's). The rows whose stages were flat climb with the ones still rising, so that a claim
+# between two "+ SCST" rows compares one budget. A stage's rate is constant after
+# its warm-up and does not read its budget, so a stage's run at 160 is its run at 80 continued, and that its run at 40:
 # the book goes on from the lower rung's checkpoints instead of training those epochs again (`capbook.train`, *A
 # budget that grows*, which tests that the two end with the same weights).
 #

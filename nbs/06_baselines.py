@@ -480,9 +480,11 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # - **Its budget is the peers', then the ladder's.** 2/3 of the row's cross-entropy epochs (20 after 30 in the
 #   reference configs), then the ladder rule, which holds for every row of the book: at 20 epochs most seeds of both
 #   of Up-Down's arms were still gaining in their last three, so its stages climbed to 40; at 40 most seeds of both
-#   arms of GLIED's, its base's and Att2in's stages were still gaining, so every "+ SCST" row climbs to 80 (`SCST_RUNGS`).
-#   Att2in's had flattened at 20 and climbed to 40 with the others, where it was rising again; Up-Down's climbs to 80
-#   with them, so that every claim between "+ SCST" rows (Att2in's or Up-Down's against GLIED's) compares one budget.
+#   arms of GLIED's, its base's and Att2in's stages were still gaining, so every "+ SCST" row climbed to 80; at 80 most
+#   seeds of Att2in's stages were still gaining (its mean-baseline arm's and its greedy-baseline arm's), so every
+#   "+ SCST" row climbs to 160 (`SCST_RUNGS`). Att2in's had flattened at 20 and climbed to 40 with the others, where it
+#   was rising again; the rows whose stages were flat climb with the ones still rising, so that every claim between
+#   "+ SCST" rows (Att2in's or Up-Down's against GLIED's) compares one budget.
 #   Like every row of the book it trains its whole budget and keeps its best validation evaluation, so it never stops on a plateau a longer run would climb out of.
 # - **It is selected as it trains.** Validation decodes greedily, as the stage samples and as the reference validates
 #   (`beam_size` 1). On shapes the decode picks the caption's kind, so a beam-3 selection would credit the stage with the
@@ -502,7 +504,7 @@ def ct(cfg: SSAConfig, vocab_size, feat_dim, grid):
 # averaged weights, the rate annealed to 0 on a cosine over the budget of 15 epochs (30 for Up-Down and CT, most of
 # whose seeds were still rising at the end of 15: the protocol's ladder; 30 for Att2in, GLIED's Table 1 baseline, as
 # long as every GLIED row trains, `05_glied`); then, for Att2in and Up-Down, a self-critical stage of 2/3 of the row's
-# cross-entropy epochs two rungs up the ladder (80 at the default profile, `scst_budget`). The same budget for the baselines matters: a baseline stopped
+# cross-entropy epochs three rungs up the ladder (160 at the default profile, `scst_budget`). The same budget for the baselines matters: a baseline stopped
 # while it is still learning would flatter every model compared with it (`06a_baselines_tables` shows where each
 # row's curve ends).
 
@@ -518,7 +520,7 @@ class BaselineParams(SCAConfig, RunConfig):
     hidden_dim: int | None = None       # the LSTM size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     att_dim: int | None = None          # the attention's hidden size; None: the profile's (Show-Attend-Tell's `WIDTHS`)
     dropout: float | None = None        # None: the model's own (0.5 for the LSTMs, 0.1 for CT)
-    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs two rungs up the ladder, `scst_budget`)
+    scst_epochs: int | None = None      # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs three rungs up the ladder, `scst_budget`)
     d_model: int | None = None          # ct: the width of every block; None: the profile's (paper 512, default and smoke 64)
     heads: int | None = None            # ct: attention heads; None: the profile's, for a d_attn of 64 as the spatial transformer (paper 8, default and smoke 1)
     d_hidden: int | None = None         # ct: the feed-forward's width; None: the profile's (2 d_model)
@@ -595,7 +597,7 @@ lr = None                 # Adam's learning rate; None: the chapter's for the pr
 beam_size = 3             # beam of the validation and test decodes
 length_norm = 0.0         # beams ranked by log-probability / length^length_norm (0: summed log-probability, as the papers)
 no_repeat_ngram = 0       # no n-gram of this size twice in a caption (0: off, as the papers)
-scst_epochs = None        # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs two rungs up the ladder, `scst_budget`)
+scst_epochs = None        # the most self-critical epochs after cross-entropy; None: the profile's (default: 2/3 of the row's cross-entropy epochs three rungs up the ladder, `scst_budget`)
 scst_lr = 5e-05           # Adam's learning rate in self-critical training (Rennie et al.'s 5e-5)
 scst_baseline = 'greedy'  # greedy: the greedy caption's reward (Rennie et al.) | mean: the other samples' mean | both: two arms from one start
 device = 'auto'           # auto | cpu | cuda | cuda:N

@@ -22,7 +22,7 @@
 # stops if any run was trained on other data) and sets them side by side. Every row is trained under the book's one
 # protocol (`nbs/02b_protocol`): the profile's whole budget (15 epochs at `default`, 30 for a row most of whose seeds
 # were still rising at 15, and for GLIED's chapter, whose curve dips where 15 epochs would anneal it) with the learning rate annealed to zero and the evaluation of best validation CIDEr kept,
-# then, where a row says so, a self-critical stage of 2/3 as many epochs, two rungs up the ladder (80 after 30, `06_baselines`); the `epochs` column says how many each row
+# then, where a row says so, a self-critical stage of 2/3 as many epochs, three rungs up the ladder (160 after 30, `06_baselines`); the `epochs` column says how many each row
 # had. A row marked "(30 epochs)" is the twin of a 15-epoch row, trained as long as the rows a claim compares it with.
 #
 # Three kinds of score, because a captioner can be good at one and bad at another:
@@ -200,7 +200,7 @@ display(Markdown(f"{(curves['curve at the end'] == 'flat or falling').sum()} of 
 # A self-critical stage (Rennie et al. 2017) continues its row's cross-entropy run, as ruotianluo's
 # `self-critical.pytorch` does (`06_baselines`): from the selected weights, with that run's Adam moments and weight
 # average, its rate climbing back over one epoch to a constant 5·10⁻⁵. It trains for 2/3 of its row's cross-entropy
-# epochs, two rungs up the ladder (80 after 30), and keeps its best evaluation, as every row of the book. It is validated and selected
+# epochs, three rungs up the ladder (160 after 30), and keeps its best evaluation, as every row of the book. It is validated and selected
 # greedily, as it samples, and tested like every row (beam 3), with greedy decoding beside it. Two arms start from the
 # same weights: the greedy caption's reward as the baseline (Rennie et al.: the "+ SCST" row) and the mean reward of the
 # image's other samples (ruotianluo's "new self-critical": the "(mean baseline)" row).

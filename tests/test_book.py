@@ -156,7 +156,7 @@ def test_every_training_run_of_the_book_keeps_its_steps_key_for_resume(book):
 
 
 def test_a_stage_that_climbed_the_ladder_resumes_its_checkpoints_at_the_rungs_below(monkeypatch):
-    "A '+ SCST' row whose stages climbed the ladder (80 self-critical epochs, `scst_budget`) hands its kernel its training key, then its training keys at the rungs below (`Keys.resuming`): the key it had at 40, under which its 40-epoch checkpoints were written, differs from today's by the stage's budget alone, so those checkpoints go on (`capbook.train._extends`) and its cross-entropy stage stays finished. A row without a stage hands its training key alone."
+    "A '+ SCST' row whose stages climbed the ladder (160 self-critical epochs, `scst_budget`) hands its kernel its training key, then its training keys at the rungs below (`Keys.resuming`): the key it had at 80, under which its 80-epoch checkpoints were written, differs from today's by the stage's budget alone, so those checkpoints go on (`capbook.train._extends`) and its cross-entropy stage stays finished. A row without a stage hands its training key alone."
     import capbook.results as R
     monkeypatch.setattr(R, "data_key", lambda params, encoder=None: "data")
     K = R.plan_keys("default", made=False, fresh=True)
@@ -164,8 +164,8 @@ def test_a_stage_that_climbed_the_ladder_resumes_its_checkpoints_at_the_rungs_be
     K._probes.update({K.row(glied): "m1", K.row(local): "m2", "shared scorer": "s", "shared stats": "t", "shared drawing": "d"})
     K._probes[K.row(R.first_stage_step(glied))] = "m0"                          # its cross-entropy stage's probe
     *keys, first = K.resuming(glied).split()
-    assert R.budget(glied)["scst_epochs"] == 80 and keys[0] == K.training(glied) == K.key(glied, training=True, scst_epochs=80)
-    assert keys[1:] == [K.key(glied, training=True, scst_epochs=e) for e in (40, 20, 10, 5)] and len(set(keys)) == 5
+    assert R.budget(glied)["scst_epochs"] == 160 and keys[0] == K.training(glied) == K.key(glied, training=True, scst_epochs=160)
+    assert keys[1:] == [K.key(glied, training=True, scst_epochs=e) for e in (80, 40, 20, 10, 5)] and len(set(keys)) == 6
     assert K.resuming(local) == K.training(local) and "scst_epochs" not in R.budget(local) and K.first_stage(local) is None
     # and the key of its cross-entropy stage alone, which a change to self-critical training alone leaves as it was
     from capbook.train import FIRST

@@ -208,7 +208,7 @@ def test_the_ladder_rule_on_synthetic_curves():
 
 
 def test_glied_and_the_baselines_its_claims_name_train_one_budget():
-    "At the default profile every GLIED row trains as long as Up-Down, CT and Att2in, the rows its claims name (30 cross-entropy epochs; every self-critical stage 80, the ladder's third rung: most seeds of GLIED's, its base's and Up-Down's stages were still rising at 20, GLIED's, its base's and Att2in's at 40, and Up-Down's climbs with them, so that a claim between '+ SCST' rows compares one budget): GLIED's curve dips where 15 epochs would anneal it (`05_glied`), so its chapter has no 15-epoch row and no twin."
+    "At the default profile every GLIED row trains as long as Up-Down, CT and Att2in, the rows its claims name (30 cross-entropy epochs; every self-critical stage 160, the ladder's fourth rung: most seeds of GLIED's, its base's and Up-Down's stages were still rising at 20, GLIED's, its base's and Att2in's at 40, Att2in's at 80, and the flat ones climb with them, so that a claim between '+ SCST' rows compares one budget): GLIED's curve dips where 15 epochs would anneal it (`05_glied`), so its chapter has no 15-epoch row and no twin."
     from capbook.profiles import chapters, BUDGET, LADDER, SCST_RUNGS, scst_budget
     chs = chapters()
     def budget(nb, tag, profile="default"):
@@ -220,7 +220,7 @@ def test_glied_and_the_baselines_its_claims_name_train_one_budget():
     assert set(glied) == {"", "base", "global-visual", "global-attribute", "global", "local", "position-values", "position-qk"}
     top = LADDER * BUDGET["default"]
     stage = scst_budget(top, rungs=SCST_RUNGS)
-    assert stage == 80 and {e for e, _ in glied.values()} == {top} and {s for e, s in glied.values() if s} == {stage}
+    assert stage == 160 and {e for e, _ in glied.values()} == {top} and {s for e, s in glied.values() if s} == {stage}
     assert glied[""][1] == glied["base"][1] == stage and glied["local"][1] == 0
     for tag in ("", "ct", "att2in"):
         assert budget("06_baselines", tag)[0] == top, tag
