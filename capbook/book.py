@@ -182,7 +182,7 @@ def verdict_lines(folder: Path) -> str:
     out = []
     for f, step in verdict_tables(folder):
         df = pd.read_csv(f)
-        cav = df["caveat"].fillna("") if "caveat" in df else pd.Series([""] * len(df))
+        cav = df["caveat"].astype(object).fillna("") if "caveat" in df else pd.Series([""] * len(df))
         by = lambda v, df=df.assign(caveat=cav): [f"{c}{' (survives Holm)' if h == 'survives' else ''}{f' ({k})' if k else ''}" for c, h, k in
                                                   df.loc[df["verdict"] == v, ["claim", "Holm", "caveat"]].itertuples(index=False)]
         cannot, none = df["verdict"].str.startswith("cannot tell").sum(), df["verdict"].str.contains("no verdict").sum()

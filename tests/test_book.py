@@ -817,6 +817,22 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
+def test_verdict_lines_read_an_empty_caveat_column(tmp_path):
+    "The README's verdict lines from a published verdicts table: claims that hold and do not hold named, Holm's survivors marked, the cannot-tells counted; a caveat column with no caveat in it (read back as all-empty floats) reads as no caveat, with no warning from pandas."
+    import warnings
+    import pandas as pd
+    from capbook.book import verdict_lines
+    pd.DataFrame([{"claim": "A above B", "verdict": "holds", "Holm": "survives", "caveat": None},
+                  {"claim": "C above D", "verdict": "does not hold", "Holm": "", "caveat": None},
+                  {"claim": "E above F", "verdict": "cannot tell (p 0.3)", "Holm": "", "caveat": None},
+                  ]).to_csv(tmp_path / "table_spca_verdicts.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = verdict_lines(tmp_path)
+    assert "3 claims: **holds**: A above B (survives Holm); **does not hold**: C above D; cannot tell: 1." in out
+    assert "nan" not in out
+
+
 TIMING = r"(?<!/)\bmin\b|minutes|\bms\b|\bips\b|time|/ ?s$|/s\b|^s / "      # columns of measured time and speed: this machine at that moment
 
 
