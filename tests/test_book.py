@@ -97,11 +97,25 @@ def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book
         assert sorted(l for l in lines if "(no run here: the published book's results stand in)" in l) == [f"  {n}: unchanged, skipped (no run here: the published book's results stand in)" for n in names], lines
         assert outs == {"01_dataset": shipped / "notebooks" / "01_dataset.ipynb", "02_show_attend_tell-none": shipped / "records" / "02_show_attend_tell-none.json.gz",
                         "02a_soft_vs_hard": shipped / "notebooks" / "02a_soft_vs_hard.ipynb"}
+        import nbformat
+        from capbook.copies import copy_current
+        from capbook.plan import nbs_dir
+        rel = "notebooks/01_dataset.ipynb"; copy = shipped / rel          # a copy published before its prose was edited
+        nb = nbformat.read(copy, as_version=4)
+        md = next(c for c in nb.cells if c.cell_type == "markdown" and len(c.source) > 40)
+        md.source = "A paragraph as it read when the step ran.\n"
+        nbformat.write(nb, copy); B._rehash(shipped, [rel])
+        assert not copy_current(copy, nbs_dir() / copy.name)
+        outputs = lambda: [c.get("outputs") for c in nbformat.read(copy, as_version=4).cells if c.cell_type == "code"]
+        ran = outputs()
         before = json.loads((shipped / "book.json").read_text())
         B.publish("smoke", steps)                                  # a whole book's publishing, where all three stood in
         after = json.loads((shipped / "book.json").read_text())
-        own = lambda m: {f: e for f, e in m["files"].items() if e["step"] in names}
+        own = lambda m: {f: e for f, e in m["files"].items() if e["step"] in names and f != rel}
         assert after["steps"] == before["steps"] and own(after) == own(before) and len(own(before)) >= 8
+        assert copy_current(copy, nbs_dir() / copy.name) and outputs() == ran, "a stood-in step's copy shows today's prose, its outputs as they ran"
+        from capbook.results import file_sha
+        assert after["files"][rel] == {**before["files"][rel], "sha256": file_sha(copy)}
         tables, run = next(s for s in steps if s.name == "02a_soft_vs_hard"), next(s for s in steps if s.name == "02_show_attend_tell-none")
         assert B.unchanged(tables, "smoke", "another key") is None
         (runs_dir() / "smoke" / run.name).mkdir()
