@@ -21,7 +21,6 @@ NOT_YET_REGENERATED = {      # notebook -> prefixes of its published files while
     # may draw, and climb to 160 epochs from their 80-epoch checkpoints (their cross-entropy stages stay finished: `Keys.first_stage`)
     "02_show_attend_tell": ("fig_sat_figure", "table_sat_", "notebooks/02a_soft_vs_hard.", "fig_protocol_", "table_protocol_", "notebooks/02b_protocol."),
     "03_spca": ("fig_spca_figure", "table_spca_", "notebooks/03a_spca_tables."),
-    "04_spatial_self_attention": ("fig_ssa_figure", "table_ssa_", "notebooks/04a_ssa_tables."),   # look 4 published: BLEU-4 p 0.032 just above its bound 0.0316, so it waits for look 5 (seed 9)
     "05_glied": ("fig_glied_", "table_glied_", "notebooks/05a_glied_tables.", "notebooks/05_glied.", "records/05_glied-base", "records/05_glied.",
                  "records/05_glied-seed"),
     "06_baselines": ("fig_baseline", "table_baselines_", "notebooks/06a_baselines_tables.", "notebooks/06_baselines.", "records/06_baselines.",
