@@ -84,7 +84,7 @@
 #
 # ## Read more
 #
-# - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb) (kills, full disks), [one chapter](00m_runner.ipynb) (parameters, checkpoints).
+# - [Performance](00r_bench.ipynb) (`capbook bench`), [COCO at scale](00s_rehearsal.ipynb), [the book's commands](00n_book.ipynb), [one chapter's run](00m_runner.ipynb).
 # - [Your own images](00q_caption.ipynb) (`capbook caption`), [scoring](00j_metrics.ipynb) (`capbook score`), [the package](00f_models.ipynb): a new model is a module and a registry entry. History: `CHANGELOG.md`.
 #
 # Chapters quote the papers by section or equation and mark capbook's remarks *capbook:*; each equation sits above
