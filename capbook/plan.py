@@ -12,8 +12,8 @@ from .core import CapbookError
 from .profiles import SEEDS, check_profile, chapters
 
 # %% auto 0
-__all__ = ['DEVICE_BOOK', 'Step', 'replicas', 'design_seeds', 'nbs_dir', 'notebooks', 'nb_defaults', 'device_params', 'plan',
-           'chapter_steps', 'upstream_of']
+__all__ = ['DEVICE_BOOK', 'WEIGHTS_READ', 'Step', 'replicas', 'design_seeds', 'nbs_dir', 'notebooks', 'nb_defaults',
+           'device_params', 'plan', 'chapter_steps', 'upstream_of', 'weights_read']
 
 # %% ../nbs/00ma_plan.ipynb
 @dataclass
@@ -112,3 +112,11 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
     compared = {c for nb, ch in chs.items() if chapter_no(nb) == chapter_no(step.notebook) for c in ch.compares}
     return [s for s in before if s.params and s.notebook != step.notebook
             and (chapter_no(s.notebook) == chapter_no(step.notebook) or s.notebook in compared)]
+
+# %% ../nbs/00ma_plan.ipynb
+WEIGHTS_READ = {"02b_protocol": ("02_show_attend_tell",)}    # assembly notebook -> the steps whose trained weights it loads
+
+def weights_read(step: Step, steps: list[Step]) -> list[Step]:
+    "Of `steps`, the runs whose trained weights (`ckpt/best.pt`, as `capbook.train.load_trained` reads them), not only their records, assembly notebook `step` loads (`WEIGHTS_READ`)."
+    want = WEIGHTS_READ.get(step.notebook, ())
+    return [s for s in steps if s.name in want]

@@ -183,3 +183,22 @@ def upstream_of(step: Step, steps: list[Step]) -> list[Step]:
 _steps = _plan.plan("smoke")
 _ups = {s.name: [u.name for u in upstream_of(s, _steps)] for s in _steps}
 assert _ups["02_show_attend_tell"] == [] and "02_show_attend_tell" in _ups["02a_soft_vs_hard"]
+
+# %% [markdown]
+# One assembly notebook reads more than records: `02b_protocol` decodes soft attention's seed-0 model five ways
+# (greedy, beams, length normalisation), so it loads that run's trained weights. A clone's published book keeps the
+# runs' records, not their checkpoints: where the weights are not here, the book trains that run again before the
+# notebook, under its own key (`capbook.book.weights_to_make`), instead of letting the notebook stop at a missing file.
+
+# %%
+#| export
+WEIGHTS_READ = {"02b_protocol": ("02_show_attend_tell",)}    # assembly notebook -> the steps whose trained weights it loads
+
+def weights_read(step: Step, steps: list[Step]) -> list[Step]:
+    "Of `steps`, the runs whose trained weights (`ckpt/best.pt`, as `capbook.train.load_trained` reads them), not only their records, assembly notebook `step` loads (`WEIGHTS_READ`)."
+    want = WEIGHTS_READ.get(step.notebook, ())
+    return [s for s in steps if s.name in want]
+
+# %%
+assert [s.name for s in weights_read(next(s for s in _steps if s.notebook == "02b_protocol"), _steps)] == ["02_show_attend_tell"]
+assert all(weights_read(s, _steps) == [] for s in _steps if s.notebook != "02b_protocol")

@@ -30,7 +30,7 @@ from pathlib import Path
 from capbook.core import (CapbookError, IN_BOOK, atomic_write, check_choice, check_int, cpu_name, environment, io_error, load_json, one_writer, os_error_line, package_hash, progress, runs_dir,
                           save_json, stable_hash)
 from capbook.profiles import check_profile, out_dir, chapters, parameters_source
-from capbook.plan import Step, device_params, nbs_dir, notebooks, plan, upstream_of
+from capbook.plan import Step, device_params, nbs_dir, notebooks, plan, upstream_of, weights_read
 from capbook.results import plan_keys
 from capbook.train import STEP_KEY, TRAINING_KEY
 
@@ -110,12 +110,14 @@ def chapter_table(status: dict[str, bool] | None = None) -> str:
     "The chapter table of the README and the site's first page: each chapter notebook, its title, the paper it reproduces, and (given `status`, `chapter_status`) whether its published results are the checkout's."
     chs = chapters()
     head = ["chapter", "what it holds", "paper"] + ["published results"] * (status is not None)
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows, above = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)], None
     for nb in notebooks():
         if nb == "index" or nb.startswith("00"): continue
         num = re.match(r"\d*", nb).group()               # an assembly chapter (02a) belongs to its paper's (02)
         ch = chs.get(nb) or next((c for k, c in chs.items() if num and re.match(r"\d*", k).group() == num), None)
-        cells = [f"[`{nb}`]({nb}.ipynb)", _summary(nb)[0], _paper_cell(ch)]
+        paper = _paper_cell(ch)
+        cells = [f"[`{nb}`]({nb}.ipynb)", _summary(nb)[0], "as above" if paper == above and paper.startswith("[") else paper]
+        above = paper                                    # the same paper's link once: the README stays short
         if status is not None: cells.append("current" if status.get(nb) else "**not yet regenerated**")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -184,10 +186,9 @@ def _relation_sight(folder: Path) -> str:
     every = df[df["seeds beating the swap"] == df["seeds"]]
     said = "; ".join(f"{r['model']}, {r['rel. true']:.1f} against {r['rel. swapped']:.1f} %, "
                      + (f"p over its {r['seeds']} seeds {float(r['p over seeds']):.3g}" if r["seeds"] > 1 else "one seed") for _, r in every.iterrows())
-    return ("Do the relation words say where the objects are, true more often than the same statements with the objects "
-            f"swapped? Of SPCA's {len(df)} rows, " + (f"{len(every)} in every seed by its own McNemar test ({said})" if len(every) else
-                                                      "none in every seed by its own McNemar test")
-            + ". Exploratory, outside the registered claims: [`03a_spca_tables`](03a_spca_tables.ipynb).")
+    return ("Relation words true more often than with the objects swapped, in every seed (McNemar): "
+            + (f"{len(every)} of SPCA's {len(df)} rows ({said})" if len(every) else f"none of SPCA's {len(df)} rows")
+            + "; exploratory, outside the registered claims ([`03a_spca_tables`](03a_spca_tables.ipynb)).")
 
 def verdict_tables(folder: Path) -> list[tuple[Path, str | None]]:
     "The verdicts tables a book in `folder` published (`table_*_verdicts.csv`), each with the step that made it (None where the manifest names none), in the book's order."
@@ -936,14 +937,24 @@ def _local_pool(jobs: int):
         pool.shutdown(wait=True, cancel_futures=True); raise
     pool.shutdown(wait=True)
 
-def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, log=print, pool=None) -> dict:
-    "A dry run: each step, in the plan's order, that the book would run (not `unchanged`, or downstream of one that runs), and with a SLURM `pool` its job's sbatch script; nothing runs or is submitted. Returns {} (no notebook executed)."
+def weights_to_make(profile: str, steps: list[Step], keyring, force: bool = False) -> list[Step]:
+    "The runs whose trained weights a step of `steps` that will run (not `unchanged`, or `force`) loads (`capbook.plan.weights_read`) and that have no checkpoint here: a clone's published book stands in for their records, not their weights. The book trains them again, under their own keys, before the steps that load them."
+    out = []
+    for s in steps:
+        if not force and unchanged(s, profile, keyring.get(s)): continue
+        out += [u for u in weights_read(s, keyring.steps)
+                if not (runs_dir() / profile / u.name / "ckpt" / "best.pt").exists() and u not in out]
+    return out
+
+def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, log=print, pool=None, again: frozenset = frozenset()) -> dict:
+    "A dry run: each step, in the plan's order, that the book would run (not `unchanged`, or downstream of one that runs, or in `again`: trained again for its weights, `weights_to_make`), and with a SLURM `pool` its job's sbatch script; nothing runs or is submitted. Returns {} (no notebook executed)."
     runs = []
     for s in steps:
         after = [u for u in ups[s.name] if u in runs]
-        if not force and not after and (kept := unchanged(s, profile, keyring.get(s))): log(skipped_line(s, kept)); continue
+        if not force and not after and s.name not in again and (kept := unchanged(s, profile, keyring.get(s))): log(skipped_line(s, kept)); continue
         runs.append(s.name)
-        log(f"  {s.name}: would run" + (f" (after {', '.join(after)})" if after else "") + (
+        log(f"  {s.name}: would run" + (" again (its trained weights are not here; a notebook after it loads them)" if s.name in again else "")
+            + (f" (after {', '.join(after)})" if after else "") + (
             "; its job would be submitted with this script:\n" + "\n".join(f"    {l}" for l in pool.script(s.name).splitlines()) if pool else ""))
     log(f"dry run: {len(runs)} of {len(steps)} steps would run; nothing was " + ("submitted" if pool else "run"))
     return {}
@@ -1017,7 +1028,7 @@ EXECUTORS = ("local", "slurm")     # where the book's steps run: processes on th
 
 def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1, log=print, executor: str = "local",
              executor_config: str | Path | None = None, dry_run: bool = False, bare: bool = False) -> dict[str, Path]:
-    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done; return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line. `executor`: 'local' (a pool of processes here) or 'slurm' (each step a job, `capbook.cluster.SlurmPool`, its resources from `executor_config`)."
+    "Run the plan's steps, up to `jobs` at a time, each as soon as the runs it tabulates are done (a run whose trained weights a step loads and that has none here, `weights_to_make`, is trained again first, and what tabulates it runs again after it); return the executed notebooks by step name. A failure lets the steps under way finish (nothing computed is lost), starts no new one, and stops with the first failure's line. `executor`: 'local' (a pool of processes here) or 'slurm' (each step a job, `capbook.cluster.SlurmPool`, its resources from `executor_config`)."
     from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
     check_choice("executor", executor, EXECUTORS)
     procs = None                                  # a step's training processes: this machine's setting (`train_procs`) ...
@@ -1026,7 +1037,12 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         config = read_config(executor_config, profile)
         procs = lambda s: max(1, config.resources(s.name).gpus)   # ... or its job's GPUs
     keyring = plan_keys(profile, procs=procs)     # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
-    ups = {s.name: [u.name for u in upstream_of(s, keyring.steps) if u.name in {t.name for t in steps}] for s in steps}
+    again = weights_to_make(profile, steps, keyring, force)   # runs whose weights a step loads, their checkpoints not here
+    steps = [s for s in keyring.steps if s in again and s not in steps] + steps
+    ups = {s.name: list(dict.fromkeys(u.name for u in upstream_of(s, keyring.steps) + weights_read(s, again) if u.name in {t.name for t in steps}))
+           for s in steps}
+    again = frozenset(s.name for s in again)
+    rerun = lambda s: force or s.name in again or bool(again.intersection(ups[s.name]))   # trained again, or tabulates one that is: what it reads moves
     packs = device_packs(profile, steps, keyring, force) if device_params() and executor == "local" else []
     for pk in packs:                              # a device book's packs: their members' notebooks wait for the stacked training
         ups[pk.name] = []
@@ -1036,16 +1052,16 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         return [s for s in waiting if all(u in keys for u in ups[s.name])] if failed is None else []
     if executor == "slurm":
         pool_cm = SlurmPool(profile, config, runs_dir() / profile / "slurm", run_step, force, log=log)
-        submit = lambda pool, s: pool.submit_step(s, keyring.get(s), keyring.resuming(s))
+        submit = lambda pool, s: pool.submit_step(s, keyring.get(s), keyring.resuming(s), rerun(s))
         adopt = lambda pool: pool.adopt({s.name: keyring.get(s) for s in steps})   # the jobs a killed book left: waited for, not duplicated
     else:
         pool_cm = _local_pool(jobs)
         submit = lambda pool, s: (pool.submit(run_pack, s, profile, [(keyring.get(m), keyring.resuming(m)) for m in s.members])
-                                  if isinstance(s, Pack) else pool.submit(run_step, s, profile, force, print, keyring.get(s), keyring.resuming(s), bare))
+                                  if isinstance(s, Pack) else pool.submit(run_step, s, profile, rerun(s), print, keyring.get(s), keyring.resuming(s), bare))
         adopt = lambda pool: None
     if dry_run:
         for pk in packs: log(f"  {pk.name}: would train {', '.join(m.name for m in pk.members)} stacked (their cross-entropy stages)")
-        return would_run(profile, steps, keyring, ups, force, log, pool_cm if executor == "slurm" else None)
+        return would_run(profile, steps, keyring, ups, force, log, pool_cm if executor == "slurm" else None, again)
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if jobs > 1 and executor == "local":          # each kernel inherits its share of the cores (a job: its own CPUs)
         for k in threads: os.environ[k] = str(_threads(jobs))
@@ -1053,7 +1069,7 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         with pool_cm as pool, progress(total=len(steps), desc="book", unit="notebook", mininterval=1) as bar:
             adopt(pool)
             while waiting or running:
-                while skip := [(s, kept) for s in ready() if isinstance(s, Step) and not force and (kept := unchanged(s, profile, keyring.get(s)))]:
+                while skip := [(s, kept) for s in ready() if isinstance(s, Step) and not rerun(s) and (kept := unchanged(s, profile, keyring.get(s)))]:
                     for s, kept in skip:              # unchanged: skipped here, no worker starts for it
                         waiting.remove(s); outs[s.name], keys[s.name] = kept, True
                         log(skipped_line(s, kept)); bar.update(1)

@@ -492,8 +492,8 @@ class SlurmPool:
         t0 = time.time()                              # their writers' locks are free once they have left the queue
         while cancelled and queue_states(cancelled) and time.time() - t0 < 120: time.sleep(1)
 
-    def submit_step(self, step, key: str, training: str | None = None) -> Future:
-        "Submit `step` (its key and training key computed here, before it runs) as one job, or wait for its job that an earlier book left (`adopt`); the future settles with (executed notebook, whether it ran) or a `CapbookError` line."
+    def submit_step(self, step, key: str, training: str | None = None, force: bool | None = None) -> Future:
+        "Submit `step` (its key and training key computed here, before it runs) as one job, or wait for its job that an earlier book left (`adopt`); the future settles with (executed notebook, whether it ran) or a `CapbookError` line. `force`: run it even where current (the pool's `force` where None)."
         r = self.config.resources(step.name)
         fut = Future(); fut.set_running_or_notify_cancel()
         if (e := self.adoptable.pop(step.name, None)) is not None:
@@ -504,7 +504,7 @@ class SlurmPool:
         executor = self._executor(step.name)
         try:
             with contextlib.redirect_stderr(io.StringIO()):   # submitit prints sbatch's stderr too: it is folded into the one line
-                job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force, key, r.cpus, r.gpus, training)
+                job = executor.submit(StepJob(), self.run_step, step, self.profile, self.force if force is None else force, key, r.cpus, r.gpus, training)
         except Exception as e:                     # sbatch refused it: an unknown option, partition or account, a limit
             raise CapbookError(_refusal(step.name, e, r, self.config.source)) from None
         with self._lock: self.jobs[fut] = (step, job)

@@ -30,7 +30,7 @@
 # ## Quick start
 #
 # You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (it installs
-# Debian's). Each command first makes `.venv/` (once, a minute or more).
+# Debian's). Each command first makes `.venv/` (once).
 #
 # ```bash
 # make docs                 # the published book's site, in runs/default/site/ (no training)
@@ -44,8 +44,8 @@
 # <!-- /booktime -->
 #
 # `make book` trains only what `figures/` lacks under today's code (`FORCE=1`: every step); part of the book:
-# `make book ONLY="03_spca*"`; each step a SLURM job: `.venv/bin/capbook book --executor slurm` (a filesystem the
-# nodes share, and `sacct`; [set-up](00nb_cluster.ipynb)); on a GPU: `.venv/bin/capbook book --device cuda`
+# `make book ONLY="03_spca*"`; each step a SLURM job: `.venv/bin/capbook book --executor slurm`
+# ([set-up](00nb_cluster.ipynb)); on a GPU: `.venv/bin/capbook book --device cuda`
 # ([how](00n_book.ipynb)); in Python: `import capbook`.
 #
 # <!-- onechapter -->
@@ -63,11 +63,10 @@
 # Every model below was trained on the same shapes data, features and trainer under one protocol (15 epochs, or 30
 # where a row needed them; the best validation CIDEr kept), over three or more seeds, and tested on the same 1,000
 # images with beam 3; a claim compares its rows at one budget. A claim holds when the difference is above zero beyond
-# what the seeds could give by chance (a t over seeds and images whose p is never below that of sign tests over the
-# seeds, so that no shape of the seeds' distribution can fool it), does not hold when below zero on the same terms,
-# and "cannot tell" otherwise: below six seeds a side it cannot tell, whatever the difference. A claim still undecided
-# gets more seeds, look by look, by a design registered before its runs (up to ten a row), whose bound on p at each
-# look holds the error rate at 5 % over all its looks. Scores ×100; SCST:
+# what the seeds could give by chance (a t over seeds and images whose p is never below a sign test's over the
+# seeds), does not hold when below zero on the same terms, and "cannot tell" otherwise (always, below six seeds a
+# side). An undecided claim gets more seeds, look by look, by a design registered before its runs (up to ten a row)
+# that holds the error rate at 5 % over all its looks. Scores ×100; SCST:
 # self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations checked
 # against the image.
 #

@@ -76,6 +76,24 @@ def test_unchanged_book_is_skipped(book):
     assert "ran in" not in p.stdout and p.stdout.count("unchanged, skipped") >= 3
 
 
+@contextlib.contextmanager
+def _a_clone_of(book, tmp_path, monkeypatch, names):
+    "The smoke book as a clone sees it: its published book in the checkout (outside its runs, as the default profile's), the runs of `names` not here (moved aside, and back afterwards). Yields the published book's folder and where the runs wait."
+    import shutil
+    import capbook.book as B
+    from capbook.core import runs_dir
+    home, _ = book
+    shipped = tmp_path / "figures"                                # the default profile's book sits in the checkout, outside its runs
+    shutil.copytree(home / "runs" / "smoke" / "figures", shipped)
+    monkeypatch.setattr(B, "out_dir", lambda profile: shipped)
+    aside = tmp_path / "aside"
+    for n in names: shutil.move(runs_dir() / "smoke" / n, aside / n)
+    try: yield shipped, aside
+    finally:
+        for n in names:
+            shutil.rmtree(runs_dir() / "smoke" / n, ignore_errors=True); shutil.move(aside / n, runs_dir() / "smoke" / n)
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("book")
 def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book, tmp_path, monkeypatch):
@@ -84,13 +102,8 @@ def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book
     import capbook.book as B
     from capbook.core import runs_dir, save_json
     from capbook.results import plan_keys
-    home, _ = book
-    shipped = tmp_path / "figures"                                # the default profile's book sits in the checkout, outside its runs
-    shutil.copytree(home / "runs" / "smoke" / "figures", shipped)
-    monkeypatch.setattr(B, "out_dir", lambda profile: shipped)
-    names, aside = ("01_dataset", "02_show_attend_tell-none", "02a_soft_vs_hard"), tmp_path / "aside"
-    for n in names: shutil.move(runs_dir() / "smoke" / n, aside / n)
-    try:
+    names = ("01_dataset", "02_show_attend_tell-none", "02a_soft_vs_hard")
+    with _a_clone_of(book, tmp_path, monkeypatch, names) as (shipped, aside):
         K = plan_keys("smoke")
         steps, lines = [s for s in K.steps if s.name in names], []
         outs = B.run_plan("smoke", steps, log=lines.append)
@@ -130,9 +143,43 @@ def test_a_clone_retrains_nothing_its_published_book_made_under_todays_keys(book
         assert B.unchanged(tables, "smoke", K.get(tables)) is None, f"{edited.name} edited since it was published"
         monkeypatch.undo()
         assert B.unchanged(steps[0], "smoke", K.get(steps[0])) is None, "the smoke book's own folder stands in for nothing"
-    finally:
-        for n in names:
-            shutil.rmtree(runs_dir() / "smoke" / n, ignore_errors=True); shutil.move(aside / n, runs_dir() / "smoke" / n)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("book")
+def test_a_step_that_loads_a_runs_weights_has_that_run_trained_again_where_only_its_record_stands_in(book, tmp_path, monkeypatch):
+    "A clone's published book keeps the runs' records, not their checkpoints: a step that will run and loads a run's trained weights (`02b_protocol`, soft attention's seed-0 model) has that run trained again first, under its own key, and what tabulates it after it; a step that stands in asks for nothing, nor does one whose run's checkpoint is here."
+    import shutil
+    import capbook.book as B
+    from capbook.core import runs_dir
+    from capbook.results import plan_keys
+    names = ("02_show_attend_tell", "02a_soft_vs_hard", "02b_protocol")
+    assert (runs_dir() / "smoke" / names[0] / "ckpt" / "best.pt").is_file()
+    with _a_clone_of(book, tmp_path, monkeypatch, names) as (shipped, aside):
+        K = plan_keys("smoke")
+        run, steps = next(s for s in K.steps if s.name == names[0]), [s for s in K.steps if s.name in names[1:]]
+        assert all(B.unchanged(s, "smoke", K.get(s)) is not None for s in [run, *steps]), "all three stand in"
+        assert B.weights_to_make("smoke", steps, K) == [], "nothing runs, so no weights are loaded"
+        assert B.weights_to_make("smoke", steps, K, force=True) == [run]
+        m = json.loads((shipped / "book.json").read_text())
+        table = next(shipped / f for f, e in m["files"].items() if e["step"] == "02b_protocol" and f.startswith("table_") and f.endswith(".md"))
+        table.write_text(table.read_text() + "\n")                    # 02b_protocol no longer current: it will run
+        assert B.weights_to_make("smoke", steps, K) == [run]
+        lines = []
+        B.run_plan("smoke", steps, dry_run=True, log=lines.append)
+        assert lines == ["  02_show_attend_tell: would run again (its trained weights are not here; a notebook after it loads them)",
+                         "  02a_soft_vs_hard: would run (after 02_show_attend_tell)",
+                         "  02b_protocol: would run (after 02_show_attend_tell, 02a_soft_vs_hard)",
+                         "dry run: 3 of 3 steps would run; nothing was run"], lines
+        from concurrent.futures import ThreadPoolExecutor
+        ran = []                                                  # the real run's calls, in order, the steps not executed
+        monkeypatch.setattr(B, "_local_pool", lambda jobs: ThreadPoolExecutor(1))
+        monkeypatch.setattr(B, "run_step", lambda s, profile, force, *a: ran.append((s.name, force)) or (tmp_path / s.name, True))
+        B.run_plan("smoke", steps, log=lines.append)
+        assert ran == [("02_show_attend_tell", True), ("02a_soft_vs_hard", True), ("02b_protocol", True)], \
+            "trained again, then what tabulates it run again even where current: a run trained on another CPU may differ"
+        shutil.copytree(aside / names[0], runs_dir() / "smoke" / names[0])   # its checkpoint here: nothing added
+        assert B.weights_to_make("smoke", steps, K) == []
 
 
 @pytest.mark.slow
@@ -816,7 +863,7 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
     t = results_table(tmp_path)
     assert "| GLIED + SCST |" in t and "| GLIED base + SCST |" in t and "(mean baseline)" not in t
     assert "never the start (1 of 2 seeds ended below their start on validation: Up-Down + SCST seed 1)" in t and "keeping the stage's best" in t
-    assert "its top relation word): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %." in t and "Do the relation words" not in t
+    assert "its top relation word): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83–100 %." in t and "Relation words true" not in t
     pd.DataFrame([{"stage": "Up-Down + SCST", "captions of": "Up-Down", "F1 counts": 11.1, "F1 relations": 9.0, "top relation (seeds)": "below, —", "% with it": "40, 0", "% rel. true": 30.0, "% rel. swapped": 29.5},
                   {"stage": "Up-Down + SCST", "captions of": "Up-Down + SCST", "F1 counts": 0.0, "F1 relations": 12.0, "top relation (seeds)": "right of, —", "% with it": "83, 0", "% rel. true": 22.0, "% rel. swapped": 22.5},
                   ]).to_csv(tmp_path / "table_baselines_scst_captions.csv", index=False)
@@ -827,7 +874,7 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
                  ).to_csv(tmp_path / "table_spca_relations.csv", index=False)
     t = results_table(tmp_path)
     assert "with the two objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83 % (1 of 2 seeds write none), 22.0 against 22.5 %." in t   # a silent seed is no 0 % share
-    assert "Of SPCA's 4 rows, 2 in every seed by its own McNemar test (SPCA, 9.3 against 6.4 %, p over its 3 seeds 0.25; k1, 9.0 against 1.0 %, one seed)." in t
+    assert "in every seed (McNemar): 2 of SPCA's 4 rows (SPCA, 9.3 against 6.4 %, p over its 3 seeds 0.25; k1, 9.0 against 1.0 %, one seed); exploratory" in t
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
 
