@@ -86,7 +86,8 @@ def train_speed(s: dict, batches: int = 12, rounds: int = 3, warmup: int = 3) ->
 
 def trained_weights(fam: Family, model: torch.nn.Module, profile: str) -> bool:
     "Load the book's trained weights of the family's run into `model` if its checkpoint exists and fits; whether it did."
-    ck = runs_dir() / profile / fam.step.name / "ckpt" / "best.pt"
+    from capbook.train import best_checkpoint
+    ck = best_checkpoint(runs_dir() / profile / fam.step.name)
     if not ck.exists(): return False
     try: model.load_state_dict(load_torch(ck)["model"])
     except (RuntimeError, KeyError, CapbookError): return False      # written by older code: other shapes or names

@@ -835,11 +835,12 @@ def _local_pool(jobs: int):
 
 def weights_to_make(profile: str, steps: list[Step], keyring, force: bool = False) -> list[Step]:
     "The runs whose trained weights a step of `steps` that will run (not `unchanged`, or `force`) loads (`capbook.plan.weights_read`) and that have no checkpoint here: a clone's published book stands in for their records, not their weights. The book trains them again, under their own keys, before the steps that load them."
+    from capbook.train import best_checkpoint
     out = []
     for s in steps:
-        if not force and unchanged(s, profile, keyring.get(s)): continue
-        out += [u for u in weights_read(s, keyring.steps)
-                if not (runs_dir() / profile / u.name / "ckpt" / "best.pt").exists() and u not in out]
+        lacking = [u for u in weights_read(s, keyring.steps)
+                   if not best_checkpoint(runs_dir() / profile / u.name).exists() and u not in out]
+        if lacking and (force or not unchanged(s, profile, keyring.get(s))): out += lacking
     return out
 
 def would_run(profile: str, steps: list[Step], keyring, ups: dict, force: bool, log=print, pool=None, again: frozenset = frozenset()) -> dict:
@@ -902,11 +903,11 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
         config = read_config(executor_config, profile)
         procs = lambda s: max(1, config.resources(s.name).gpus)   # ... or its job's GPUs
     keyring = plan_keys(profile, procs=procs)     # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
-    again = weights_to_make(profile, steps, keyring, force)   # runs whose weights a step loads, their checkpoints not here
-    steps = [s for s in keyring.steps if s in again and s not in steps] + steps
-    ups = {s.name: list(dict.fromkeys(u.name for u in upstream_of(s, keyring.steps) + weights_read(s, again) if u.name in {t.name for t in steps}))
+    retrain = weights_to_make(profile, steps, keyring, force)   # runs whose weights a step loads, their checkpoints not here
+    steps = [s for s in keyring.steps if s in retrain and s not in steps] + steps
+    ups = {s.name: list(dict.fromkeys(u.name for u in upstream_of(s, keyring.steps) + weights_read(s, retrain) if u.name in {t.name for t in steps}))
            for s in steps}
-    again = frozenset(s.name for s in again)
+    again = frozenset(s.name for s in retrain)
     rerun = lambda s: force or s.name in again or bool(again.intersection(ups[s.name]))   # trained again, or tabulates one that is: what it reads moves
     packs = device_packs(profile, steps, keyring, force) if device_params() and executor == "local" else []
     for pk in packs:                              # a device book's packs: their members' notebooks wait for the stacked training

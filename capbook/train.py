@@ -24,8 +24,8 @@ from .decode import decode_split
 __all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STEP_KEY', 'TRAINING_KEY', 'FIRST',
            'TrainConfig', 'lr_factor', 'ss_prob', 'val_score', 'book_step_key', 'book_training_key',
            'book_shorter_keys', 'book_first_stage_key', 'check_vocab', 'dist_info', 'step_loss', 'train_step',
-           'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing', 'load_trained', 'load_ensemble',
-           'same_start']
+           'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing', 'best_checkpoint', 'load_trained',
+           'load_ensemble', 'same_start']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -616,10 +616,14 @@ def writing(ckpt_dirs: list, rank: int = 0) -> contextlib.ExitStack:
     return held
 
 # %% ../nbs/00i_train.ipynb
+def best_checkpoint(run_dir: str | Path) -> Path:
+    "Where a run in `run_dir` keeps its best weights (whether or not it has trained yet)."
+    return Path(run_dir) / "ckpt" / "best.pt"
+
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:
-    "The best weights of the run in `run_dir` (`ckpt/best.pt`), rebuilt from the model name and hyper-parameters it saved."
+    "The best weights of the run in `run_dir` (`best_checkpoint`), rebuilt from the model name and hyper-parameters it saved."
     from capbook.models import build
-    path = Path(run_dir) / "ckpt" / "best.pt"
+    path = best_checkpoint(run_dir)
     if not path.exists(): raise CapbookError(f"{path}: no trained checkpoint; run the notebook that trains it first")
     ck = load_torch(path); check_vocab(ck, prep.vocab, path)
     meta = ck.get("meta", {})

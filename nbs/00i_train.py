@@ -823,10 +823,14 @@ def writing(ckpt_dirs: list, rank: int = 0) -> contextlib.ExitStack:
 
 # %%
 #| export
+def best_checkpoint(run_dir: str | Path) -> Path:
+    "Where a run in `run_dir` keeps its best weights (whether or not it has trained yet)."
+    return Path(run_dir) / "ckpt" / "best.pt"
+
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:
-    "The best weights of the run in `run_dir` (`ckpt/best.pt`), rebuilt from the model name and hyper-parameters it saved."
+    "The best weights of the run in `run_dir` (`best_checkpoint`), rebuilt from the model name and hyper-parameters it saved."
     from capbook.models import build
-    path = Path(run_dir) / "ckpt" / "best.pt"
+    path = best_checkpoint(run_dir)
     if not path.exists(): raise CapbookError(f"{path}: no trained checkpoint; run the notebook that trains it first")
     ck = load_torch(path); check_vocab(ck, prep.vocab, path)
     meta = ck.get("meta", {})
