@@ -905,7 +905,8 @@ def run_plan(profile: str, steps: list[Step], force: bool = False, jobs: int = 1
     keyring = plan_keys(profile, procs=procs)     # the keys over the whole plan: a run's upstream outside `steps` counts as it was made
     retrain = weights_to_make(profile, steps, keyring, force)   # runs whose weights a step loads, their checkpoints not here
     steps = [s for s in keyring.steps if s in retrain and s not in steps] + steps
-    ups = {s.name: list(dict.fromkeys(u.name for u in upstream_of(s, keyring.steps) + weights_read(s, retrain) if u.name in {t.name for t in steps}))
+    named = {t.name for t in steps}
+    ups = {s.name: list(dict.fromkeys(u.name for u in upstream_of(s, keyring.steps) + weights_read(s, retrain) if u.name in named))
            for s in steps}
     again = frozenset(s.name for s in retrain)
     rerun = lambda s: force or s.name in again or bool(again.intersection(ups[s.name]))   # trained again, or tabulates one that is: what it reads moves

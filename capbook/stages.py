@@ -80,7 +80,8 @@ def chapter_model(ch: Chapter, p: Any, prep) -> tuple:
 
 def scst_start(model, xe: Path) -> None:
     "A self-critical arm's start: the cross-entropy run's (in checkpoint folder `xe`) selected weights."
-    model.load_state_dict(load_torch(xe / "best.pt", "cross-entropy checkpoint")["model"])
+    from capbook.train import BEST_PT
+    model.load_state_dict(load_torch(xe / BEST_PT, "cross-entropy checkpoint")["model"])
 
 # %% ../nbs/00mc_stages.ipynb
 def fit_stages(notebook: str, run_dir: str | Path, log: Callable[[str], None] = print) -> None:

@@ -22,10 +22,10 @@ from .decode import decode_split
 
 # %% auto 0
 __all__ = ['VAL_METRICS', 'LR_SCHEDULES', 'PRECISIONS', 'DRAWS', 'RESUME_FREE', 'ADDED', 'STEP_KEY', 'TRAINING_KEY', 'FIRST',
-           'TrainConfig', 'lr_factor', 'ss_prob', 'val_score', 'book_step_key', 'book_training_key',
-           'book_shorter_keys', 'book_first_stage_key', 'check_vocab', 'dist_info', 'step_loss', 'train_step',
-           'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing', 'best_checkpoint', 'load_trained',
-           'load_ensemble', 'same_start']
+           'BEST_PT', 'LAST_PT', 'TrainConfig', 'lr_factor', 'ss_prob', 'val_score', 'book_step_key',
+           'book_training_key', 'book_shorter_keys', 'book_first_stage_key', 'check_vocab', 'dist_info', 'step_loss',
+           'train_step', 'WeightAverage', 'FitResult', 'Curves', 'step_key', 'fit', 'writing', 'best_checkpoint',
+           'load_trained', 'load_ensemble', 'same_start']
 
 # %% ../nbs/00i_train.ipynb
 @dataclass
@@ -290,6 +290,8 @@ class WeightAverage:
         for a, v in zip(self.avg, st["avg"]): a.copy_(v)
 
 # %% ../nbs/00i_train.ipynb
+BEST_PT, LAST_PT = "best.pt", "last.pt"   # in a run's checkpoint folder: its best weights; where it stands (to resume)
+
 @dataclass
 class FitResult:
     "What `fit` returns: the history (one entry per validation), best evaluation and score, timings."
@@ -345,7 +347,7 @@ class _Run:
             raise CapbookError(f"parameter ss_start={cfg.ss_start}: scheduled sampling replaces teacher forcing, which {type(objective).__name__} does not train with")
         if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
         check_inputs(model, next(data.train.image_batches(1)))
-        ckpt_dir = Path(ckpt_dir); self.last, self.best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+        ckpt_dir = Path(ckpt_dir); self.last, self.best = ckpt_dir / LAST_PT, ckpt_dir / BEST_PT
         try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
         except OSError as e: raise io_error(ckpt_dir, e, "create the checkpoint folder") from None
         seed_everything(cfg.seed)
@@ -618,7 +620,7 @@ def writing(ckpt_dirs: list, rank: int = 0) -> contextlib.ExitStack:
 # %% ../nbs/00i_train.ipynb
 def best_checkpoint(run_dir: str | Path) -> Path:
     "Where a run in `run_dir` keeps its best weights (whether or not it has trained yet)."
-    return Path(run_dir) / "ckpt" / "best.pt"
+    return Path(run_dir) / "ckpt" / BEST_PT
 
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:
     "The best weights of the run in `run_dir` (`best_checkpoint`), rebuilt from the model name and hyper-parameters it saved."

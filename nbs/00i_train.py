@@ -491,6 +491,8 @@ assert torch.allclose(_wa, _w0 + 9 / 11) and torch.allclose(_m.weight, _w0 + 1) 
 
 # %%
 #| export
+BEST_PT, LAST_PT = "best.pt", "last.pt"   # in a run's checkpoint folder: its best weights; where it stands (to resume)
+
 @dataclass
 class FitResult:
     "What `fit` returns: the history (one entry per validation), best evaluation and score, timings."
@@ -546,7 +548,7 @@ class _Run:
             raise CapbookError(f"parameter ss_start={cfg.ss_start}: scheduled sampling replaces teacher forcing, which {type(objective).__name__} does not train with")
         if model.name: meta = {"model": model.name, "hparams": hparams(model), **(meta or {})}
         check_inputs(model, next(data.train.image_batches(1)))
-        ckpt_dir = Path(ckpt_dir); self.last, self.best = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+        ckpt_dir = Path(ckpt_dir); self.last, self.best = ckpt_dir / LAST_PT, ckpt_dir / BEST_PT
         try: ckpt_dir.mkdir(parents=True, exist_ok=True)              # a bad folder stops before any training
         except OSError as e: raise io_error(ckpt_dir, e, "create the checkpoint folder") from None
         seed_everything(cfg.seed)
@@ -825,7 +827,7 @@ def writing(ckpt_dirs: list, rank: int = 0) -> contextlib.ExitStack:
 #| export
 def best_checkpoint(run_dir: str | Path) -> Path:
     "Where a run in `run_dir` keeps its best weights (whether or not it has trained yet)."
-    return Path(run_dir) / "ckpt" / "best.pt"
+    return Path(run_dir) / "ckpt" / BEST_PT
 
 def load_trained(run_dir: str | Path, prep) -> CaptionModel:
     "The best weights of the run in `run_dir` (`best_checkpoint`), rebuilt from the model name and hyper-parameters it saved."
