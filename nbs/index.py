@@ -60,13 +60,13 @@
 #
 # ## What the book found
 #
-# Every model below was trained on the same shapes data, features and trainer under one protocol (15 epochs, or 30
-# where a row needed them; the best validation CIDEr kept), over three or more seeds, and tested on the same 1,000
-# images with beam 3; a claim compares its rows at one budget. A claim holds when the difference is above zero beyond
-# what the seeds could give by chance (a t over seeds and images whose p is never below a sign test's over the
+# Every model below shares the shapes data, features, trainer and protocol (15 epochs, or 30 where a row needed them;
+# the best validation CIDEr kept), has three seeds or more and is tested on the same 1,000 images with beam 3; a
+# claim compares its rows at one budget. A claim holds when the difference is above zero beyond
+# what the seeds could give by chance (a t over seeds and images, its p never below a sign test's over the
 # seeds), does not hold when below zero on the same terms, and "cannot tell" otherwise (always, below six seeds a
-# side). An undecided claim gets more seeds, look by look, by a design registered before its runs (up to ten a row)
-# that holds the error rate at 5 % over all its looks. Scores ×100; SCST:
+# side). An undecided claim gets more seeds, look by look (up to ten a row), by a design registered before its runs
+# that holds the error rate at 5 % over its looks. Scores ×100; SCST:
 # self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations checked
 # against the image.
 #
