@@ -241,7 +241,7 @@ for k, t in loc.items(): t["test"], t["rows"] = f"attention {k}: 1d vs soft", (r
 if loc: judged.add(LOCALISES, loc, all_parts=True, source=CLAIM_SOURCES[LOCALISES], section="localisation")
 claims = pd.DataFrame([{"claim": c, "in the paper": CLAIM_SOURCES[c], **{k: t.get(k) for k in ("value", "lo", "hi")},
                         "interval over": "images only" if t.get("images_only") else "seeds and images",
-                        "p": t.get("p"), "on this run": t["verdict"], "Holm": judged.holm_cell(c)} for c, t in tests])
+                        "p": t.get("p"), "on this run": t["verdict"], "Holm": judged.holm_cell(c), "caveat": t["caveat"]} for c, t in tests])
 claims = claims.rename(columns={"value": "Δ CIDEr", "lo": "95% CI low", "hi": "95% CI high"})
 display(Markdown(save_table(claims, run.path("table_spca_claims"), floatfmt=".3g") + "\n\n" + judged.note()
                  + (f" (The chapter's family includes the localisation claim, below: {judged.tests[LOCALISES]['verdict']}.)" if loc else "")))
