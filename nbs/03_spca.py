@@ -646,10 +646,10 @@ SPCA_CHAPTER = register_chapter(Chapter(
 # | the 2D state | seeds | training minutes a run | captions / s | test CIDEr [95% interval] | semantic F1 (relations, counts) | CIDEr per extra minute |
 # |:--|--:|--:|--:|:--|:--|:--|
 # | 32 channels, 7×7 map | 3 | 17.9 | 131 | 90.8 [72.3, 109.4] | 21.0 (4.7, 6.4) | — |
-# | **64 channels, 7×7 map (the default)** | 5 | 39.2 | 60 | 103.7 [97.5, 109.9] | 23.8 (7.0, 6.2) | 0.69 (+14.7 over 32 channels: cannot tell) |
+# | **64 channels, 7×7 map (the default)** | 9 | 32.2 | 80 | 103.2 [99.1, 107.3] | 23.5 (7.1, 5.1) | 1.03 (+14.7 over 32 channels: cannot tell) |
 # | 32 channels, 14×14 map | 1 | 59.6 | 38 | 92.4 (one seed) | 21.3 (4.5, 2.2) | 0.04 |
 #
-# Twice the width cost 2.2× the minutes and gained the most CIDEr per minute, with relations F1 up from 4.7 to 7.0;
+# Twice the width cost 1.8× the minutes and gained the most CIDEr per minute, with relations F1 up from 4.7 to 7.1;
 # the seeds cannot yet resolve its gain (the 32-channel row's wide interval, above). The 14×14 map cost 3.3× the
 # minutes for a CIDEr inside the 7×7 rows' spread, so the default keeps Dai et al.'s 7×7 map.
 
