@@ -29,11 +29,11 @@
 #
 # ## Quick start
 #
-# You need Python 3.11+, Java 17 (METEOR, the PTB tokenizer) and make; `make test` also needs Chromium (it installs
+# You need Python 3.11+, Java 17 (METEOR, PTB tokenizer) and make; `make test` also needs Chromium (it installs
 # Debian's). Each command first makes `.venv/` (once).
 #
 # ```bash
-# make docs                 # the published book's site, in runs/default/site/ (no training)
+# make docs                 # the published book's site, runs/default/site/
 # make book PROFILE=smoke   # the whole book at toy sizes, in minutes
 # make book                 # the default book, every seed (time below)
 # make test-fast            # lint and the fast tests
@@ -56,16 +56,16 @@
 # <!-- chapters -->
 # <!-- /chapters -->
 #
-# Each link opens a chapter as the book ran it; "current": what the checkout's code makes.
+# Links open each chapter as the book ran it; "current": made by today's code.
 #
 # ## What the book found
 #
 # Every model below shares the shapes data, features, trainer and protocol (15 epochs, or 30 where a row needed them;
-# the best validation CIDEr kept), has three seeds or more and is tested on the same 1,000 images with beam 3; a
+# best validation CIDEr kept), with three seeds or more, tested on the same 1,000 images with beam 3; a
 # claim compares its rows at one budget. A claim holds when the difference is above zero beyond
 # what the seeds could give by chance (a t over seeds and images, its p never below a sign test's over the
-# seeds), does not hold when below zero on the same terms, and "cannot tell" otherwise (always, below six seeds a
-# side). An undecided claim gets more seeds, look by look (up to ten a row), by a design registered before its runs
+# seeds), does not hold when below zero alike, and "cannot tell" otherwise (always, below six seeds a
+# side). An undecided claim gets more seeds, look by look (up to ten a row), by a pre-registered design
 # that holds the error rate at 5 % over its looks. Scores ×100; SCST:
 # self-critical training on CIDEr-D; semantic F1: a caption's objects, attributes, counts and relations checked
 # against the image.
@@ -87,4 +87,4 @@
 # - [Your own images](00q_caption.ipynb) (`capbook caption`), [scoring](00j_metrics.ipynb) (`capbook score`), [the package](00f_models.ipynb): a new model is a module and a registry entry. History: `CHANGELOG.md`.
 #
 # Chapters quote the papers by section or equation and mark capbook's remarks *capbook:*; each equation sits above
-# the line computing it, with tensor shapes.
+# the code computing it, with tensor shapes.
