@@ -286,9 +286,9 @@ _ = save_table(claims.table(), run.path("table_sat_verdicts"), floatfmt=".3g")  
 # coverage $C / L$ over the caption. That holds here ($L = 14 \times 14$, a dozen words) and on the paper's COCO alike (the same
 # 196 cells, captions of about ten words): at λ = 1 the penalty does not ask that each cell be looked at once, which no caption
 # this short can do, it asks that attention summed over the caption stay spread over the whole image. Its floor, per word
-# as the objective weighs it, is about ten times the cross-entropy, and attention that is sharp at every step costs
-# only about one more per word; so the trade is between a spread of attention and the few hundredths of a nat of
-# cross-entropy that sharper attention buys. The logs and the test captions show which way each model went:
+# as the objective weighs it, lies far above the cross-entropy, and attention that is sharp at every step costs only a
+# little more (the numbers below); so the trade is between a spread of attention and what sharper attention buys in
+# cross-entropy. The logs and the test captions show which way each model went:
 
 # %%
 def ds_logged(tag, at):
