@@ -291,21 +291,19 @@ _ = save_table(claims.table(), run.path("table_sat_verdicts"), floatfmt=".3g")  
 # cross-entropy. The logs and the test captions show which way each model went:
 
 # %%
-def ds_logged(tag, at):
-    "The penalty term per word (whatever λ weighed it) logged at entry `at` of training (0: the first; -1: the last), mean over the row's seeds."
-    return float(np.mean([[h["doubly_stochastic"] for h in r["history"] if "doubly_stochastic" in h][at]
-                          for r in recs[tag].get("seed_runs", [recs[tag]])]))
+def logged(tag, key, at=-1):
+    "Training log `key` of row `tag` (per word: the penalty term `doubly_stochastic`, whatever λ weighed it, or the cross-entropy `nll`) at its entry `at` (0: the first; -1: the last), mean over the row's seeds."
+    return float(np.mean([[h[key] for h in r["history"] if key in h][at] for r in recs[tag].get("seed_runs", [recs[tag]])]))
 L = prep.grid[0] * prep.grid[1]
 C = (prep.train.caps[:, 1:] != prep.vocab.pad).sum(1)               # target words of each training caption, <end> included: (N,)
 floor = float(np.mean((L - C) ** 2 / L) / C.mean())                 # uniform coverage C/L, Eq. 9 per word as the objective weighs it
 sharp = float(np.mean(L - C) / C.mean())                             # each step on one cell of its own: L - C cells never looked at
-nll = lambda tag: float(np.mean([[h["nll"] for h in r["history"] if "nll" in h][-1] for r in recs[tag].get("seed_runs", [recs[tag]])]))
 display(Markdown(
     f"- Over the training captions ({C.mean():.1f} target words on average, {L} cells): the term's floor is {floor:.2f} per word, "
     f"attention sharp at every step would cost about {sharp:.2f}.\n"
-    f"- With the penalty (λ = 1) the term was {ds_logged('', 0):.2f} in the first logged entry and {ds_logged('', -1):.2f} at the end of "
-    f"training, against a cross-entropy of {nll(''):.2f} per word; without it (λ = 0, logged all the same) {ds_logged('no-penalty', 0):.2f} and "
-    f"{ds_logged('no-penalty', -1):.2f}, cross-entropy {nll('no-penalty'):.2f}.\n"
+    f"- With the penalty (λ = 1) the term was {logged('', 'doubly_stochastic', 0):.2f} in the first logged entry and {logged('', 'doubly_stochastic'):.2f} at the end of "
+    f"training, against a cross-entropy of {logged('', 'nll'):.2f} per word; without it (λ = 0, logged all the same) {logged('no-penalty', 'doubly_stochastic', 0):.2f} and "
+    f"{logged('no-penalty', 'doubly_stochastic'):.2f}, cross-entropy {logged('no-penalty', 'nll'):.2f}.\n"
     f"- On the test images the attention mass on the object a word names is {A.loc[full, 'att. mass']:.1f} % with the penalty and "
     f"{A.loc[nopen, 'att. mass']:.1f} % without ({100 * recs['']['metrics']['attention']['mass_uniform']:.1f} % under uniform "
     f"attention): held near its floor, attention stays spread, and the captions, which here name two or three objects and their "
