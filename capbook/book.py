@@ -140,9 +140,9 @@ def _stage_captions(folder: Path) -> str:
         span, none, seeds = relation_spread(end["top relation (seeds)"], end["% with it"])
         out.append(f"{stage.removesuffix(SCST)} {start['F1 counts']:.1f} → {end['F1 counts']:.1f}, {start['F1 relations']:.1f} → "
                    f"{end['F1 relations']:.1f}, {span}" + (f" ({none} of {seeds} seeds write none)" if none else "")
-                   + (f", {end['% rel. true']:.1f} against {end['% rel. swapped']:.1f} %" if sight else ""))
+                   + (f", {end['% rel. true']:.1f} vs {end['% rel. swapped']:.1f} %" if sight else ""))
     return (" What each stage did to the captions (counts F1, relations F1, share of a seed's captions with its top relation "
-            "word" + (", and its relation statements true against the same statements with the two objects swapped" if sight else "")
+            "word" + ("; its relations true vs with the objects swapped" if sight else "")
             + "): " + "; ".join(out) + ".") if out else ""
 
 def _relation_sight(folder: Path) -> str:

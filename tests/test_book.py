@@ -873,7 +873,7 @@ def test_readme_blocks_come_from_the_published_tables(tmp_path):
                   {"model": "k1", "seeds": 1, "rel. true": 9.0, "rel. swapped": 1.0, "seeds beating the swap": 1, "p over seeds": "—"}]
                  ).to_csv(tmp_path / "table_spca_relations.csv", index=False)
     t = results_table(tmp_path)
-    assert "with the two objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83 % (1 of 2 seeds write none), 22.0 against 22.5 %." in t   # a silent seed is no 0 % share
+    assert "with the objects swapped): Up-Down 11.1 → 0.0, 9.0 → 12.0, 83 % (1 of 2 seeds write none), 22.0 vs 22.5 %." in t   # a silent seed is no 0 % share
     assert "in every seed (McNemar): 2 of SPCA's 4 rows (SPCA, 9.3 against 6.4 %, p over its 3 seeds 0.25; k1, 9.0 against 1.0 %, one seed); exploratory" in t
     assert "[`06a_baselines_tables`](06a_baselines_tables.ipynb) sets each stage beside its start" in t
 
