@@ -63,8 +63,8 @@
 # three seeds or more, the same 1,000 test images, beam 3. A claim compares rows at one budget; it holds when the
 # difference is above zero beyond what the seeds give by chance, does not hold when below zero alike, else "cannot
 # tell" (always below six seeds a side). Undecided claims get more seeds, look by look (up to ten a row), by a
-# pre-registered design holding the error rate at 5 %. Scores ×100; SCST: self-critical training (CIDEr-D); semantic F1: a caption's objects, attributes, counts,
-# relations checked against the image.
+# pre-registered design holding the error rate at 5 %. Scores ×100; SCST: self-critical training (CIDEr-D); semantic
+# F1: a caption's objects, attributes, counts, relations checked against the image.
 #
 # <!-- results -->
 # <!-- /results -->
